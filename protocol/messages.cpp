@@ -1,0 +1,227 @@
+#include "protocol/messages.hpp"
+
+namespace cairn::protocol {
+namespace {
+
+template <class... F>
+struct overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+overloaded(F...) -> overloaded<F...>;
+
+[[noreturn]] void bad(std::string_view type, std::string_view field, std::string_view why) {
+  throw protocol_error("'" + std::string(type) + "' message: field '" + std::string(field) + "' " +
+                       std::string(why));
+}
+
+const json& require(const json& j, std::string_view type, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end()) bad(type, field, "is missing");
+  return *it;
+}
+
+std::string get_string(const json& j, std::string_view type, const char* field,
+                       std::size_t max_size = SIZE_MAX) {
+  const json& v = require(j, type, field);
+  if (!v.is_string()) bad(type, field, "must be a string");
+  const auto& s = v.get_ref<const std::string&>();
+  if (s.size() > max_size) bad(type, field, "is longer than " + std::to_string(max_size) + " bytes");
+  return s;
+}
+
+std::int64_t get_int(const json& j, std::string_view type, const char* field, std::int64_t min,
+                     std::int64_t max) {
+  const json& v = require(j, type, field);
+  if (!v.is_number_integer()) bad(type, field, "must be an integer");
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(max))
+    bad(type, field, "is out of range");
+  auto n = v.get<std::int64_t>();
+  if (n < min || n > max) bad(type, field, "is out of range");
+  return n;
+}
+
+std::uint64_t get_seq(const json& j, std::string_view type) {
+  return static_cast<std::uint64_t>(get_int(j, type, "seq", 0, INT64_MAX));
+}
+
+int get_attempt(const json& j, std::string_view type) {
+  return static_cast<int>(get_int(j, type, "attempt", 1, 1'000'000));
+}
+
+std::string get_name(const json& j, std::string_view type) {
+  auto name = get_string(j, type, "name", max_name_size);
+  if (name.empty()) bad(type, "name", "must not be empty");
+  return name;
+}
+
+step_kind get_kind(const json& j, std::string_view type) {
+  auto s = get_string(j, type, "kind");
+  if (s == "step") return step_kind::step;
+  if (s == "now") return step_kind::now;
+  if (s == "random") return step_kind::random;
+  bad(type, "kind", "must be one of step, now, random (got '" + s + "')");
+}
+
+error_info get_error(const json& j, std::string_view type) {
+  const json& e = require(j, type, "error");
+  if (!e.is_object()) bad(type, "error", "must be an object with 'message' and 'type'");
+  error_info info;
+  info.message = get_string(e, type, "message");
+  if (e.contains("type")) info.type = get_string(e, type, "type", max_name_size);
+  return info;
+}
+
+json error_json(const error_info& e) { return {{"message", e.message}, {"type", e.type}}; }
+
+}  // namespace
+
+std::string_view to_string(step_kind kind) {
+  switch (kind) {
+    case step_kind::step: return "step";
+    case step_kind::now: return "now";
+    case step_kind::random: return "random";
+  }
+  return "step";
+}
+
+step_result parse_step_result(const json& j) {
+  constexpr std::string_view type = "step";
+  step_result r;
+  r.seq = get_seq(j, type);
+  r.name = get_name(j, type);
+  r.kind = get_kind(j, type);
+  auto status = get_string(j, type, "status");
+  if (status == "ok") {
+    r.ok = true;
+    r.output = require(j, type, "output");
+  } else if (status == "error") {
+    r.ok = false;
+    r.error = get_error(j, type);
+  } else {
+    bad(type, "status", "must be \"ok\" or \"error\" (got '" + status + "')");
+  }
+  r.attempt = get_attempt(j, type);
+  if (j.contains("duration_us")) r.duration_us = get_int(j, type, "duration_us", 0, INT64_MAX);
+  return r;
+}
+
+json to_json(const step_result& r) {
+  json j = {{"seq", r.seq},         {"name", r.name},        {"kind", to_string(r.kind)},
+            {"status", r.ok ? "ok" : "error"}, {"attempt", r.attempt}, {"duration_us", r.duration_us}};
+  if (r.ok)
+    j["output"] = r.output;
+  else
+    j["error"] = error_json(r.error);
+  return j;
+}
+
+agent_message parse_agent_message(const json& j) {
+  if (!j.is_object()) throw protocol_error("a message must be a JSON object");
+  auto it = j.find("t");
+  if (it == j.end() || !it->is_string()) throw protocol_error("message has no string field 't' (its type)");
+  const auto& t = it->get_ref<const std::string&>();
+  if (t == "hello") {
+    hello_msg m;
+    m.version = static_cast<int>(get_int(j, t, "v", 0, INT32_MAX));
+    m.sdk = get_string(j, t, "sdk", max_name_size);
+    return m;
+  }
+  if (t == "begin") {
+    begin_msg m;
+    m.seq = get_seq(j, t);
+    m.name = get_name(j, t);
+    m.kind = get_kind(j, t);
+    m.attempt = get_attempt(j, t);
+    return m;
+  }
+  if (t == "step") return step_msg{parse_step_result(j)};
+  if (t == "retry") {
+    retry_msg m;
+    m.seq = get_seq(j, t);
+    m.name = get_name(j, t);
+    m.attempt = get_attempt(j, t);
+    m.error = get_error(j, t);
+    m.delay_ms = get_int(j, t, "delay_ms", 0, INT64_MAX);
+    return m;
+  }
+  if (t == "emit") return emit_msg{require(j, t, "data")};
+  if (t == "done") return done_msg{require(j, t, "output")};
+  if (t == "fail") return fail_msg{get_error(j, t)};
+  throw protocol_error("unknown message type '" + t.substr(0, 64) + "'");
+}
+
+json to_json(const agent_message& m) {
+  return std::visit(
+      overloaded{
+          [](const hello_msg& h) -> json { return {{"t", "hello"}, {"v", h.version}, {"sdk", h.sdk}}; },
+          [](const begin_msg& b) -> json {
+            return {{"t", "begin"}, {"seq", b.seq}, {"name", b.name}, {"kind", to_string(b.kind)},
+                    {"attempt", b.attempt}};
+          },
+          [](const step_msg& s) -> json {
+            json j = to_json(s.result);
+            j["t"] = "step";
+            return j;
+          },
+          [](const retry_msg& r) -> json {
+            return {{"t", "retry"},     {"seq", r.seq},
+                    {"name", r.name},   {"attempt", r.attempt},
+                    {"error", error_json(r.error)}, {"delay_ms", r.delay_ms}};
+          },
+          [](const emit_msg& e) -> json { return {{"t", "emit"}, {"data", e.data}}; },
+          [](const done_msg& d) -> json { return {{"t", "done"}, {"output", d.output}}; },
+          [](const fail_msg& f) -> json { return {{"t", "fail"}, {"error", error_json(f.error)}}; },
+      },
+      m);
+}
+
+host_message parse_host_message(const json& j) {
+  if (!j.is_object()) throw protocol_error("a message must be a JSON object");
+  auto it = j.find("t");
+  if (it == j.end() || !it->is_string()) throw protocol_error("message has no string field 't' (its type)");
+  const auto& t = it->get_ref<const std::string&>();
+  if (t == "start") {
+    start_msg m;
+    m.version = static_cast<int>(get_int(j, t, "v", 0, INT32_MAX));
+    m.run_id = get_string(j, t, "run_id");
+    m.input = require(j, t, "input");
+    m.attempt = get_attempt(j, t);
+    const json& h = require(j, t, "history");
+    if (!h.is_array()) bad(t, "history", "must be an array");
+    m.history.reserve(h.size());
+    for (const auto& e : h) {
+      auto r = parse_step_result(e);
+      if (r.seq != m.history.size()) bad(t, "history", "must hold steps 0..n-1 in order");
+      m.history.push_back(std::move(r));
+    }
+    m.next_step_attempt = static_cast<int>(get_int(j, t, "next_step_attempt", 1, 1'000'000));
+    return m;
+  }
+  if (t == "ack") return ack_msg{get_seq(j, t)};
+  if (t == "reject") return reject_msg{get_string(j, t, "error")};
+  throw protocol_error("unknown message type '" + t.substr(0, 64) + "'");
+}
+
+json to_json(const host_message& m) {
+  return std::visit(
+      overloaded{
+          [](const start_msg& s) -> json {
+            json history = json::array();
+            for (const auto& r : s.history) history.push_back(to_json(r));
+            return {{"t", "start"},         {"v", s.version},     {"run_id", s.run_id},
+                    {"input", s.input},     {"attempt", s.attempt}, {"history", std::move(history)},
+                    {"next_step_attempt", s.next_step_attempt}};
+          },
+          [](const ack_msg& a) -> json { return {{"t", "ack"}, {"seq", a.seq}}; },
+          [](const reject_msg& r) -> json { return {{"t", "reject"}, {"error", r.error}}; },
+      },
+      m);
+}
+
+std::string_view type_name(const agent_message& m) {
+  static constexpr std::string_view names[] = {"hello", "begin", "step", "retry", "emit", "done", "fail"};
+  return names[m.index()];
+}
+
+}  // namespace cairn::protocol

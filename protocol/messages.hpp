@@ -1,0 +1,105 @@
+// Protocol v1 messages as typed values, and their strict JSON mapping.
+// protocol/PROTOCOL.md is the specification; this file implements it. Parsing
+// checks every field's presence and type and names the first one that is wrong.
+// Fields a receiver does not know are ignored, so later minor additions stay
+// compatible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "protocol/frame.hpp"
+
+namespace cairn::protocol {
+
+inline constexpr int version = 1;
+
+// Longest step name accepted, in bytes.
+inline constexpr std::size_t max_name_size = 1024;
+
+enum class step_kind { step, now, random };
+std::string_view to_string(step_kind kind);
+
+struct error_info {
+  std::string message;
+  std::string type = "error";  // "error", "nondeterminism", or an exception class name
+};
+
+// A step's final, journaled outcome. Sent by the agent in `step`, returned in
+// `start.history` on replay.
+struct step_result {
+  std::uint64_t seq = 0;
+  std::string name;
+  step_kind kind = step_kind::step;
+  bool ok = true;
+  json output;       // when ok
+  error_info error;  // when !ok
+  int attempt = 1;
+  std::int64_t duration_us = 0;
+};
+
+// Agent -> host.
+struct hello_msg {
+  int version = protocol::version;
+  std::string sdk;
+};
+struct begin_msg {
+  std::uint64_t seq = 0;
+  std::string name;
+  step_kind kind = step_kind::step;
+  int attempt = 1;
+};
+struct step_msg {
+  step_result result;
+};
+struct retry_msg {
+  std::uint64_t seq = 0;
+  std::string name;
+  int attempt = 1;
+  error_info error;
+  std::int64_t delay_ms = 0;
+};
+struct emit_msg {
+  json data;
+};
+struct done_msg {
+  json output;
+};
+struct fail_msg {
+  error_info error;
+};
+using agent_message =
+    std::variant<hello_msg, begin_msg, step_msg, retry_msg, emit_msg, done_msg, fail_msg>;
+
+// Host -> agent.
+struct start_msg {
+  int version = protocol::version;
+  std::string run_id;
+  json input;
+  int attempt = 1;  // the run's attempt, 1-based
+  std::vector<step_result> history;
+  int next_step_attempt = 1;  // attempt number for the first step past the history
+};
+struct ack_msg {
+  std::uint64_t seq = 0;
+};
+struct reject_msg {
+  std::string error;
+};
+using host_message = std::variant<start_msg, ack_msg, reject_msg>;
+
+// Throw protocol_error naming the offending field or type.
+agent_message parse_agent_message(const json& j);
+host_message parse_host_message(const json& j);
+
+json to_json(const agent_message& m);
+json to_json(const host_message& m);
+json to_json(const step_result& r);
+step_result parse_step_result(const json& j);
+
+// The value of "t" for a message, for logs and errors.
+std::string_view type_name(const agent_message& m);
+
+}  // namespace cairn::protocol

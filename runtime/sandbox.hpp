@@ -1,0 +1,117 @@
+// The seam in front of every sandbox provider. The lifecycle every provider
+// shares: create (prepare an isolated place for one run attempt), exec (start
+// the agent program in it, with the channel as fd 3), destroy (kill and reap
+// every process in it). runtime reports what happened (exit status, frames);
+// it never decides about retries and never touches the journal.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/channel.hpp"
+
+namespace cairn::runtime {
+
+enum class sandbox_errc {
+  bwrap_missing,    // bubblewrap is not installed
+  userns_denied,    // the kernel refuses unprivileged user namespaces
+  spawn_failed,     // fork/exec or the sandbox set-up failed
+  bad_spec,         // the program or workspace cannot be used
+};
+
+class sandbox_error : public std::runtime_error {
+ public:
+  sandbox_error(sandbox_errc code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  sandbox_errc code() const { return code_; }
+
+ private:
+  sandbox_errc code_;
+};
+
+// Per-process rlimits applied to everything in the sandbox.
+struct resource_limits {
+  std::uint64_t max_processes = 256;          // RLIMIT_NPROC, counted for the sandbox uid
+  std::uint64_t max_memory_bytes = 2ull << 30;  // RLIMIT_AS
+  std::uint64_t max_file_bytes = 1ull << 30;    // RLIMIT_FSIZE
+  std::uint64_t max_open_files = 256;           // RLIMIT_NOFILE
+};
+
+struct sandbox_spec {
+  std::string run_id;
+  std::filesystem::path workspace;  // host folder mounted at /workspace (created if missing)
+  resource_limits limits;
+  std::map<std::string, std::string> env;  // added to the minimal environment
+};
+
+struct exit_status {
+  bool exited = false;  // true: exited with `code`; false: killed by `signal`
+  int code = 0;
+  int signal = 0;
+  std::string describe() const;  // "exited with code 3", "killed by signal 6 (SIGABRT)"
+};
+
+// One running agent program. Destroying the handle kills and reaps every
+// process of the sandbox.
+class agent_process {
+ public:
+  virtual ~agent_process() = default;
+  virtual channel& io() = 0;
+  virtual pid_t pid() const = 0;
+  // Non-blocking: the exit status once the agent's process has ended.
+  virtual std::optional<exit_status> poll_exit() = 0;
+  // Kills every process in the sandbox (SIGKILL), reaps, returns the status.
+  virtual exit_status kill() = 0;
+  // Waits up to `timeout` for a voluntary exit; nullopt if still running.
+  virtual std::optional<exit_status> wait_for(std::chrono::milliseconds timeout) = 0;
+};
+
+class sandbox {
+ public:
+  virtual ~sandbox() = default;
+  // Starts `program` (a host path, mounted read-only) with `args`. The agent
+  // sees its channel as fd 3 and CAIRN_CHANNEL_FD=3 in its environment.
+  virtual std::unique_ptr<agent_process> exec(const std::filesystem::path& program,
+                                              const std::vector<std::string>& args) = 0;
+  // Kills whatever still runs in it. Idempotent; also done by the destructor.
+  virtual void destroy() = 0;
+};
+
+// Can this machine run the backend? Each problem comes with its fix.
+struct doctor_check {
+  std::string name;
+  bool ok = false;
+  std::string detail;  // what was found
+  std::string fix;     // how to fix it, when !ok
+};
+
+class sandbox_backend {
+ public:
+  virtual ~sandbox_backend() = default;
+  virtual std::string name() const = 0;
+  virtual std::unique_ptr<sandbox> create(const sandbox_spec& spec) = 0;
+  virtual std::vector<doctor_check> check() const = 0;
+};
+
+struct bwrap_options {
+  std::filesystem::path bwrap = "bwrap";  // looked up on PATH when relative
+  // When cairn runs as root, the sandbox runs under this unprivileged uid/gid.
+  uid_t sandbox_uid = 0;  // 0: take it from the environment/default, see bwrap_backend.cpp
+  std::size_t max_frame = 0;  // 0: protocol default
+};
+
+// Namespaces + read-only system + private /workspace and /tmp + no network.
+std::unique_ptr<sandbox_backend> make_bwrap_backend(bwrap_options options = {});
+// A plain child process: no isolation. Only when the user asks for it.
+std::unique_ptr<sandbox_backend> make_process_backend(std::size_t max_frame = 0);
+
+}  // namespace cairn::runtime
