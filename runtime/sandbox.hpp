@@ -51,6 +51,9 @@ struct sandbox_spec {
   std::filesystem::path workspace;  // host folder mounted at /workspace (created if missing)
   resource_limits limits;
   std::map<std::string, std::string> env;  // added to the minimal environment
+  // The agent's stdout and stderr (and the sandbox tool's own errors) are
+  // appended here, on the host. Required.
+  std::filesystem::path log_file;
 };
 
 struct exit_status {
@@ -73,6 +76,8 @@ class agent_process {
   virtual exit_status kill() = 0;
   // Waits up to `timeout` for a voluntary exit; nullopt if still running.
   virtual std::optional<exit_status> wait_for(std::chrono::milliseconds timeout) = 0;
+  // The last `max_bytes` of this process's log output, for error messages.
+  virtual std::string log_tail(std::size_t max_bytes = 2048) const = 0;
 };
 
 class sandbox {
