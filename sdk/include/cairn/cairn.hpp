@@ -1,0 +1,117 @@
+// cairn SDK: what an agent program links. An agent is a `main` that hands its
+// workflow to cairn::main; every ctx.step result is journaled by the host
+// before the step returns, and on replay (after any crash) the recorded result
+// is returned without running the step again.
+//
+//   int main(int argc, char** argv) {
+//     return cairn::main(argc, argv, [](cairn::context& ctx, const cairn::json& input) {
+//       auto plan = ctx.step("plan", [&] { return make_plan(input); });
+//       return ctx.step("report", [&] { return write_report(plan); });
+//     });
+//   }
+//
+// The wire protocol is specified in protocol/PROTOCOL.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+namespace cairn {
+
+using json = nlohmann::json;
+
+// How a failing step is retried inside the same run: attempt n waits
+// min(initial_delay * multiplier^(n-1), max_delay) before attempt n+1.
+struct retry_policy {
+  int max_attempts = 3;
+  std::chrono::milliseconds initial_delay{100};
+  double multiplier = 2.0;
+  std::chrono::milliseconds max_delay{10'000};
+
+  static retry_policy no_retry() { return retry_policy{1}; }
+};
+
+// Throw from a step to fail it at once, without further attempts.
+class terminal_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A step failed for good (every attempt threw); also raised again on replay of
+// a step whose failure was journaled. Catch it to continue the workflow.
+class step_failed : public std::runtime_error {
+ public:
+  step_failed(std::string step, std::string type, const std::string& message)
+      : std::runtime_error("step '" + step + "' failed: " + message),
+        step_(std::move(step)),
+        type_(std::move(type)),
+        cause_(message) {}
+  const std::string& step() const { return step_; }
+  const std::string& type() const { return type_; }    // the exception type the step threw
+  const std::string& cause() const { return cause_; }  // that exception's message
+
+ private:
+  std::string step_, type_, cause_;
+};
+
+class session;
+
+class context {
+ public:
+  // Runs `fn` once and journals its result (anything convertible to json;
+  // void gives null). On replay returns the journaled result and does not call
+  // `fn`. Throws step_failed when the step's attempts are exhausted.
+  // `name` must be the same on every execution of the workflow: it is how
+  // replay checks that the code still matches the journal.
+  template <class F>
+  json step(std::string_view name, F&& fn, retry_policy policy = {}) {
+    return run_step(name, [&]() -> json {
+      if constexpr (std::is_void_v<std::invoke_result_t<F&>>) {
+        fn();
+        return nullptr;
+      } else {
+        return json(fn());
+      }
+    }, policy);
+  }
+
+  // The wall clock, journaled: replay sees the time of the first execution.
+  std::chrono::system_clock::time_point now();
+  // A uniform number in [0, 1), journaled.
+  double random();
+  // A live, non-durable event for whoever watches the run (progress, tokens).
+  void emit(const json& data);
+
+  const std::string& run_id() const;
+  // The run's attempt, 1-based: 2 and up after the sandbox crashed and the
+  // run was resumed from its journal.
+  int attempt() const;
+  // True while the workflow is being fast-forwarded through journaled steps.
+  bool replaying() const;
+
+  explicit context(session& s) : session_(s) {}
+
+ private:
+  json run_step(std::string_view name, const std::function<json()>& fn, const retry_policy& policy);
+  session& session_;
+};
+
+using workflow = std::function<json(context& ctx, const json& input)>;
+
+// Runs `fn` as a cairn agent on the channel the host gave it (fd 3). Returns
+// the process exit code: 0 after done, 1 after the workflow failed, 2 when not
+// started by cairn.
+int main(int argc, char** argv, const workflow& fn);
+
+// Same, on an explicit channel fd (for tests and embedding). Takes ownership of fd.
+int run(int channel_fd, const workflow& fn);
+
+}  // namespace cairn

@@ -1,0 +1,66 @@
+// The agent's side of one run: the channel on fd 3, the history the host sent
+// in `start`, and the position in it. Private to the SDK.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "cairn/cairn.hpp"
+#include "protocol/messages.hpp"
+
+namespace cairn {
+
+// The code asked for a different step than the journal holds at this position.
+// Deliberately not a std::exception: a workflow's catch (std::exception&) must
+// not swallow it.
+struct nondeterminism {
+  std::string message;
+};
+
+// The host went away or broke the protocol; the agent can only stop.
+class host_gone : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class session {
+ public:
+  // Takes ownership of fd. Blocks for the handshake; throws host_gone if the
+  // host rejects it or the channel breaks.
+  explicit session(int fd);
+  ~session();
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+
+  const protocol::start_msg& start() const { return start_; }
+
+  // The journaled result at the next position, or nullopt when past the
+  // history. Checks name and kind; a mismatch throws nondeterminism (and is
+  // remembered, so a workflow that catches it still fails).
+  std::optional<protocol::step_result> replay_next(std::string_view name, protocol::step_kind kind);
+  bool replaying() const { return next_seq_ < start_.history.size(); }
+
+  // Live steps: the seq and first attempt number for a new step.
+  std::uint64_t take_seq() { return next_seq_++; }
+  int first_attempt_for(std::uint64_t seq) const {
+    return seq == start_.history.size() ? start_.next_step_attempt : 1;
+  }
+
+  void send(const protocol::agent_message& m);
+  // Sends and blocks until the host acknowledges `seq` (it is then durable).
+  void send_and_wait_ack(const protocol::agent_message& m, std::uint64_t seq);
+
+  const std::optional<std::string>& nondeterminism_error() const { return nondeterminism_; }
+  bool in_step = false;
+
+ private:
+  protocol::host_message receive();
+
+  int fd_;
+  protocol::frame_decoder decoder_;
+  protocol::start_msg start_;
+  std::uint64_t next_seq_ = 0;
+  std::optional<std::string> nondeterminism_;
+};
+
+}  // namespace cairn
