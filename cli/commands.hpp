@@ -1,0 +1,28 @@
+// The `cairn` subcommands. Each returns the process exit code:
+// 0 success (run completed), 1 the run failed, 2 bad usage or input,
+// 3 the environment is broken (journal, sandbox), 4 the run is busy elsewhere.
+#pragma once
+
+#include <string>
+
+#include "cli/paths.hpp"
+#include "engine/engine.hpp"
+
+namespace cairn::cli {
+
+struct run_args {
+  std::string agent;
+  std::string input = "{}";
+  std::string id;
+  std::string workspace;
+  std::string sandbox = "bwrap";
+  int max_attempts = 3;
+};
+
+int run_command(const paths& p, const run_args& args, bool as_json);
+int resume_command(const paths& p, const std::string& run_id, bool all, bool as_json);
+int ls_command(const paths& p, bool as_json);
+int show_command(const paths& p, const std::string& run_id, bool as_json);
+int doctor_command(const paths& p, bool as_json);
+
+}  // namespace cairn::cli

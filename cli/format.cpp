@@ -1,0 +1,115 @@
+#include "cli/format.hpp"
+
+#include <ctime>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+namespace cairn::cli {
+namespace {
+
+std::string step_status(const protocol::step_result& r) { return r.ok ? "ok" : "error"; }
+
+std::string clip(const std::string& s, std::size_t width) {
+  return s.size() > width ? s.substr(0, width - 3) + "..." : s;
+}
+
+std::string step_preview(const protocol::step_result& r, std::size_t width) {
+  return r.ok ? preview(r.output, width) : preview(json(r.error.type + ": " + r.error.message), width);
+}
+
+}  // namespace
+
+std::string preview(const json& value, std::size_t width) {
+  std::string s = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  for (auto& c : s)
+    if (c == '\n' || c == '\t') c = ' ';
+  if (s.size() > width) s = s.substr(0, width - 3) + "...";
+  return s;
+}
+
+std::string format_time(std::int64_t ms) {
+  std::time_t t = static_cast<std::time_t>(ms / 1000);
+  return fmt::format("{:%Y-%m-%d %H:%M:%S}", fmt::localtime(t));
+}
+
+std::string format_duration_us(std::int64_t us) {
+  if (us < 1000) return fmt::format("{} us", us);
+  if (us < 1'000'000) return fmt::format("{:.1f} ms", us / 1000.0);
+  return fmt::format("{:.2f} s", us / 1e6);
+}
+
+std::string step_line(const storage::step_record& step) {
+  const auto& r = step.result;
+  return fmt::format("  {:>3}  {:<28} {:<5} attempt {}  {:>9}  {}", r.seq, clip(r.name, 28),
+                     step_status(r), r.attempt, format_duration_us(r.duration_us), step_preview(r, 60));
+}
+
+std::string steps_table(const std::vector<storage::step_record>& steps) {
+  std::string out = fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", "SEQ", "NAME", "KIND", "STATUS",
+                                "ATTEMPT", "DURATION", "OUTPUT");
+  for (const auto& s : steps) {
+    const auto& r = s.result;
+    out += fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", r.seq, clip(r.name, 26), protocol::to_string(r.kind),
+                       step_status(r), r.attempt, format_duration_us(r.duration_us), step_preview(r, 56));
+  }
+  return out;
+}
+
+std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs) {
+  std::string out = fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}\n", "ID", "STATUS", "AGENT", "STEPS",
+                                "ATTEMPTS", "UPDATED");
+  for (const auto& r : runs) {
+    std::string agent = std::filesystem::path(r.agent).filename().string();
+    out += fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}\n", r.id, storage::to_string(r.status), agent,
+                       journal.steps(r.id).size(), r.attempts, format_time(r.updated_at_ms));
+  }
+  return out;
+}
+
+std::string run_summary(const storage::run_record& r) {
+  std::string out = fmt::format("run {} ({})\n", r.id, storage::to_string(r.status));
+  out += fmt::format("  agent      {}\n", r.agent);
+  out += fmt::format("  input      {}\n", preview(r.input, 100));
+  out += fmt::format("  sandbox    {}\n", r.sandbox);
+  out += fmt::format("  workspace  {}\n", r.workspace);
+  out += fmt::format("  attempts   {} (up to {} per resume)\n", r.attempts, r.max_attempts);
+  out += fmt::format("  created    {}\n", format_time(r.created_at_ms));
+  if (r.finished_at_ms) out += fmt::format("  finished   {}\n", format_time(*r.finished_at_ms));
+  if (!r.owner.empty()) out += fmt::format("  owner      {}\n", r.owner);
+  if (r.status == storage::run_status::completed) out += fmt::format("  output     {}\n", preview(r.output, 100));
+  if (r.error) out += fmt::format("  error      {}: {}\n", r.error->type, r.error->message);
+  return out;
+}
+
+json to_json(const storage::run_record& r) {
+  json j = {{"id", r.id},
+            {"agent", r.agent},
+            {"input", r.input},
+            {"status", storage::to_string(r.status)},
+            {"attempts", r.attempts},
+            {"max_attempts", r.max_attempts},
+            {"owner", r.owner},
+            {"sandbox", r.sandbox},
+            {"workspace", r.workspace},
+            {"created_at_ms", r.created_at_ms},
+            {"updated_at_ms", r.updated_at_ms},
+            {"finished_at_ms", r.finished_at_ms ? json(*r.finished_at_ms) : json(nullptr)},
+            {"output", r.output}};
+  j["error"] = r.error ? json{{"message", r.error->message}, {"type", r.error->type}} : json(nullptr);
+  return j;
+}
+
+json to_json(const storage::step_record& s) {
+  json j = protocol::to_json(s.result);
+  j["started_at_ms"] = s.started_at_ms;
+  j["finished_at_ms"] = s.finished_at_ms;
+  return j;
+}
+
+json to_json(const storage::event_record& e) {
+  return {{"id", e.id}, {"seq", e.seq ? json(*e.seq) : json(nullptr)}, {"kind", e.kind},
+          {"data", e.data}, {"at_ms", e.at_ms}};
+}
+
+}  // namespace cairn::cli

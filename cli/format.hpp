@@ -1,0 +1,26 @@
+// How runs and steps look in the terminal and in --json.
+#pragma once
+
+#include <string>
+
+#include "storage/journal.hpp"
+
+namespace cairn::cli {
+
+using json = nlohmann::json;
+
+std::string preview(const json& value, std::size_t width = 60);
+std::string format_time(std::int64_t ms);
+std::string format_duration_us(std::int64_t us);
+
+// One line per step, as `cairn run` prints them while journaling.
+std::string step_line(const storage::step_record& step);
+std::string steps_table(const std::vector<storage::step_record>& steps);
+std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs);
+std::string run_summary(const storage::run_record& run);
+
+json to_json(const storage::run_record& run);
+json to_json(const storage::step_record& step);
+json to_json(const storage::event_record& event);
+
+}  // namespace cairn::cli

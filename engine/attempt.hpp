@@ -1,0 +1,26 @@
+// One attempt of a run: one sandbox, from handshake to done/fail or death.
+// Commits each step before acknowledging it. Private to the engine.
+#pragma once
+
+#include <string>
+
+#include "engine/engine.hpp"
+
+namespace cairn::engine {
+
+struct attempt_result {
+  enum class kind {
+    completed,  // the agent sent done; `output` holds its result
+    failed,     // the workflow failed, or broke the protocol: retrying won't help
+    crashed,    // the sandbox died or hung without finishing: retry from the journal
+  };
+  kind outcome = kind::crashed;
+  json output;
+  protocol::error_info error;
+};
+
+attempt_result run_attempt(storage::journal& journal, runtime::sandbox_backend& backend,
+                           const storage::run_record& run, int attempt, const engine_options& options,
+                           run_observer& observer);
+
+}  // namespace cairn::engine

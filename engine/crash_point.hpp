@@ -1,0 +1,15 @@
+// Fault injection for crash tests: with CAIRN_CRASH_POINT=NAME:N in the
+// environment, the N-th time this process reaches crash_point("NAME") it kills
+// itself with SIGKILL, exactly as an OOM kill or power cut would stop it.
+// Without the variable this is a no-op. Points: after_spawn, after_hello,
+// before_commit, after_commit (committed, not yet acked), after_ack,
+// before_finish.
+#pragma once
+
+#include <string_view>
+
+namespace cairn::engine {
+
+void crash_point(std::string_view name);
+
+}  // namespace cairn::engine

@@ -1,0 +1,99 @@
+// Runs: start, execute in a sandbox, checkpoint every step, retry a crashed
+// sandbox from the journal, resume what a dead host process left behind.
+// The engine is the one place that writes the journal; runtime only reports.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/sandbox.hpp"
+#include "storage/journal.hpp"
+
+namespace cairn::engine {
+
+using json = nlohmann::json;
+
+enum class errc {
+  not_found,  // no such run
+  busy,       // a live process executes the run
+  bad_request,
+};
+
+class engine_error : public std::runtime_error {
+ public:
+  engine_error(errc code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  errc code() const { return code_; }
+
+ private:
+  errc code_;
+};
+
+// Creates the sandbox backend a run asked for ("bwrap" or "none").
+using backend_factory = std::function<std::unique_ptr<runtime::sandbox_backend>(const std::string& name)>;
+backend_factory default_backends();
+
+struct engine_options {
+  std::filesystem::path log_dir;             // agent output: LOG_DIR/RUN_ID.log
+  std::chrono::milliseconds hello_timeout{10'000};
+  std::chrono::milliseconds retry_backoff{200};  // after the n-th crash: backoff * 2^(n-1)
+  std::chrono::milliseconds max_backoff{10'000};
+  std::chrono::milliseconds exit_grace{2'000};   // after done/fail, for the agent to exit
+  runtime::resource_limits limits;
+  backend_factory backends = default_backends();
+};
+
+// What the engine tells whoever watches a run. Called on the executing thread.
+class run_observer {
+ public:
+  virtual ~run_observer() = default;
+  virtual void on_attempt(const storage::run_record&, int /*attempt*/) {}
+  virtual void on_step(const storage::step_record&) {}
+  virtual void on_retry(const protocol::retry_msg&) {}
+  virtual void on_emit(const json&) {}
+  virtual void on_attempt_failed(int /*attempt*/, const std::string& /*reason*/, bool /*will_retry*/) {}
+  virtual void on_warning(const std::string&) {}
+};
+
+struct run_request {
+  std::string id;  // empty: a new id is generated
+  std::filesystem::path agent;
+  json input = json::object();
+  std::filesystem::path workspace;  // empty: WORKSPACE_ROOT/RUN_ID is up to the caller
+  std::string sandbox = "bwrap";
+  int max_attempts = 3;
+};
+
+class engine {
+ public:
+  // `journal` must outlive the engine.
+  engine(storage::journal& journal, engine_options options);
+
+  // Records a pending run, or returns the existing one with this id.
+  std::pair<storage::run_record, bool> submit(const run_request& request);
+
+  // Drives the run to its end (completed or failed) in this process and
+  // returns the final record. A run owned by a live process is refused
+  // (errc::busy); one owned by a dead process is taken over. A failed run is
+  // given a fresh set of attempts. A completed run is returned as it is.
+  storage::run_record execute(const std::string& run_id, run_observer* observer = nullptr);
+
+  // Runs left unfinished by host processes that have died, oldest first,
+  // plus pending runs nobody has started.
+  std::vector<storage::run_record> orphaned_runs();
+
+  storage::journal& journal() { return journal_; }
+
+ private:
+  storage::journal& journal_;
+  engine_options options_;
+};
+
+// A fresh run id: "run-" and 12 hex digits.
+std::string new_run_id();
+
+}  // namespace cairn::engine

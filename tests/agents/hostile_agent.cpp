@@ -1,0 +1,78 @@
+// Test agent that breaks the protocol on purpose. The mode is the part of
+// CAIRN_RUN_ID before the first '.', e.g. run id "dup_seq.1" -> mode dup_seq.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "protocol/messages.hpp"
+
+using namespace cairn::protocol;
+
+namespace {
+
+constexpr int fd = 3;
+
+void put(const std::string& bytes) {
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n <= 0) std::_Exit(9);
+    off += static_cast<std::size_t>(n);
+  }
+}
+void send(const json& j) { put(encode_frame(j)); }
+
+json receive() {
+  frame_decoder decoder;
+  char buf[4096];
+  for (;;) {
+    if (auto j = decoder.next()) return *j;
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) std::_Exit(8);
+    decoder.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+  }
+}
+
+json step(std::uint64_t seq) {
+  step_result r;
+  r.seq = seq;
+  r.name = "step " + std::to_string(seq);
+  r.output = {{"seq", seq}};
+  return to_json(agent_message{step_msg{r}});
+}
+
+void handshake() {
+  send({{"t", "hello"}, {"v", 1}, {"sdk", "hostile"}});
+  receive();
+}
+
+}  // namespace
+
+int main() {
+  const char* id = std::getenv("CAIRN_RUN_ID");
+  std::string mode = id ? id : "";
+  mode = mode.substr(0, mode.find('.'));
+
+  if (mode == "garbage") put("\x01\x02garbage that is not a frame at all, with a bogus length");
+  else if (mode == "huge_length") put(std::string("\x80\x00\x00\x00", 4) + "{}");
+  else if (mode == "no_hello") send(step(0));
+  else if (mode == "bad_version") { send({{"t", "hello"}, {"v", 99}, {"sdk", "future"}}); receive(); }
+  else if (mode == "silent") std::this_thread::sleep_for(std::chrono::seconds(60));
+  else {
+    handshake();
+    if (mode == "invalid_json") put(std::string("\x00\x00\x00\x09{not json", 13));
+    else if (mode == "wrong_type") send({{"t", "step"}, {"seq", "zero"}, {"name", "x"}, {"kind", "step"},
+                                         {"status", "ok"}, {"output", 1}, {"attempt", 1}});
+    else if (mode == "unknown_type") send({{"t", "teleport"}});
+    else if (mode == "dup_seq") { send(step(0)); receive(); send(step(0)); }
+    else if (mode == "skip_seq") { send(step(0)); receive(); send(step(5)); }
+    else if (mode == "after_done") { send(step(0)); receive(); send({{"t", "done"}, {"output", 1}}); send(step(1)); }
+    else if (mode == "truncated") { put(std::string("\x00\x00\x01\x00{\"t\":", 9)); return 0; }
+    else if (mode == "exit_midway") { send(step(0)); receive(); return 7; }
+  }
+  // Hold the channel open until the host ends this sandbox.
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}

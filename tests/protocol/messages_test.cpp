@@ -1,0 +1,611 @@
+// Protocol v1 messages: the JSON mapping of every type and the rejection of
+// every malformed field (protocol/PROTOCOL.md §3). Sequencing across a session
+// (duplicate or skipped seq) is the engine's check, not the codec's.
+#include "protocol/messages.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace p = cairn::protocol;
+using p::json;
+using p::protocol_error;
+using Catch::Matchers::Contains;
+
+// The protocol_error message for `j`, or "<accepted>". Any other exception
+// escapes and fails the test.
+std::string agent_error(const json& j) {
+  try {
+    p::parse_agent_message(j);
+  } catch (const protocol_error& e) {
+    return e.what();
+  }
+  return "<accepted>";
+}
+
+std::string host_error(const json& j) {
+  try {
+    p::parse_host_message(j);
+  } catch (const protocol_error& e) {
+    return e.what();
+  }
+  return "<accepted>";
+}
+
+// Through the wire and back: to_json, frame, decode, parse, to_json.
+json wire_round_trip(const p::agent_message& m) {
+  p::frame_decoder d;
+  d.feed(p::encode_frame(p::to_json(m)));
+  auto j = d.next();
+  REQUIRE(j);
+  return p::to_json(p::parse_agent_message(*j));
+}
+
+json wire_round_trip(const p::host_message& m) {
+  p::frame_decoder d;
+  d.feed(p::encode_frame(p::to_json(m)));
+  auto j = d.next();
+  REQUIRE(j);
+  return p::to_json(p::parse_host_message(*j));
+}
+
+json err(std::string message, std::string type = "error") {
+  return {{"message", std::move(message)}, {"type", std::move(type)}};
+}
+
+// One valid example of each agent message, as it appears on the wire.
+json valid_hello() { return {{"t", "hello"}, {"v", 1}, {"sdk", "test/0.1"}}; }
+json valid_begin() { return {{"t", "begin"}, {"seq", 3}, {"name", "plan"}, {"kind", "step"}, {"attempt", 1}}; }
+json valid_step_ok() {
+  return {{"t", "step"},   {"seq", 3},         {"name", "plan"},  {"kind", "step"},
+          {"status", "ok"}, {"output", {{"k", {1, "two", nullptr}}}}, {"attempt", 2}, {"duration_us", 1500}};
+}
+json valid_step_error() {
+  return {{"t", "step"},      {"seq", 4}, {"name", "fetch"},       {"kind", "step"},
+          {"status", "error"}, {"error", err("timeout", "std::runtime_error")},
+          {"attempt", 3},      {"duration_us", 0}};
+}
+json valid_retry() {
+  return {{"t", "retry"}, {"seq", 4},  {"name", "fetch"}, {"attempt", 1}, {"error", err("timeout")},
+          {"delay_ms", 100}};
+}
+json valid_emit() { return {{"t", "emit"}, {"data", {{"token", "hel"}}}}; }
+json valid_done() { return {{"t", "done"}, {"output", {{"answer", 42}}}}; }
+json valid_fail() { return {{"t", "fail"}, {"error", err("gave up", "nondeterminism")}}; }
+
+std::vector<json> valid_agent_messages() {
+  return {valid_hello(), valid_begin(), valid_step_ok(), valid_step_error(), valid_retry(),
+          valid_emit(),  valid_done(),  valid_fail()};
+}
+
+json history_entry(std::uint64_t seq, std::string name = "s") {
+  return {{"seq", seq},     {"name", std::move(name)}, {"kind", "step"}, {"status", "ok"},
+          {"output", seq},  {"attempt", 1},            {"duration_us", 10}};
+}
+
+json valid_start() {
+  return {{"t", "start"},
+          {"v", 1},
+          {"run_id", "run-1"},
+          {"input", {{"q", "why"}}},
+          {"attempt", 2},
+          {"history", {history_entry(0), history_entry(1)}},
+          {"next_step_attempt", 1}};
+}
+
+enum class field_type { integer, string, error, any };
+
+struct field {
+  const char* name;
+  field_type type;
+  bool required;
+};
+
+// Every field of every agent message, as PROTOCOL.md §3 lists them.
+struct message_fields {
+  json example;
+  std::vector<field> fields;
+};
+
+std::vector<message_fields> agent_fields() {
+  using ft = field_type;
+  return {
+      {valid_hello(), {{"v", ft::integer, true}, {"sdk", ft::string, true}}},
+      {valid_begin(),
+       {{"seq", ft::integer, true}, {"name", ft::string, true}, {"kind", ft::string, true}, {"attempt", ft::integer, true}}},
+      {valid_step_ok(),
+       {{"seq", ft::integer, true},
+        {"name", ft::string, true},
+        {"kind", ft::string, true},
+        {"status", ft::string, true},
+        {"output", ft::any, true},
+        {"attempt", ft::integer, true},
+        {"duration_us", ft::integer, false}}},
+      {valid_step_error(),
+       {{"seq", ft::integer, true},
+        {"name", ft::string, true},
+        {"kind", ft::string, true},
+        {"status", ft::string, true},
+        {"error", ft::error, true},
+        {"attempt", ft::integer, true},
+        {"duration_us", ft::integer, false}}},
+      {valid_retry(),
+       {{"seq", ft::integer, true},
+        {"name", ft::string, true},
+        {"attempt", ft::integer, true},
+        {"error", ft::error, true},
+        {"delay_ms", ft::integer, true}}},
+      {valid_emit(), {{"data", ft::any, true}}},
+      {valid_done(), {{"output", ft::any, true}}},
+      {valid_fail(), {{"error", ft::error, true}}},
+  };
+}
+
+std::vector<json> wrong_values(field_type t) {
+  switch (t) {
+    case field_type::integer: return {"1", 1.5, 1.0, true, nullptr, json::array({1}), json::object()};
+    case field_type::string: return {1, 1.5, true, nullptr, json::array({"a"}), json::object()};
+    case field_type::error: return {"oops", 1, true, nullptr, json::array({"oops"})};
+    case field_type::any: return {};
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("every agent message maps to the documented JSON and back", "[messages]") {
+  SECTION("typed values give the wire shape") {
+    CHECK(p::to_json(p::agent_message{p::hello_msg{1, "test/0.1"}}) == valid_hello());
+    CHECK(p::to_json(p::agent_message{p::begin_msg{3, "plan", p::step_kind::step, 1}}) == valid_begin());
+
+    p::step_result ok;
+    ok.seq = 3;
+    ok.name = "plan";
+    ok.output = {{"k", {1, "two", nullptr}}};
+    ok.attempt = 2;
+    ok.duration_us = 1500;
+    CHECK(p::to_json(p::agent_message{p::step_msg{ok}}) == valid_step_ok());
+
+    p::step_result failed;
+    failed.seq = 4;
+    failed.name = "fetch";
+    failed.ok = false;
+    failed.error = {"timeout", "std::runtime_error"};
+    failed.attempt = 3;
+    CHECK(p::to_json(p::agent_message{p::step_msg{failed}}) == valid_step_error());
+
+    CHECK(p::to_json(p::agent_message{p::retry_msg{4, "fetch", 1, {"timeout", "error"}, 100}}) == valid_retry());
+    CHECK(p::to_json(p::agent_message{p::emit_msg{{{"token", "hel"}}}}) == valid_emit());
+    CHECK(p::to_json(p::agent_message{p::done_msg{{{"answer", 42}}}}) == valid_done());
+    CHECK(p::to_json(p::agent_message{p::fail_msg{{"gave up", "nondeterminism"}}}) == valid_fail());
+  }
+
+  SECTION("the wire shape parses to the typed values") {
+    for (const auto& j : valid_agent_messages()) {
+      INFO(j.dump());
+      p::agent_message m = p::parse_agent_message(j);
+      CHECK(p::type_name(m) == j["t"].get<std::string>());
+      CHECK(p::to_json(m) == j);
+      CHECK(wire_round_trip(m) == j);
+    }
+
+    auto s = std::get<p::step_msg>(p::parse_agent_message(valid_step_error())).result;
+    CHECK(s.seq == 4);
+    CHECK(s.name == "fetch");
+    CHECK(s.kind == p::step_kind::step);
+    CHECK_FALSE(s.ok);
+    CHECK(s.error.message == "timeout");
+    CHECK(s.error.type == "std::runtime_error");
+    CHECK(s.attempt == 3);
+
+    auto r = std::get<p::retry_msg>(p::parse_agent_message(valid_retry()));
+    CHECK(r.seq == 4);
+    CHECK(r.attempt == 1);
+    CHECK(r.delay_ms == 100);
+    CHECK(r.error.message == "timeout");
+
+    auto h = std::get<p::hello_msg>(p::parse_agent_message(valid_hello()));
+    CHECK(h.version == 1);
+    CHECK(h.sdk == "test/0.1");
+  }
+
+  SECTION("every kind round-trips") {
+    for (auto kind : {p::step_kind::step, p::step_kind::now, p::step_kind::random}) {
+      p::step_result r;
+      r.seq = 0;
+      r.name = "k";
+      r.kind = kind;
+      r.output = kind == p::step_kind::now ? json(1767225600000) : json(0.25);
+      auto back = std::get<p::step_msg>(p::parse_agent_message(p::to_json(p::agent_message{p::step_msg{r}})));
+      CHECK(back.result.kind == kind);
+      CHECK(back.result.output == r.output);
+    }
+  }
+
+  SECTION("any JSON value is a valid output, data or done output, including null") {
+    for (json v : {json(nullptr), json(false), json(0), json(-7), json(1.5), json(""), json::array(),
+                   json::object(), json("h\xc3\xa9")}) {
+      json step = valid_step_ok();
+      step["output"] = v;
+      CHECK(std::get<p::step_msg>(p::parse_agent_message(step)).result.output == v);
+      CHECK(std::get<p::emit_msg>(p::parse_agent_message({{"t", "emit"}, {"data", v}})).data == v);
+      CHECK(std::get<p::done_msg>(p::parse_agent_message({{"t", "done"}, {"output", v}})).output == v);
+    }
+  }
+}
+
+TEST_CASE("optional fields take their defaults", "[messages]") {
+  json step = valid_step_ok();
+  step.erase("duration_us");
+  CHECK(std::get<p::step_msg>(p::parse_agent_message(step)).result.duration_us == 0);
+
+  json failed = valid_fail();
+  failed["error"].erase("type");
+  CHECK(std::get<p::fail_msg>(p::parse_agent_message(failed)).error.type == "error");
+}
+
+TEST_CASE("unknown fields are ignored", "[messages]") {
+  for (auto j : valid_agent_messages()) {
+    j["future_field"] = {{"x", 1}};
+    j["zz"] = nullptr;
+    INFO(j.dump());
+    CHECK(agent_error(j) == "<accepted>");
+  }
+  json step = valid_step_ok();
+  step["error"] = "ignored when status is ok";
+  CHECK(agent_error(step) == "<accepted>");
+  json start = valid_start();
+  start["extra"] = 1;
+  start["history"][0]["extra"] = 1;
+  CHECK(host_error(start) == "<accepted>");
+}
+
+TEST_CASE("a missing required field is named in the error", "[messages][hostile]") {
+  for (const auto& m : agent_fields()) {
+    for (const auto& f : m.fields) {
+      json j = m.example;
+      j.erase(f.name);
+      INFO(j.dump());
+      if (f.required)
+        CHECK_THAT(agent_error(j), Contains(std::string("'") + f.name + "'") && Contains("missing"));
+      else
+        CHECK(agent_error(j) == "<accepted>");
+    }
+  }
+}
+
+TEST_CASE("a field of the wrong JSON type is named in the error", "[messages][hostile]") {
+  for (const auto& m : agent_fields()) {
+    for (const auto& f : m.fields) {
+      for (const auto& v : wrong_values(f.type)) {
+        json j = m.example;
+        j[f.name] = v;
+        INFO(j.dump());
+        CHECK_THAT(agent_error(j), Contains(std::string("'") + f.name + "'"));
+      }
+    }
+  }
+}
+
+TEST_CASE("the fields of an error object are checked", "[messages][hostile]") {
+  for (const json& base : {valid_step_error(), valid_retry(), valid_fail()}) {
+    INFO(base.dump());
+    json j = base;
+    j["error"].erase("message");
+    CHECK_THAT(agent_error(j), Contains("'message'") && Contains("missing"));
+    for (json v : {json(1), json(nullptr), json::array(), json::object()}) {
+      j = base;
+      j["error"]["message"] = v;
+      CHECK_THAT(agent_error(j), Contains("'message'"));
+      j = base;
+      j["error"]["type"] = v;
+      CHECK_THAT(agent_error(j), Contains("'type'"));
+    }
+    j = base;
+    j["error"]["type"] = std::string(1025, 't');
+    CHECK_THAT(agent_error(j), Contains("'type'"));
+    j = base;
+    j["error"]["type"] = std::string(1024, 't');
+    CHECK(agent_error(j) == "<accepted>");
+  }
+}
+
+TEST_CASE("seq must be an integer from 0 to 2^63-1", "[messages][hostile]") {
+  for (const json& base : {valid_begin(), valid_step_ok(), valid_retry()}) {
+    INFO(base.dump());
+    auto with_seq = [&](json v) {
+      json j = base;
+      j["seq"] = std::move(v);
+      return agent_error(j);
+    };
+    CHECK_THAT(with_seq(-1), Contains("'seq'") && Contains("out of range"));
+    CHECK_THAT(with_seq(std::numeric_limits<std::int64_t>::min()), Contains("'seq'"));
+    CHECK_THAT(with_seq(1.0), Contains("'seq'") && Contains("integer"));
+    CHECK_THAT(with_seq(0.5), Contains("'seq'"));
+    CHECK_THAT(with_seq(std::uint64_t{1} << 63), Contains("'seq'") && Contains("out of range"));
+    CHECK_THAT(with_seq(std::numeric_limits<std::uint64_t>::max()), Contains("'seq'"));
+    CHECK_THAT(with_seq("0"), Contains("'seq'"));
+    CHECK(with_seq(0) == "<accepted>");
+    CHECK(with_seq(std::numeric_limits<std::int64_t>::max()) == "<accepted>");
+  }
+
+  // Integers beyond 64 bits parse as floating point: still rejected by name.
+  json j = json::parse(R"({"t":"ack","seq":100000000000000000000000})");
+  CHECK_THAT(host_error(j), Contains("'seq'"));
+  j = json::parse(R"({"t":"begin","seq":18446744073709551616,"name":"a","kind":"step","attempt":1})");
+  CHECK_THAT(agent_error(j), Contains("'seq'"));
+  j = json::parse(R"({"t":"begin","seq":1e2,"name":"a","kind":"step","attempt":1})");
+  CHECK_THAT(agent_error(j), Contains("'seq'"));
+  j = json::parse(R"({"t":"begin","seq":-0,"name":"a","kind":"step","attempt":1})");
+  CHECK(agent_error(j) == "<accepted>");
+}
+
+TEST_CASE("numeric fields are range-checked", "[messages][hostile]") {
+  auto with = [](json j, const char* field, json v) {
+    j[field] = std::move(v);
+    return agent_error(j);
+  };
+  for (const json& base : {valid_begin(), valid_step_ok(), valid_retry()}) {
+    INFO(base.dump());
+    CHECK_THAT(with(base, "attempt", 0), Contains("'attempt'"));
+    CHECK_THAT(with(base, "attempt", -1), Contains("'attempt'"));
+    CHECK_THAT(with(base, "attempt", 1'000'001), Contains("'attempt'"));
+    CHECK(with(base, "attempt", 1'000'000) == "<accepted>");
+  }
+  CHECK_THAT(with(valid_step_ok(), "duration_us", -1), Contains("'duration_us'"));
+  CHECK(with(valid_step_ok(), "duration_us", std::numeric_limits<std::int64_t>::max()) == "<accepted>");
+  CHECK_THAT(with(valid_retry(), "delay_ms", -1), Contains("'delay_ms'"));
+  CHECK(with(valid_retry(), "delay_ms", 0) == "<accepted>");
+  CHECK_THAT(with(valid_hello(), "v", -1), Contains("'v'"));
+  CHECK_THAT(with(valid_hello(), "v", std::int64_t{1} << 31), Contains("'v'"));
+  // Another version is a valid hello; refusing it is the host's decision (reject).
+  CHECK(std::get<p::hello_msg>(p::parse_agent_message(json{{"t", "hello"}, {"v", 2}, {"sdk", "x"}})).version == 2);
+}
+
+TEST_CASE("name must be 1 to 1024 bytes", "[messages][hostile]") {
+  for (const json& base : {valid_begin(), valid_step_ok(), valid_retry()}) {
+    INFO(base.dump());
+    json j = base;
+    j["name"] = "";
+    CHECK_THAT(agent_error(j), Contains("'name'") && Contains("empty"));
+    j["name"] = std::string(1024, 'n');
+    CHECK(agent_error(j) == "<accepted>");
+    j["name"] = std::string(1025, 'n');
+    CHECK_THAT(agent_error(j), Contains("'name'") && Contains("1024"));
+    // Bytes, not characters: 512 two-byte characters fit, 513 do not.
+    std::string e_acute = "\xc3\xa9";
+    std::string s;
+    for (int i = 0; i < 512; ++i) s += e_acute;
+    j["name"] = s;
+    CHECK(agent_error(j) == "<accepted>");
+    j["name"] = s + e_acute;
+    CHECK_THAT(agent_error(j), Contains("'name'"));
+  }
+  json h = valid_hello();
+  h["sdk"] = std::string(1025, 's');
+  CHECK_THAT(agent_error(h), Contains("'sdk'"));
+}
+
+TEST_CASE("kind must be step, now or random", "[messages][hostile]") {
+  for (const json& base : {valid_begin(), valid_step_ok()}) {
+    for (const char* k : {"", "STEP", "tool", "step ", " now"}) {
+      json j = base;
+      j["kind"] = k;
+      INFO(j.dump());
+      CHECK_THAT(agent_error(j), Contains("'kind'"));
+    }
+    json j = base;
+    j["kind"] = std::string("now\0", 4);
+    CHECK_THAT(agent_error(j), Contains("'kind'"));
+  }
+}
+
+TEST_CASE("status must be ok or error, with output or error to match", "[messages][hostile]") {
+  for (const char* s : {"", "OK", "failed", "ok ", "errors"}) {
+    json j = valid_step_ok();
+    j["status"] = s;
+    INFO(j.dump());
+    CHECK_THAT(agent_error(j), Contains("'status'"));
+  }
+  json j = valid_step_ok();
+  j.erase("output");
+  CHECK_THAT(agent_error(j), Contains("'output'"));
+  j = valid_step_ok();
+  j["status"] = "error";  // has output, no error
+  CHECK_THAT(agent_error(j), Contains("'error'"));
+  j = valid_step_error();
+  j["error"] = "not an object";
+  CHECK_THAT(agent_error(j), Contains("'error'") && Contains("object"));
+  j = valid_step_error();
+  j["error"] = json::array({"timeout", "std::runtime_error"});
+  CHECK_THAT(agent_error(j), Contains("'error'"));
+}
+
+TEST_CASE("the message type is checked", "[messages][hostile]") {
+  CHECK_THAT(agent_error({{"t", "bogus"}}), Contains("unknown message type") && Contains("bogus"));
+  CHECK_THAT(agent_error({{"t", "Hello"}, {"v", 1}, {"sdk", "x"}}), Contains("unknown message type"));
+  CHECK_THAT(agent_error({{"t", ""}}), Contains("unknown message type"));
+  // Host messages are not agent messages and vice versa.
+  CHECK_THAT(agent_error({{"t", "ack"}, {"seq", 0}}), Contains("unknown message type"));
+  CHECK_THAT(host_error(valid_hello()), Contains("unknown message type"));
+  // Types named in DESIGN.md but not part of v1.
+  for (const char* t : {"tool", "sleep", "wait", "child", "join"})
+    CHECK_THAT(agent_error({{"t", t}, {"seq", 0}}), Contains("unknown message type"));
+  for (const char* t : {"result", "cancel"}) CHECK_THAT(host_error({{"t", t}}), Contains("unknown message type"));
+
+  CHECK_THAT(agent_error({{"seq", 0}}), Contains("'t'"));
+  CHECK_THAT(agent_error({{"t", 1}}), Contains("'t'"));
+  CHECK_THAT(agent_error({{"t", nullptr}}), Contains("'t'"));
+  CHECK_THAT(host_error({{"t", json::array({"ack"})}}), Contains("'t'"));
+  CHECK_THAT(agent_error(json::array({"hello"})), Contains("object"));
+  CHECK_THAT(host_error(json(42)), Contains("object"));
+}
+
+TEST_CASE("errors about agent data are valid UTF-8 and short", "[messages][hostile]") {
+  // The error becomes the run's error, is logged and journaled as JSON; a
+  // hostile agent must not be able to make it invalid UTF-8 or megabytes long.
+  auto check_message = [](const std::string& what) {
+    INFO("error: " << what.substr(0, 200));
+    CHECK(what != "<accepted>");
+    CHECK(what.size() <= 512);
+    CHECK_NOTHROW(json(what).dump());
+  };
+  // A multi-byte character straddling any truncation point of the type name.
+  for (std::size_t prefix = 0; prefix < 80; ++prefix)
+    check_message(agent_error({{"t", std::string(prefix, 'a') + "\xe2\x9c\x93\xe2\x9c\x93"}}));
+  check_message(agent_error({{"t", std::string(1 << 20, 'x')}}));
+
+  json j = valid_step_ok();
+  j["kind"] = std::string(1 << 20, 'k');
+  check_message(agent_error(j));
+  j = valid_step_ok();
+  j["status"] = std::string(1 << 20, 's');
+  check_message(agent_error(j));
+  j = valid_step_ok();
+  j["name"] = std::string(1 << 20, 'n');
+  check_message(agent_error(j));
+}
+
+TEST_CASE("host messages map to the documented JSON and back", "[messages]") {
+  p::start_msg s;
+  s.run_id = "run-1";
+  s.input = {{"q", "why"}};
+  s.attempt = 2;
+  p::step_result r0;
+  r0.seq = 0;
+  r0.name = "ctx.now";
+  r0.kind = p::step_kind::now;
+  r0.output = 1767225600000;
+  p::step_result r1;
+  r1.seq = 1;
+  r1.name = "fetch";
+  r1.ok = false;
+  r1.error = {"timeout", "std::runtime_error"};
+  r1.attempt = 3;
+  r1.duration_us = 77;
+  p::step_result r2;
+  r2.seq = 2;
+  r2.name = "ctx.random";
+  r2.kind = p::step_kind::random;
+  r2.output = 0.5;
+  s.history = {r0, r1, r2};
+  s.next_step_attempt = 4;
+
+  json expected = {
+      {"t", "start"},
+      {"v", 1},
+      {"run_id", "run-1"},
+      {"input", {{"q", "why"}}},
+      {"attempt", 2},
+      {"history",
+       {{{"seq", 0}, {"name", "ctx.now"}, {"kind", "now"}, {"status", "ok"}, {"output", 1767225600000},
+         {"attempt", 1}, {"duration_us", 0}},
+        {{"seq", 1}, {"name", "fetch"}, {"kind", "step"}, {"status", "error"},
+         {"error", err("timeout", "std::runtime_error")}, {"attempt", 3}, {"duration_us", 77}},
+        {{"seq", 2}, {"name", "ctx.random"}, {"kind", "random"}, {"status", "ok"}, {"output", 0.5},
+         {"attempt", 1}, {"duration_us", 0}}}},
+      {"next_step_attempt", 4}};
+  CHECK(p::to_json(p::host_message{s}) == expected);
+  CHECK(wire_round_trip(p::host_message{s}) == expected);
+
+  auto back = std::get<p::start_msg>(p::parse_host_message(expected));
+  CHECK(back.version == 1);
+  CHECK(back.run_id == "run-1");
+  CHECK(back.attempt == 2);
+  CHECK(back.next_step_attempt == 4);
+  REQUIRE(back.history.size() == 3);
+  CHECK(back.history[1].error.type == "std::runtime_error");
+  CHECK(back.history[2].kind == p::step_kind::random);
+
+  json ack = {{"t", "ack"}, {"seq", 7}};
+  CHECK(p::to_json(p::host_message{p::ack_msg{7}}) == ack);
+  CHECK(std::get<p::ack_msg>(p::parse_host_message(ack)).seq == 7);
+  CHECK(wire_round_trip(p::host_message{p::ack_msg{7}}) == ack);
+
+  json reject = {{"t", "reject"}, {"error", "protocol version 2 is not supported"}};
+  CHECK(p::to_json(p::host_message{p::reject_msg{"protocol version 2 is not supported"}}) == reject);
+  CHECK(wire_round_trip(p::host_message{p::reject_msg{"protocol version 2 is not supported"}}) == reject);
+
+  json empty_history = valid_start();
+  empty_history["history"] = json::array();
+  CHECK(std::get<p::start_msg>(p::parse_host_message(empty_history)).history.empty());
+}
+
+TEST_CASE("host message fields are checked", "[messages][hostile]") {
+  for (const char* f : {"v", "run_id", "input", "attempt", "history", "next_step_attempt"}) {
+    json j = valid_start();
+    j.erase(f);
+    CHECK_THAT(host_error(j), Contains(std::string("'") + f + "'"));
+  }
+  auto with = [](const char* f, json v) {
+    json j = valid_start();
+    j[f] = std::move(v);
+    return host_error(j);
+  };
+  CHECK_THAT(with("v", "1"), Contains("'v'"));
+  CHECK_THAT(with("run_id", 1), Contains("'run_id'"));
+  CHECK_THAT(with("attempt", 0), Contains("'attempt'"));
+  CHECK_THAT(with("next_step_attempt", 0), Contains("'next_step_attempt'"));
+  CHECK_THAT(with("next_step_attempt", 1.0), Contains("'next_step_attempt'"));
+  CHECK_THAT(with("history", json::object()), Contains("'history'"));
+  CHECK_THAT(with("history", nullptr), Contains("'history'"));
+
+  CHECK_THAT(host_error({{"t", "ack"}}), Contains("'seq'"));
+  CHECK_THAT(host_error({{"t", "ack"}, {"seq", -1}}), Contains("'seq'"));
+  CHECK_THAT(host_error({{"t", "ack"}, {"seq", "0"}}), Contains("'seq'"));
+  CHECK_THAT(host_error({{"t", "reject"}}), Contains("'error'"));
+  CHECK_THAT(host_error({{"t", "reject"}, {"error", err("x")}}), Contains("'error'"));
+}
+
+TEST_CASE("start history must hold steps 0..n-1 in order", "[messages][hostile]") {
+  auto with_history = [](json h) {
+    json j = valid_start();
+    j["history"] = std::move(h);
+    return host_error(j);
+  };
+  CHECK(with_history({history_entry(0), history_entry(1), history_entry(2)}) == "<accepted>");
+  CHECK_THAT(with_history({history_entry(1), history_entry(0)}), Contains("'history'"));
+  CHECK_THAT(with_history({history_entry(1)}), Contains("'history'"));
+  CHECK_THAT(with_history({history_entry(0), history_entry(2)}), Contains("'history'"));
+  CHECK_THAT(with_history({history_entry(0), history_entry(0)}), Contains("'history'"));
+}
+
+TEST_CASE("start history with a bad entry is rejected", "[messages][hostile]") {
+  auto with_entry = [](json e) {
+    json j = valid_start();
+    j["history"][1] = std::move(e);
+    return host_error(j);
+  };
+  json e = history_entry(1);
+  e.erase("name");
+  CHECK_THAT(with_entry(e), Contains("'name'"));
+  e = history_entry(1, "");
+  CHECK_THAT(with_entry(e), Contains("'name'"));
+  e = history_entry(1);
+  e["kind"] = "tool";
+  CHECK_THAT(with_entry(e), Contains("'kind'"));
+  e = history_entry(1);
+  e["status"] = "maybe";
+  CHECK_THAT(with_entry(e), Contains("'status'"));
+  e = history_entry(1);
+  e.erase("output");
+  CHECK_THAT(with_entry(e), Contains("'output'"));
+  e = history_entry(1);
+  e["seq"] = "1";
+  CHECK_THAT(with_entry(e), Contains("'seq'"));
+  e = history_entry(1);
+  e["attempt"] = 0;
+  CHECK_THAT(with_entry(e), Contains("'attempt'"));
+  e = history_entry(1);
+  e["status"] = "error";
+  e["error"] = "boom";
+  CHECK_THAT(with_entry(e), Contains("'error'"));
+  CHECK_THAT(with_entry(5), Contains("missing"));
+  CHECK_THAT(with_entry(nullptr), Contains("missing"));
+  CHECK_THAT(with_entry(json::array({0, "s"})), Contains("missing"));
+}
