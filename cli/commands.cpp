@@ -6,6 +6,7 @@
 
 #include "cli/format.hpp"
 #include "engine/doctor.hpp"
+#include "engine/owner.hpp"
 
 namespace cairn::cli {
 namespace {

@@ -61,6 +61,7 @@ struct exit_status {
   int code = 0;
   int signal = 0;
   std::string describe() const;  // "exited with code 3", "killed by signal 6 (SIGABRT)"
+  bool operator==(const exit_status&) const = default;
 };
 
 // One running agent program. Destroying the handle kills and reaps every
@@ -116,6 +117,29 @@ struct bwrap_options {
 
 // Namespaces + read-only system + private /workspace and /tmp + no network.
 std::unique_ptr<sandbox_backend> make_bwrap_backend(bwrap_options options = {});
+
+// The unprivileged identity bwrap sandboxes run under when cairn runs as root.
+// Never kernel root: measured, a sandbox that root starts with every
+// namespace and no capabilities can still write host sysctls in /proc/sys.
+struct sandbox_user {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  // Where it came from: "bwrap_options", "CAIRN_SANDBOX_UID",
+  // "user cairn-sandbox" or "default".
+  std::string source;
+};
+// In order: options.sandbox_uid if nonzero, the env var CAIRN_SANDBOX_UID,
+// the user "cairn-sandbox", else 61000; the gid equals the uid except for
+// "cairn-sandbox", whose primary group is used. nullopt when cairn does not
+// run as root: the sandbox then runs as the calling user. Throws
+// sandbox_error(bad_spec) when CAIRN_SANDBOX_UID is not a nonzero uid.
+std::optional<sandbox_user> resolve_sandbox_user(const bwrap_options& options = {});
+
+// Turns bwrap's own error messages, found in an agent's log (see
+// agent_process::log_tail) after it exited early, into the cause and its fix,
+// e.g. "user namespaces are denied by the kernel: run `sysctl -w ...`".
+// nullopt when the log holds nothing bwrap-specific.
+std::optional<std::string> diagnose_bwrap_failure(const std::string& log_tail);
 // A plain child process: no isolation. Only when the user asks for it.
 std::unique_ptr<sandbox_backend> make_process_backend(std::size_t max_frame = 0);
 

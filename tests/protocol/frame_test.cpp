@@ -85,12 +85,17 @@ TEST_CASE("encode then decode returns the same message", "[frame]") {
 }
 
 TEST_CASE("the length prefix is big-endian", "[frame]") {
-  json m = object_of_size(0x0102);
+  json m = object_of_size(0x010203);
   std::string f = cairn::protocol::encode_frame(m);
   CHECK(static_cast<unsigned char>(f[0]) == 0x00);
-  CHECK(static_cast<unsigned char>(f[1]) == 0x00);
-  CHECK(static_cast<unsigned char>(f[2]) == 0x01);
-  CHECK(static_cast<unsigned char>(f[3]) == 0x02);
+  CHECK(static_cast<unsigned char>(f[1]) == 0x01);
+  CHECK(static_cast<unsigned char>(f[2]) == 0x02);
+  CHECK(static_cast<unsigned char>(f[3]) == 0x03);
+  frame_decoder d;
+  d.feed(f);
+  auto out = d.next();
+  REQUIRE(out);
+  CHECK(*out == m);
 }
 
 TEST_CASE("frames fed one byte at a time are reassembled", "[frame]") {

@@ -1,0 +1,129 @@
+// bench/step_latency: the cost of one durable step in a sandboxed run, next to
+// the raw operations it is made of, measured in the same run:
+//   - a raw SQLite WAL commit of the same row (synchronous=FULL and NORMAL)
+//   - a round trip over a Unix socket pair (what the channel uses)
+// Target: step p50 <= 1.3 x (raw commit + round trip) at FULL; < 100 us at NORMAL.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include <SQLiteCpp/SQLiteCpp.h>
+
+#include "bench/stats.hpp"
+#include "engine/engine.hpp"
+
+using namespace cairn;
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double us_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
+}
+
+// One INSERT per transaction into a table shaped like the journal's steps.
+summary raw_commit(const fs::path& dir, const char* sync, int n) {
+  fs::path db = dir / (std::string("raw-") + sync + ".db");
+  SQLite::Database d(db.string(), SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+  d.exec("PRAGMA journal_mode=WAL");
+  d.exec(std::string("PRAGMA synchronous=") + sync);
+  d.exec("CREATE TABLE steps (run_id TEXT, seq INTEGER, name TEXT, kind TEXT, status TEXT, output TEXT, "
+         "attempt INTEGER, duration_us INTEGER, started_at_ms INTEGER, finished_at_ms INTEGER, "
+         "PRIMARY KEY (run_id, seq))");
+  SQLite::Statement insert(d, "INSERT INTO steps VALUES ('bench', ?, ?, 'step', 'ok', 'null', 1, 0, 0, 0)");
+  std::vector<double> us;
+  for (int i = 0; i < n; ++i) {
+    auto t0 = clock_type::now();
+    SQLite::Transaction tx(d);
+    insert.bind(1, i);
+    insert.bind(2, "s" + std::to_string(i));
+    insert.exec();
+    insert.reset();
+    tx.commit();
+    us.push_back(us_since(t0));
+  }
+  return summarize(us);
+}
+
+summary round_trip(int n) {
+  int sv[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+  std::thread echo([fd = sv[1], n] {
+    char buf[256];
+    for (int i = 0; i < n; ++i) {
+      ssize_t got = read(fd, buf, sizeof buf);
+      if (got <= 0 || write(fd, buf, static_cast<std::size_t>(got)) != got) return;
+    }
+  });
+  std::vector<double> us;
+  char msg[96] = "{\"t\":\"step\",\"seq\":1}";
+  for (int i = 0; i < n; ++i) {
+    auto t0 = clock_type::now();
+    if (write(sv[0], msg, sizeof msg) != sizeof msg) break;
+    std::size_t got = 0;
+    while (got < sizeof msg) {
+      ssize_t r = read(sv[0], msg + got, sizeof msg - got);
+      if (r <= 0) break;
+      got += static_cast<std::size_t>(r);
+    }
+    us.push_back(us_since(t0));
+  }
+  echo.join();
+  close(sv[0]);
+  close(sv[1]);
+  return summarize(us);
+}
+
+summary durable_steps(const fs::path& dir, storage::sync_mode sync, const std::string& sandbox, int n) {
+  std::string name = std::string(sync == storage::sync_mode::full ? "full" : "normal") + "-" + sandbox;
+  storage::journal journal(dir / (name + ".db"), {.sync = sync});
+  engine::engine_options options;
+  options.log_dir = dir / "logs";
+  engine::engine eng(journal, options);
+  engine::run_request r;
+  r.id = name;
+  r.agent = BENCH_AGENT;
+  r.input = {{"steps", n}};
+  r.workspace = dir / "ws" / name;
+  r.sandbox = sandbox;
+  eng.submit(r);
+  auto run = eng.execute(r.id);
+  if (run.status != storage::run_status::completed) {
+    std::fprintf(stderr, "bench run failed: %s\n", run.error ? run.error->message.c_str() : "?");
+    std::exit(1);
+  }
+  return summarize(run.output["step_us"].get<std::vector<double>>());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int n = argc > 1 ? std::atoi(argv[1]) : 2000;
+  fs::path dir = fs::temp_directory_path() / ("cairn-bench-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+
+  auto rtt = round_trip(n);
+  auto full = raw_commit(dir, "FULL", n);
+  auto normal = raw_commit(dir, "NORMAL", n);
+  auto step_full = durable_steps(dir, storage::sync_mode::full, "bwrap", n);
+  auto step_normal = durable_steps(dir, storage::sync_mode::normal, "bwrap", n);
+
+  std::printf("step_latency: %d empty steps per run, one bwrap sandbox, times in microseconds\n", n);
+  std::printf("%-40s %10s %10s\n", "", "p50", "p99");
+  std::printf("%-40s %10.1f %10.1f\n", "socketpair round trip", rtt.p50, rtt.p99);
+  std::printf("%-40s %10.1f %10.1f\n", "raw SQLite WAL commit, synchronous=FULL", full.p50, full.p99);
+  std::printf("%-40s %10.1f %10.1f\n", "raw SQLite WAL commit, synchronous=NORMAL", normal.p50, normal.p99);
+  std::printf("%-40s %10.1f %10.1f\n", "durable step, journal FULL", step_full.p50, step_full.p99);
+  std::printf("%-40s %10.1f %10.1f\n", "durable step, journal NORMAL", step_normal.p50, step_normal.p99);
+  std::printf("ratio FULL:   step p50 / (raw commit + round trip) p50 = %.2f (target <= 1.30)\n",
+              step_full.p50 / (full.p50 + rtt.p50));
+  std::printf("ratio NORMAL: step p50 / (raw commit + round trip) p50 = %.2f; step p50 = %.1f us (target < 100)\n",
+              step_normal.p50 / (normal.p50 + rtt.p50), step_normal.p50);
+  fs::remove_all(dir);
+  return 0;
+}

@@ -1,0 +1,216 @@
+// The default backend: every run attempt in its own bubblewrap sandbox.
+// Per exec, bwrap reads its options from a memfd (--args, so host paths and
+// env values stay off every command line) and reports the host pid of the
+// sandbox's pid 1 on an info pipe (--info-fd); holding a pidfd of that pid 1
+// is what lets kill() wait until the whole pid namespace is gone.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "runtime/bwrap_support.hpp"
+#include "runtime/child_process.hpp"
+#include "runtime/host_paths.hpp"
+
+namespace cairn::runtime {
+
+std::vector<doctor_check> bwrap_checks(const bwrap_options& options);  // bwrap_doctor.cpp
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* agent_path = "/run/cairn/agent";
+// The fds bwrap finds its inputs on, after the channel on fd 3.
+constexpr int args_fd = 4, info_fd = 5, program_fd = 6;
+constexpr std::chrono::seconds bwrap_start_timeout{10};
+
+[[noreturn]] void spawn_failed(const std::string& what) {
+  throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+unique_fd memfd_with(const std::vector<std::string>& nul_separated) {
+  unique_fd fd(::memfd_create("cairn-bwrap-args", MFD_CLOEXEC));
+  if (!fd) spawn_failed("memfd_create");
+  std::string data;
+  for (const auto& arg : nul_separated) data.append(arg).push_back('\0');
+  for (std::size_t off = 0; off < data.size();) {
+    ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) spawn_failed("writing bwrap's arguments");
+    off += static_cast<std::size_t>(n);
+  }
+  ::lseek(fd.get(), 0, SEEK_SET);
+  return fd;
+}
+
+// bwrap writes a JSON object holding "child-pid" once it has cloned the
+// sandbox, then closes the pipe. EOF without it: bwrap failed before that,
+// and its message is in the log.
+std::optional<pid_t> read_sandbox_init_pid(int fd) {
+  std::string info;
+  auto deadline = std::chrono::steady_clock::now() + bwrap_start_timeout;
+  char buffer[1024];
+  for (;;) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    int ready = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0)
+      throw sandbox_error(sandbox_errc::spawn_failed, "bwrap did not start the sandbox within 10 s");
+    ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    info.append(buffer, static_cast<std::size_t>(n));
+  }
+  json parsed = json::parse(info, nullptr, false);
+  if (parsed.is_object() && parsed.contains("child-pid") && parsed["child-pid"].is_number_integer())
+    return parsed["child-pid"].get<pid_t>();
+  return std::nullopt;
+}
+
+class bwrap_sandbox final : public sandbox {
+ public:
+  bwrap_sandbox(fs::path bwrap, bool disable_userns, sandbox_spec spec, fs::path workspace,
+                std::optional<sandbox_user> user, std::size_t max_frame)
+      : bwrap_(std::move(bwrap)),
+        disable_userns_(disable_userns),
+        spec_(std::move(spec)),
+        workspace_(std::move(workspace)),
+        user_(std::move(user)),
+        max_frame_(max_frame) {}
+
+  ~bwrap_sandbox() override {
+    try {
+      destroy();
+    } catch (...) {
+      // Destructors never throw.
+    }
+  }
+
+  std::unique_ptr<agent_process> exec(const fs::path& program, const std::vector<std::string>& args) override {
+    fs::path agent = check_program(program);
+    for (const auto& arg : args)
+      if (arg.find('\0') != std::string::npos) throw sandbox_error(sandbox_errc::bad_spec, "an agent argument contains a NUL byte");
+    unique_fd log = open_log(spec_.log_file);
+
+    std::vector<std::string> options = bwrap_isolation_args(disable_userns_);
+    auto env = agent_environment(spec_, {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+                                         {"HOME", "/workspace"},
+                                         {"TMPDIR", "/tmp"},
+                                         {"LANG", "C.UTF-8"}});
+    for (const auto& [name, value] : env) options.insert(options.end(), {"--setenv", name, value});
+    options.insert(options.end(), {"--bind", workspace_.string(), "/workspace", "--chdir", "/workspace"});
+
+    unique_fd program_copy;
+    if (!user_ || (!first_unsearchable_dir(agent, user_->uid, user_->gid) &&
+                   may_read_and_execute(agent, user_->uid, user_->gid))) {
+      options.insert(options.end(), {"--ro-bind", agent.string(), agent_path});
+    } else {
+      // The sandbox uid cannot reach the program: bwrap copies it in from an
+      // fd that the host opened.
+      program_copy.reset(::open(agent.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!program_copy) spawn_failed("opening " + agent.string());
+      options.insert(options.end(), {"--perms", "0555", "--ro-bind-data", std::to_string(program_fd), agent_path});
+    }
+    options.insert(options.end(), {"--info-fd", std::to_string(info_fd)});
+
+    unique_fd args_memfd = memfd_with(options);
+    int info_pipe[2];
+    if (::pipe2(info_pipe, O_CLOEXEC) < 0) spawn_failed("pipe");
+    unique_fd info_read(info_pipe[0]), info_write(info_pipe[1]);
+
+    spawn_request request;
+    request.argv = {bwrap_.string(), "--args", std::to_string(args_fd), "--", agent_path};
+    request.argv.insert(request.argv.end(), args.begin(), args.end());
+    request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
+    request.cwd = "/";
+    request.log_fd = log.get();
+    request.extra_fds = {args_memfd.get(), info_write.get()};
+    if (program_copy) request.extra_fds.push_back(program_copy.get());
+    request.limits = spec_.limits;
+    if (user_) request.run_as = spawn_identity{user_->uid, user_->gid};
+
+    auto handle = std::make_shared<child_handle>();
+    spawned_child child = spawn_child(request);
+    handle->pid = child.pid;
+    handle->pidfd = std::move(child.pidfd);
+    tracker_.track(handle);
+    auto process = std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file);
+
+    info_write.reset();
+    if (auto init = read_sandbox_init_pid(info_read.get())) {
+      std::lock_guard lock(handle->mutex);
+      handle->sandbox_init_pidfd = open_pidfd(*init);
+    }
+    return process;
+  }
+
+  void destroy() override { tracker_.kill_all(); }
+
+ private:
+  fs::path bwrap_;
+  bool disable_userns_;
+  sandbox_spec spec_;
+  fs::path workspace_;
+  std::optional<sandbox_user> user_;
+  std::size_t max_frame_;
+  child_tracker tracker_;
+};
+
+class bwrap_backend final : public sandbox_backend {
+ public:
+  explicit bwrap_backend(bwrap_options options) : options_(std::move(options)) {}
+
+  std::string name() const override { return "bwrap"; }
+
+  std::unique_ptr<sandbox> create(const sandbox_spec& spec) override {
+    auto bwrap = find_bwrap(options_.bwrap);
+    if (!bwrap) throw sandbox_error(sandbox_errc::bwrap_missing, bwrap_missing_message);
+    auto user = resolve_sandbox_user(options_);
+    if (spec.log_file.empty()) throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
+    fs::path workspace = prepare_workspace(spec.workspace);
+    if (user) {
+      chown_tree(workspace, user->uid, user->gid);
+      if (auto blocked = first_unsearchable_dir(workspace, user->uid, user->gid))
+        throw sandbox_error(
+            sandbox_errc::bad_spec,
+            fmt::format("workspace {} is out of reach of the sandbox uid {}: it may not enter {}; keep "
+                        "workspaces under folders that others may enter (chmod o+x {})",
+                        workspace.string(), user->uid, blocked->string(), blocked->string()));
+    }
+    std::size_t max_frame = options_.max_frame ? options_.max_frame : protocol::default_max_frame;
+    return std::make_unique<bwrap_sandbox>(*bwrap, disable_userns(*bwrap), spec, workspace, user, max_frame);
+  }
+
+  std::vector<doctor_check> check() const override { return bwrap_checks(options_); }
+
+ private:
+  // Asked once per backend: `bwrap --version` costs a process.
+  bool disable_userns(const fs::path& bwrap) {
+    std::lock_guard lock(mutex_);
+    if (!disable_userns_) {
+      auto version = bwrap_version(bwrap);
+      disable_userns_ = version && supports_disable_userns(*version);
+    }
+    return *disable_userns_;
+  }
+
+  bwrap_options options_;
+  std::mutex mutex_;
+  std::optional<bool> disable_userns_;
+};
+
+}  // namespace
+
+std::unique_ptr<sandbox_backend> make_bwrap_backend(bwrap_options options) {
+  return std::make_unique<bwrap_backend>(std::move(options));
+}
+
+}  // namespace cairn::runtime

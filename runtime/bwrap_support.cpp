@@ -1,0 +1,170 @@
+#include "runtime/bwrap_support.hpp"
+
+#include <pwd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include <fmt/format.h>
+
+namespace cairn::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uid_t default_sandbox_uid = 61000;
+
+bool is_executable_file(const fs::path& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+std::optional<long> read_sysctl(const char* path) {
+  std::ifstream in(path);
+  long value;
+  if (in >> value) return value;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<fs::path> find_bwrap(const fs::path& configured) {
+  if (configured.string().find('/') != std::string::npos) {
+    fs::path p = fs::absolute(configured);
+    return is_executable_file(p) ? std::optional(p) : std::nullopt;
+  }
+  const char* env_path = std::getenv("PATH");
+  std::string_view dirs = env_path && *env_path ? env_path : "/usr/local/bin:/usr/bin:/bin";
+  while (!dirs.empty()) {
+    auto colon = dirs.find(':');
+    std::string_view dir = dirs.substr(0, colon);
+    dirs = colon == std::string_view::npos ? std::string_view() : dirs.substr(colon + 1);
+    if (dir.empty() || dir.front() != '/') continue;  // a relative PATH entry could be planted
+    fs::path candidate = fs::path(dir) / configured;
+    if (is_executable_file(candidate)) return candidate;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> bwrap_version(const fs::path& bwrap) {
+  captured_run run = run_captured({bwrap.string(), "--version"}, std::nullopt, std::chrono::seconds(5));
+  if (!run.status || !run.status->exited || run.status->code != 0) return std::nullopt;
+  // "bubblewrap 0.8.0\n"
+  auto space = run.output.rfind(' ');
+  std::string version = run.output.substr(space == std::string::npos ? 0 : space + 1);
+  while (!version.empty() && std::isspace(static_cast<unsigned char>(version.back()))) version.pop_back();
+  return version;
+}
+
+bool supports_disable_userns(const std::string& version) {
+  unsigned major = 0, minor = 0;
+  auto end = version.data() + version.size();
+  auto [dot, ec] = std::from_chars(version.data(), end, major);
+  if (ec != std::errc() || dot == end || *dot != '.') return false;
+  std::from_chars(dot + 1, end, minor);
+  return major > 0 || minor >= 8;
+}
+
+std::vector<std::string> bwrap_isolation_args(bool disable_userns) {
+  std::vector<std::string> args = {"--unshare-all", "--unshare-user"};
+  if (disable_userns) args.push_back("--disable-userns");
+  args.insert(args.end(), {"--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+                           "--ro-bind", "/usr", "/usr"});
+  // Merged-usr systems (Debian 12) have /bin -> usr/bin: recreate the link.
+  for (const char* dir : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
+    std::error_code ec;
+    if (fs::is_symlink(dir, ec))
+      args.insert(args.end(), {"--symlink", fs::read_symlink(dir, ec).string(), dir});
+    else
+      args.insert(args.end(), {"--ro-bind-try", dir, dir});
+  }
+  args.insert(args.end(), {"--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
+                           "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+                           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                           "--hostname", "cairn"});
+  return args;
+}
+
+std::vector<userns_blocker> userns_blockers() {
+  std::vector<userns_blocker> blockers;
+  if (auto max = read_sysctl("/proc/sys/user/max_user_namespaces"); max && *max <= 0)
+    blockers.push_back({fmt::format("user.max_user_namespaces = {}", *max),
+                        "sysctl -w user.max_user_namespaces=15000"});
+  if (auto clone = read_sysctl("/proc/sys/kernel/unprivileged_userns_clone"); clone && *clone != 1)
+    blockers.push_back({fmt::format("kernel.unprivileged_userns_clone = {}", *clone),
+                        "sysctl -w kernel.unprivileged_userns_clone=1"});
+  if (auto aa = read_sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"); aa && *aa != 0)
+    blockers.push_back({fmt::format("kernel.apparmor_restrict_unprivileged_userns = {}", *aa),
+                        "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"});
+  return blockers;
+}
+
+captured_run run_captured(const std::vector<std::string>& argv, std::optional<spawn_identity> run_as,
+                          std::chrono::milliseconds timeout) {
+  unique_fd output(::memfd_create("cairn-captured-output", MFD_CLOEXEC));
+  if (!output)
+    throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("memfd_create: {}", std::strerror(errno)));
+  spawn_request request;
+  request.argv = argv;
+  request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
+  request.cwd = "/";
+  request.log_fd = output.get();
+  request.run_as = run_as;
+  spawned_child child = spawn_child(request);
+
+  captured_run run;
+  bool exited = wait_pidfd(child.pidfd.get(), timeout);
+  if (!exited) {
+    ::kill(-child.pid, SIGKILL);
+    ::kill(child.pid, SIGKILL);
+  }
+  int status = 0;
+  while (::waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (exited) {
+    exit_status s;
+    s.exited = WIFEXITED(status);
+    s.code = s.exited ? WEXITSTATUS(status) : 0;
+    s.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    run.status = s;
+  }
+  struct stat st {};
+  if (::fstat(output.get(), &st) == 0 && st.st_size > 0) {
+    run.output.resize(static_cast<std::size_t>(std::min<off_t>(st.st_size, 64 * 1024)));
+    ssize_t n = ::pread(output.get(), run.output.data(), run.output.size(), 0);
+    run.output.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  }
+  return run;
+}
+
+std::optional<sandbox_user> resolve_sandbox_user(const bwrap_options& options) {
+  if (::geteuid() != 0) return std::nullopt;
+  if (options.sandbox_uid != 0) return sandbox_user{options.sandbox_uid, options.sandbox_uid, "bwrap_options"};
+  if (const char* env = std::getenv("CAIRN_SANDBOX_UID"); env && *env) {
+    std::string_view text = env;
+    std::uint32_t uid = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), uid);
+    if (ec != std::errc() || end != text.data() + text.size() || uid == 0 || uid == ~std::uint32_t{0})
+      throw sandbox_error(sandbox_errc::bad_spec,
+                          fmt::format("CAIRN_SANDBOX_UID='{}' is not a valid nonzero uid", text));
+    return sandbox_user{uid, uid, "CAIRN_SANDBOX_UID"};
+  }
+  passwd entry{}, *found = nullptr;
+  char buffer[4096];
+  if (::getpwnam_r("cairn-sandbox", &entry, buffer, sizeof buffer, &found) == 0 && found) {
+    if (found->pw_uid == 0 || found->pw_gid == 0)
+      throw sandbox_error(sandbox_errc::bad_spec, "user cairn-sandbox has uid or gid 0; give it its own ids");
+    return sandbox_user{found->pw_uid, found->pw_gid, "user cairn-sandbox"};
+  }
+  return sandbox_user{default_sandbox_uid, default_sandbox_uid, "default"};
+}
+
+}  // namespace cairn::runtime

@@ -1,0 +1,86 @@
+#include "runtime/channel.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <system_error>
+
+namespace cairn::runtime {
+namespace {
+
+constexpr std::size_t read_chunk = 64 * 1024;
+
+[[noreturn]] void throw_errno(const char* what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+// Waits for `events` on `fd`; false on timeout. A negative timeout waits forever.
+bool wait_for_fd(int fd, short events, int timeout_ms) {
+  pollfd p{fd, events, 0};
+  int n = ::poll(&p, 1, timeout_ms);
+  if (n < 0 && errno != EINTR) throw_errno("poll on the agent channel");
+  return n > 0;
+}
+
+}  // namespace
+
+channel::channel(int fd, std::size_t max_frame) : fd_(fd), decoder_(max_frame) {
+  // Non-blocking so that a read after poll never stalls on a spurious wake-up.
+  int flags = ::fcntl(fd_, F_GETFL);
+  if (flags >= 0) ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+}
+
+channel::~channel() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void channel::send(const json& message) {
+  // One limit for both directions: the agent enforces the same default.
+  std::string frame = protocol::encode_frame(message, decoder_.max_frame());
+  std::size_t sent = 0;
+  while (sent < frame.size()) {
+    ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      wait_for_fd(fd_, POLLOUT, -1);
+    } else if (errno == EPIPE || errno == ECONNRESET) {
+      throw channel_closed("the agent closed its channel", false);
+    } else {
+      throw_errno("writing to the agent channel");
+    }
+  }
+}
+
+std::optional<json> channel::receive(std::chrono::milliseconds timeout) {
+  if (auto message = decoder_.next()) return message;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::array<char, read_chunk> buffer;
+  for (;;) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (!wait_for_fd(fd_, POLLIN, static_cast<int>(std::max<long long>(0, left.count())))) {
+      if (left.count() <= 0) return std::nullopt;
+      continue;  // EINTR: wait out the rest
+    }
+    ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);
+    if (n > 0) {
+      decoder_.feed(std::string_view(buffer.data(), static_cast<std::size_t>(n)));
+      if (auto message = decoder_.next()) return message;
+    } else if (n == 0 || errno == ECONNRESET) {
+      bool truncated = decoder_.has_partial();
+      throw channel_closed(truncated ? "the agent closed its channel in the middle of a frame"
+                                     : "the agent closed its channel",
+                           truncated);
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      throw_errno("reading the agent channel");
+    }
+  }
+}
+
+}  // namespace cairn::runtime

@@ -1,0 +1,48 @@
+// Host-side file preparation shared by the backends. Internal to runtime/.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "runtime/sandbox.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace cairn::runtime {
+
+// Creates the workspace if missing; returns its canonical path.
+// Throws sandbox_error(bad_spec) when it cannot be created.
+std::filesystem::path prepare_workspace(const std::filesystem::path& workspace);
+
+// Gives the whole tree under `dir` (itself included) to uid/gid without
+// following symlinks, so a link planted in the workspace cannot redirect
+// the chown. Throws sandbox_error(bad_spec).
+void chown_tree(const std::filesystem::path& dir, uid_t uid, gid_t gid);
+
+// The first directory on the way to `path` (a canonical absolute path) that
+// uid/gid, without supplementary groups, may not search; nullopt if none.
+// Judged from the mode bits (ACLs are ignored).
+std::optional<std::filesystem::path> first_unsearchable_dir(const std::filesystem::path& path,
+                                                            uid_t uid, gid_t gid);
+
+// Whether uid/gid may read and execute the file at `path` (mode bits).
+bool may_read_and_execute(const std::filesystem::path& path, uid_t uid, gid_t gid);
+
+// The agent program as a canonical path to an executable regular file.
+// Throws sandbox_error(bad_spec) naming what is wrong.
+std::filesystem::path check_program(const std::filesystem::path& program);
+
+// Opens (creating it and its folder) the log for appending, close-on-exec.
+// Throws sandbox_error(bad_spec).
+unique_fd open_log(const std::filesystem::path& log_file);
+
+// The agent's whole environment: `base`, then spec.env (which may override
+// it), then CAIRN_CHANNEL_FD=3 and CAIRN_RUN_ID (which it may not).
+// Throws sandbox_error(bad_spec) for a name or value that cannot be passed.
+std::map<std::string, std::string> agent_environment(const sandbox_spec& spec,
+                                                     std::map<std::string, std::string> base);
+
+}  // namespace cairn::runtime

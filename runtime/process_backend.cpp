@@ -1,0 +1,92 @@
+// The "none" backend: the agent as a plain child process of the host, for
+// machines without bubblewrap when the user explicitly accepts no isolation.
+// It still gets its own process group, the channel on fd 3, a minimal
+// environment, the workspace as cwd and the rlimits; nothing else is hidden.
+#include <fmt/format.h>
+
+#include "runtime/child_process.hpp"
+#include "runtime/host_paths.hpp"
+
+namespace cairn::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+class process_sandbox final : public sandbox {
+ public:
+  process_sandbox(sandbox_spec spec, fs::path workspace, std::size_t max_frame)
+      : spec_(std::move(spec)), workspace_(std::move(workspace)), max_frame_(max_frame) {}
+
+  ~process_sandbox() override {
+    try {
+      destroy();
+    } catch (...) {
+      // Destructors never throw.
+    }
+  }
+
+  std::unique_ptr<agent_process> exec(const fs::path& program, const std::vector<std::string>& args) override {
+    fs::path agent = check_program(program);
+    for (const auto& arg : args)
+      if (arg.find('\0') != std::string::npos)
+        throw sandbox_error(sandbox_errc::bad_spec, "an agent argument contains a NUL byte");
+    unique_fd log = open_log(spec_.log_file);
+
+    spawn_request request;
+    request.argv = {agent.string()};
+    request.argv.insert(request.argv.end(), args.begin(), args.end());
+    auto env = agent_environment(spec_, {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+                                         {"HOME", workspace_.string()},
+                                         {"LANG", "C.UTF-8"}});
+    for (const auto& [name, value] : env) request.env.push_back(name + "=" + value);
+    request.cwd = workspace_;
+    request.log_fd = log.get();
+    request.limits = spec_.limits;
+
+    spawned_child child = spawn_child(request);
+    auto handle = std::make_shared<child_handle>();
+    handle->pid = child.pid;
+    handle->pidfd = std::move(child.pidfd);
+    tracker_.track(handle);
+    return std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file);
+  }
+
+  void destroy() override { tracker_.kill_all(); }
+
+ private:
+  sandbox_spec spec_;
+  fs::path workspace_;
+  std::size_t max_frame_;
+  child_tracker tracker_;
+};
+
+class process_backend final : public sandbox_backend {
+ public:
+  explicit process_backend(std::size_t max_frame) : max_frame_(max_frame) {}
+
+  std::string name() const override { return "none"; }
+
+  std::unique_ptr<sandbox> create(const sandbox_spec& spec) override {
+    if (spec.log_file.empty()) throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
+    fs::path workspace = prepare_workspace(spec.workspace);
+    return std::make_unique<process_sandbox>(spec, workspace, max_frame_);
+  }
+
+  std::vector<doctor_check> check() const override {
+    return {{"sandbox", true,
+             "--sandbox none runs agents as plain child processes with NO isolation: they can read and "
+             "write everything this user can, and use the network",
+             ""}};
+  }
+
+ private:
+  std::size_t max_frame_;
+};
+
+}  // namespace
+
+std::unique_ptr<sandbox_backend> make_process_backend(std::size_t max_frame) {
+  return std::make_unique<process_backend>(max_frame ? max_frame : protocol::default_max_frame);
+}
+
+}  // namespace cairn::runtime

@@ -1,0 +1,214 @@
+#include "runtime/spawn.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace cairn::runtime {
+namespace {
+
+// What the child was doing when it failed; index into step_names.
+enum child_step : int { step_setsid, step_fds, step_chdir, step_rlimit, step_drop_ids, step_exec };
+constexpr const char* step_names[] = {"setsid", "setting up file descriptors", "chdir",
+                                      "setrlimit", "dropping to the sandbox uid", "exec"};
+
+struct child_failure {
+  int step;
+  int error;
+};
+
+constexpr int channel_target = 3;
+constexpr int first_extra_target = 4;
+constexpr std::size_t max_extra_fds = 8;
+// Every fd the child dup2s from is moved at least this high first, so no
+// dup2 onto 0..(first_extra_target + extras) can clobber a source.
+constexpr int source_fd_floor = 32;
+
+unique_fd dup_high(int fd) {
+  int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, source_fd_floor);
+  if (copy < 0)
+    throw sandbox_error(sandbox_errc::spawn_failed,
+                        fmt::format("duplicating fd {}: {}", fd, std::strerror(errno)));
+  return unique_fd(copy);
+}
+
+struct rlimit_setting {
+  int resource;
+  rlim_t value;
+};
+
+// Everything the child reads, prepared before fork: after fork only
+// async-signal-safe calls are allowed.
+struct child_plan {
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  const char* cwd = nullptr;
+  int devnull = -1, log = -1, channel = -1, error_pipe = -1;
+  std::vector<int> extras;
+  std::vector<rlimit_setting> limits;
+  std::optional<spawn_identity> run_as;
+  pid_t parent = 0;
+};
+
+[[noreturn]] void fail_child(int error_pipe, int step) {
+  child_failure failure{step, errno};
+  [[maybe_unused]] ssize_t n = ::write(error_pipe, &failure, sizeof failure);
+  ::_exit(127);
+}
+
+[[noreturn]] void run_child(const child_plan& plan) {
+  int err = plan.error_pipe;
+  if (::setsid() < 0) fail_child(err, step_setsid);
+  // The parent may have died between fork and prctl: then nobody would kill us.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != plan.parent) ::_exit(127);
+
+  int last = first_extra_target + static_cast<int>(plan.extras.size());
+  if (::dup2(plan.devnull, 0) < 0 || ::dup2(plan.log, 1) < 0 || ::dup2(plan.log, 2) < 0 ||
+      ::dup2(plan.channel, channel_target) < 0)
+    fail_child(err, step_fds);
+  for (std::size_t i = 0; i < plan.extras.size(); ++i)
+    if (::dup2(plan.extras[i], first_extra_target + static_cast<int>(i)) < 0)
+      fail_child(err, step_fds);
+  // The error pipe itself stays close-on-exec: a successful exec closes it.
+  if (::dup3(err, last, O_CLOEXEC) < 0) fail_child(err, step_fds);
+  err = last;
+  if (::close_range(last + 1, ~0U, 0) < 0) {
+    struct rlimit nofile {};
+    ::getrlimit(RLIMIT_NOFILE, &nofile);
+    for (rlim_t fd = last + 1; fd < nofile.rlim_cur && fd < (1u << 20); ++fd) ::close(static_cast<int>(fd));
+  }
+
+  if (plan.cwd && ::chdir(plan.cwd) < 0) fail_child(err, step_chdir);
+  for (const auto& limit : plan.limits) {
+    struct rlimit value {limit.value, limit.value};
+    if (::setrlimit(limit.resource, &value) < 0) fail_child(err, step_rlimit);
+  }
+  if (plan.run_as) {
+    if (::setgroups(0, nullptr) < 0 || ::setresgid(plan.run_as->gid, plan.run_as->gid, plan.run_as->gid) < 0 ||
+        ::setresuid(plan.run_as->uid, plan.run_as->uid, plan.run_as->uid) < 0)
+      fail_child(err, step_drop_ids);
+  }
+
+  // Ignored signals survive exec; the agent starts from the defaults.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+
+  ::execve(plan.argv[0], plan.argv.data(), plan.envp.data());
+  fail_child(err, step_exec);
+}
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+unique_fd open_pidfd(pid_t pid) {
+  return unique_fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+}
+
+bool wait_pidfd(int pidfd, std::chrono::milliseconds timeout) {
+  if (pidfd < 0) return true;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{pidfd, POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
+    if (n > 0) return true;
+    if (n == 0) return false;
+    if (errno != EINTR) return true;
+  }
+}
+
+spawned_child spawn_child(const spawn_request& request) {
+  if (request.argv.empty() || request.log_fd < 0 || request.extra_fds.size() > max_extra_fds)
+    throw sandbox_error(sandbox_errc::spawn_failed, "spawn_child: invalid request");
+
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+    throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("socketpair: {}", std::strerror(errno)));
+  unique_fd parent_end(pair[0]), child_end(pair[1]);
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) < 0)
+    throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("pipe: {}", std::strerror(errno)));
+  unique_fd error_read(pipe_fds[0]), error_write(pipe_fds[1]);
+  unique_fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!devnull)
+    throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("/dev/null: {}", std::strerror(errno)));
+
+  std::vector<unique_fd> sources;
+  auto high = [&](int fd) { return sources.emplace_back(dup_high(fd)).get(); };
+  child_plan plan;
+  plan.argv = c_strings(request.argv);
+  plan.envp = c_strings(request.env);
+  plan.cwd = request.cwd.empty() ? nullptr : request.cwd.c_str();
+  plan.devnull = high(devnull.get());
+  plan.log = high(request.log_fd);
+  plan.channel = high(child_end.get());
+  plan.error_pipe = high(error_write.get());
+  for (int fd : request.extra_fds) plan.extras.push_back(high(fd));
+  plan.limits = {{RLIMIT_NPROC, request.limits.max_processes},
+                 {RLIMIT_AS, request.limits.max_memory_bytes},
+                 {RLIMIT_FSIZE, request.limits.max_file_bytes},
+                 {RLIMIT_NOFILE, request.limits.max_open_files},
+                 {RLIMIT_CORE, 0}};
+  plan.run_as = request.run_as;
+  plan.parent = ::getpid();
+
+  // No handler of the host may run in the child between fork and exec.
+  sigset_t all, previous;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  pid_t pid = ::fork();
+  if (pid == 0) run_child(plan);
+  int fork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (pid < 0)
+    throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("fork: {}", std::strerror(fork_errno)));
+
+  sources.clear();
+  child_end.reset();
+  error_write.reset();
+  child_failure failure{};
+  ssize_t n;
+  do {
+    n = ::read(error_read.get(), &failure, sizeof failure);
+  } while (n < 0 && errno == EINTR);
+  if (n > 0) {
+    int status;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    const char* step = failure.step >= 0 && failure.step <= step_exec ? step_names[failure.step] : "set-up";
+    std::string what = failure.step == step_exec ? fmt::format("exec {}", request.argv[0]) : step;
+    throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(failure.error)));
+  }
+
+  spawned_child child;
+  child.pid = pid;
+  child.channel = std::move(parent_end);
+  child.pidfd = open_pidfd(pid);
+  return child;
+}
+
+}  // namespace cairn::runtime

@@ -1,0 +1,556 @@
+#include "storage/journal.hpp"
+
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <fmt/format.h>
+
+namespace cairn::storage {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The journal's format. `PRAGMA user_version` is the schema version: migration
+// i brings version i to i + 1, all of them in one IMMEDIATE transaction. JSON
+// columns hold json::dump() text. Times are milliseconds since the Unix epoch.
+constexpr const char* migrations[] = {
+    R"sql(
+CREATE TABLE runs (
+  id             TEXT PRIMARY KEY,
+  agent          TEXT NOT NULL,
+  input          TEXT NOT NULL,
+  status         TEXT NOT NULL CHECK (status IN ('pending', 'running', 'completed', 'failed')),
+  output         TEXT,                      -- when completed
+  error_message  TEXT,                      -- when failed
+  error_type     TEXT,
+  attempts       INTEGER NOT NULL DEFAULT 0,
+  max_attempts   INTEGER NOT NULL,
+  owner          TEXT NOT NULL DEFAULT '',  -- engine/owner.hpp; '' when no process has it
+  sandbox        TEXT NOT NULL,
+  workspace      TEXT NOT NULL,
+  created_at_ms  INTEGER NOT NULL,
+  updated_at_ms  INTEGER NOT NULL,
+  finished_at_ms INTEGER
+);
+
+CREATE TABLE steps (
+  run_id         TEXT NOT NULL REFERENCES runs (id),
+  seq            INTEGER NOT NULL,
+  name           TEXT NOT NULL,
+  kind           TEXT NOT NULL,             -- protocol step_kind
+  status         TEXT NOT NULL CHECK (status IN ('ok', 'error')),
+  output         TEXT,                      -- when ok
+  error_message  TEXT,                      -- when error
+  error_type     TEXT,
+  attempt        INTEGER NOT NULL,
+  duration_us    INTEGER NOT NULL,
+  started_at_ms  INTEGER NOT NULL,
+  finished_at_ms INTEGER NOT NULL,
+  PRIMARY KEY (run_id, seq)
+);
+
+-- Steps are write-once, enforced by the database for every client. The INSERT
+-- trigger closes INSERT OR REPLACE, which deletes without firing DELETE triggers.
+CREATE TRIGGER steps_insert_once BEFORE INSERT ON runs WHEN 0
+  WHEN EXISTS (SELECT 1 FROM steps WHERE run_id = NEW.run_id AND seq = NEW.seq)
+  BEGIN SELECT RAISE(ABORT, 'steps are write-once: this step is already journaled'); END;
+CREATE TRIGGER steps_no_update BEFORE UPDATE ON steps
+  BEGIN SELECT RAISE(ABORT, 'steps are write-once: a journaled step cannot be updated'); END;
+CREATE TRIGGER steps_no_delete BEFORE DELETE ON steps
+  BEGIN SELECT RAISE(ABORT, 'steps are write-once: a journaled step cannot be deleted'); END;
+
+CREATE TABLE events (
+  id     INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id TEXT NOT NULL REFERENCES runs (id),
+  seq    INTEGER,
+  kind   TEXT NOT NULL,
+  data   TEXT NOT NULL,
+  at_ms  INTEGER NOT NULL
+);
+CREATE INDEX events_by_run ON events (run_id, id);
+)sql",
+};
+constexpr int latest_version = static_cast<int>(std::size(migrations));
+
+// Byte offsets of the WAL write, checkpoint and recovery locks in the -shm file
+// (SQLite's os_unix.c: UNIX_SHM_BASE 120, one byte each).
+constexpr long shm_first_exclusive_lock = 120;
+constexpr long shm_last_exclusive_lock = 122;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json load(const SQLite::Column& c) { return c.isNull() ? json() : json::parse(c.getString()); }
+
+void bind_one(SQLite::Statement& s, int i, std::string_view v) { s.bind(i, std::string(v)); }
+void bind_one(SQLite::Statement& s, int i, std::int64_t v) { s.bind(i, v); }
+void bind_one(SQLite::Statement& s, int i, int v) { s.bind(i, v); }
+template <class T>
+void bind_one(SQLite::Statement& s, int i, const std::optional<T>& v) {
+  if (v) bind_one(s, i, *v);
+  else s.bind(i);
+}
+
+template <class... Args>
+SQLite::Statement statement(SQLite::Database& db, const char* sql, const Args&... args) {
+  SQLite::Statement s(db, sql);
+  int i = 0;
+  (bind_one(s, ++i, args), ...);
+  return s;
+}
+
+int user_version(SQLite::Database& db) { return db.execAndGet("PRAGMA user_version").getInt(); }
+
+bool folder_writable(const fs::path& file) {
+  auto dir = file.parent_path();
+  return access(dir.empty() ? "." : dir.c_str(), W_OK) == 0;
+}
+
+// The process holding the journal's write lock, read from /proc/locks. Not
+// fcntl(F_GETLK): that needs a descriptor of our own on the file, and closing it
+// would drop every POSIX lock this process holds there, SQLite's included.
+std::optional<pid_t> lock_holder(const fs::path& db) {
+  struct target {
+    std::string dev_ino;
+    bool shm;
+  };
+  std::vector<target> targets;
+  for (auto [file, shm] : {std::pair{db, false}, std::pair{fs::path(db.string() + "-shm"), true}}) {
+    struct stat st {};
+    if (::stat(file.c_str(), &st) == 0)
+      targets.push_back({fmt::format("{:02x}:{:02x}:{}", major(st.st_dev), minor(st.st_dev), st.st_ino), shm});
+  }
+  std::ifstream in("/proc/locks");
+  std::optional<pid_t> this_process;
+  // "1: POSIX  ADVISORY  WRITE 4121 fe:00:10953082 120 120"; waiters show "->".
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string id, type, advisory, mode, dev_ino;
+    long pid = 0, start = 0;
+    fields >> id >> type;
+    if (type == "->") continue;
+    if (!(fields >> advisory >> mode >> pid >> dev_ino >> start) || mode != "WRITE" || pid <= 0) continue;
+    for (const auto& t : targets) {
+      if (t.dev_ino != dev_ino) continue;
+      if (t.shm && (start < shm_first_exclusive_lock || start > shm_last_exclusive_lock)) continue;
+      if (pid != getpid()) return static_cast<pid_t>(pid);
+      this_process = static_cast<pid_t>(pid);
+    }
+  }
+  return this_process;
+}
+
+// What a failed SQLite call means for the user, with what to do about it.
+storage_error translate(const SQLite::Exception& e, const fs::path& path, std::string_view run_id) {
+  const int extended = e.getExtendedErrorCode();
+  const std::string file = path.string();
+  switch (extended & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED: {
+      auto pid = lock_holder(path);
+      std::string who = !pid                ? "another process"
+                        : *pid == getpid() ? fmt::format("another connection in this process (pid {})", *pid)
+                                           : fmt::format("another process (pid {})", *pid);
+      return {errc::locked,
+              fmt::format("journal {} is locked by {}; wait for it to finish or use another --db", file, who)};
+    }
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+      return {errc::read_only,
+              fmt::format("journal {} is read-only ({}); check permissions or pass --db PATH", file, e.what())};
+    case SQLITE_CANTOPEN:
+      if (!folder_writable(path))
+        return {errc::read_only, fmt::format("journal {} is read-only (its folder is not writable); check "
+                                             "permissions or pass --db PATH",
+                                             file)};
+      return {errc::io, fmt::format("cannot open journal {}: {}", file, e.what())};
+    case SQLITE_FULL:
+      return {errc::disk_full, fmt::format("disk full writing journal {}: nothing of this write was kept; free "
+                                           "space and run `cairn resume {}`",
+                                           file, run_id.empty() ? "RUN" : run_id)};
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return {errc::corrupt, fmt::format("journal {} is damaged or not a cairn journal ({}); restore it from a "
+                                         "backup or pass --db PATH",
+                                         file, e.what())};
+    case SQLITE_CONSTRAINT:
+      if (extended == SQLITE_CONSTRAINT_FOREIGNKEY)
+        return {errc::not_found, fmt::format("no run '{}' in journal {}", run_id, file)};
+      return {errc::conflict, fmt::format("journal {}: {}", file, e.what())};
+    default:
+      return {errc::io, fmt::format("journal {}: {}", file, e.what())};
+  }
+}
+
+void check_not_too_new(int version, const fs::path& path) {
+  if (version > latest_version)
+    throw storage_error(errc::schema_too_new,
+                        fmt::format("journal {} has schema version {}, newer than this cairn knows ({}); "
+                                    "upgrade cairn to open it",
+                                    path.string(), version, latest_version));
+}
+
+void migrate(SQLite::Database& db, const fs::path& path) {
+  check_not_too_new(user_version(db), path);
+  if (user_version(db) == latest_version) return;
+  SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
+  // Read again under the write lock: another process may have migrated meanwhile.
+  const int version = user_version(db);
+  check_not_too_new(version, path);
+  for (int v = version; v < latest_version; ++v) db.exec(migrations[v]);
+  db.exec(fmt::format("PRAGMA user_version = {}", latest_version));
+  tx.commit();
+}
+
+SQLite::Database open_writable(const fs::path& path, const journal_options& options) {
+  std::error_code ec;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
+  if (ec == std::errc::permission_denied || ec == std::errc::read_only_file_system)
+    throw storage_error(errc::read_only, fmt::format("journal {} is read-only (cannot create its folder: {}); check "
+                                                     "permissions or pass --db PATH",
+                                                     path.string(), ec.message()));
+  if (ec)
+    throw storage_error(errc::io, fmt::format("cannot create the folder of journal {}: {}; pass --db PATH",
+                                              path.string(), ec.message()));
+  SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE,
+                      static_cast<int>(options.busy_timeout.count()));
+  // SQLite quietly opens an unwritable file read-only; say so now, not at the first step.
+  if (sqlite3_db_readonly(db.getHandle(), "main") == 1)
+    throw storage_error(errc::read_only, fmt::format("journal {} is read-only (the file is not writable by this "
+                                                     "user); check permissions or pass --db PATH",
+                                                     path.string()));
+  std::string mode = db.execAndGet("PRAGMA journal_mode = WAL").getString();
+  if (mode != "wal")
+    throw storage_error(errc::io, fmt::format("journal {} cannot use WAL mode (SQLite kept '{}')", path.string(), mode));
+  db.exec(options.sync == sync_mode::full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
+  db.exec("PRAGMA foreign_keys = ON");
+  migrate(db, path);
+  return db;
+}
+
+// "file:" URI for sqlite3_open_v2, percent-encoding what URIs reserve.
+std::string file_uri(const fs::path& path) {
+  std::string uri = "file:";
+  for (unsigned char c : path.string()) {
+    if (std::isalnum(c) || std::string_view("/-._~").find(static_cast<char>(c)) != std::string_view::npos)
+      uri += static_cast<char>(c);
+    else
+      uri += fmt::format("%{:02X}", c);
+  }
+  return uri;
+}
+
+SQLite::Database open_read_only(const fs::path& path, const journal_options& options) {
+  const int busy_ms = static_cast<int>(options.busy_timeout.count());
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw storage_error(errc::not_found, fmt::format("no journal at {} (nothing has run yet?)", path.string()));
+  SQLite::Database db(path, SQLite::OPEN_READONLY, busy_ms);
+  int version = 0;
+  try {
+    version = user_version(db);
+  } catch (const SQLite::Exception& e) {
+    // A WAL reader needs PATH-shm, which it cannot create in a folder it cannot
+    // write. Without a PATH-wal no process has the journal open and the file
+    // alone is complete, so read it as immutable (no locks, no side files).
+    if (e.getExtendedErrorCode() != SQLITE_READONLY_DIRECTORY || fs::exists(path.string() + "-wal", ec)) throw;
+    db = SQLite::Database(file_uri(path) + "?immutable=1", SQLite::OPEN_READONLY | SQLite::OPEN_URI, busy_ms);
+    version = user_version(db);
+  }
+  check_not_too_new(version, path);
+  if (version == 0)
+    throw storage_error(errc::not_found, fmt::format("no journal at {} (the file is empty; nothing has run yet?)",
+                                                     path.string()));
+  if (version < latest_version)
+    throw storage_error(errc::io, fmt::format("journal {} has schema version {}, older than this cairn's ({}); "
+                                              "open it once for writing (e.g. `cairn resume`) to upgrade it",
+                                              path.string(), version, latest_version));
+  return db;
+}
+
+constexpr const char* run_columns =
+    "SELECT id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner, sandbox, "
+    "workspace, created_at_ms, updated_at_ms, finished_at_ms FROM runs ";
+
+run_record read_run(SQLite::Statement& s) {
+  run_record r;
+  r.id = s.getColumn(0).getString();
+  r.agent = s.getColumn(1).getString();
+  r.input = load(s.getColumn(2));
+  auto status = parse_run_status(s.getColumn(3).getString());
+  if (!status) throw storage_error(errc::corrupt, "run " + r.id + " has an unknown status");
+  r.status = *status;
+  r.output = load(s.getColumn(4));
+  if (!s.getColumn(5).isNull()) r.error = protocol::error_info{s.getColumn(5).getString(), s.getColumn(6).getString()};
+  r.attempts = s.getColumn(7).getInt();
+  r.max_attempts = s.getColumn(8).getInt();
+  r.owner = s.getColumn(9).getString();
+  r.sandbox = s.getColumn(10).getString();
+  r.workspace = s.getColumn(11).getString();
+  r.created_at_ms = s.getColumn(12).getInt64();
+  r.updated_at_ms = s.getColumn(13).getInt64();
+  if (!s.getColumn(14).isNull()) r.finished_at_ms = s.getColumn(14).getInt64();
+  return r;
+}
+
+protocol::step_kind parse_kind(const std::string& s) {
+  for (auto k : {protocol::step_kind::step, protocol::step_kind::now, protocol::step_kind::random})
+    if (protocol::to_string(k) == s) return k;
+  throw storage_error(errc::corrupt, "a journaled step has an unknown kind '" + s + "'");
+}
+
+}  // namespace
+
+std::string_view to_string(run_status s) {
+  switch (s) {
+    case run_status::pending: return "pending";
+    case run_status::running: return "running";
+    case run_status::completed: return "completed";
+    case run_status::failed: return "failed";
+  }
+  return "unknown";
+}
+
+std::optional<run_status> parse_run_status(std::string_view s) {
+  for (auto st : {run_status::pending, run_status::running, run_status::completed, run_status::failed})
+    if (to_string(st) == s) return st;
+  return std::nullopt;
+}
+
+std::int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+struct journal::impl {
+  fs::path path;
+  SQLite::Database db;
+
+  impl(const fs::path& p, const journal_options& options)
+      : path(p), db(guard({}, [&] { return options.read_only ? open_read_only(p, options) : open_writable(p, options); })) {}
+
+  // Runs `body`, turning SQLite's failures into storage_error. A transaction
+  // inside `body` has rolled back by the time the error leaves.
+  template <class F>
+  auto guard(std::string_view run_id, F&& body) -> decltype(body()) {
+    try {
+      return body();
+    } catch (const SQLite::Exception& e) {
+      throw translate(e, path, run_id);
+    } catch (const json::exception& e) {
+      throw storage_error(errc::corrupt, fmt::format("journal {} holds invalid JSON ({})", path.string(), e.what()));
+    }
+  }
+
+  void event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::int64_t> seq) {
+    statement(db, "INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES (?, ?, ?, ?, ?)", run_id, seq, kind,
+              dump(data), now_ms())
+        .exec();
+  }
+
+  void require_run(int changed, std::string_view run_id) {
+    if (changed == 0) throw storage_error(errc::not_found, fmt::format("no run '{}' in journal {}", run_id, path.string()));
+  }
+};
+
+journal::journal(const fs::path& path, journal_options options) : impl_(std::make_unique<impl>(path, options)) {}
+
+journal::~journal() = default;
+
+const fs::path& journal::path() const { return impl_->path; }
+
+int journal::schema_version() { return latest_version; }
+
+std::pair<run_record, bool> journal::create_run(const new_run& run) {
+  return impl_->guard(run.id, [&] {
+    const auto now = now_ms();
+    int inserted = statement(impl_->db,
+                             "INSERT INTO runs (id, agent, input, status, max_attempts, sandbox, workspace, "
+                             "created_at_ms, updated_at_ms) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?) "
+                             "ON CONFLICT (id) DO NOTHING",
+                             run.id, run.agent, dump(run.input), run.max_attempts, run.sandbox, run.workspace, now, now)
+                       .exec();
+    auto record = find_run(run.id);
+    if (!record) throw storage_error(errc::io, "run " + run.id + " vanished right after it was created");
+    return std::pair{std::move(*record), inserted == 1};
+  });
+}
+
+std::optional<run_record> journal::find_run(std::string_view id) {
+  return impl_->guard(id, [&]() -> std::optional<run_record> {
+    auto s = statement(impl_->db, (std::string(run_columns) + "WHERE id = ?").c_str(), id);
+    if (!s.executeStep()) return std::nullopt;
+    return read_run(s);
+  });
+}
+
+std::vector<run_record> journal::list_runs() {
+  return impl_->guard({}, [&] {
+    // rowid breaks ties within a millisecond in insertion order.
+    auto s = statement(impl_->db, (std::string(run_columns) + "ORDER BY created_at_ms DESC, rowid DESC").c_str());
+    std::vector<run_record> runs;
+    while (s.executeStep()) runs.push_back(read_run(s));
+    return runs;
+  });
+}
+
+bool journal::claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) {
+  return impl_->guard(id, [&] {
+    return statement(impl_->db,
+                     "UPDATE runs SET status = 'running', owner = ?, updated_at_ms = ? "
+                     "WHERE id = ? AND owner = ? AND status != 'completed'",
+                     new_owner, now_ms(), id, expected_owner)
+               .exec() == 1;
+  });
+}
+
+int journal::begin_attempt(std::string_view id) {
+  return impl_->guard(id, [&] {
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl_->require_run(
+        statement(impl_->db, "UPDATE runs SET attempts = attempts + 1, updated_at_ms = ? WHERE id = ?", now_ms(), id)
+            .exec(),
+        id);
+    auto s = statement(impl_->db, "SELECT attempts FROM runs WHERE id = ?", id);
+    s.executeStep();
+    const int attempt = s.getColumn(0).getInt();
+    impl_->event(id, "attempt_started", {{"attempt", attempt}}, std::nullopt);
+    tx.commit();
+    return attempt;
+  });
+}
+
+void journal::finish_run(std::string_view id, run_status status, const json& output,
+                         const std::optional<protocol::error_info>& error) {
+  if (status != run_status::completed && status != run_status::failed)
+    throw std::invalid_argument("finish_run: status must be completed or failed");
+  if (status == run_status::failed && !error) throw std::invalid_argument("finish_run: a failed run needs an error");
+  impl_->guard(id, [&] {
+    const bool ok = status == run_status::completed;
+    const auto now = now_ms();
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    std::optional<std::string> out, message, type;
+    if (ok) {
+      out = dump(output);
+    } else {
+      message = error->message;
+      type = error->type;
+    }
+    impl_->require_run(statement(impl_->db,
+                                 "UPDATE runs SET status = ?, output = ?, error_message = ?, error_type = ?, "
+                                 "owner = '', finished_at_ms = ?, updated_at_ms = ? WHERE id = ?",
+                                 to_string(status), out, message, type, now, now, id)
+                           .exec(),
+                       id);
+    if (ok) impl_->event(id, "run_completed", json::object(), std::nullopt);
+    else impl_->event(id, "run_failed", {{"error", {{"message", *message}, {"type", *type}}}}, std::nullopt);
+    tx.commit();
+  });
+}
+
+void journal::reset_attempts(std::string_view id) {
+  impl_->guard(id, [&] {
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    auto before = statement(impl_->db, "SELECT status, attempts FROM runs WHERE id = ?", id);
+    impl_->require_run(before.executeStep() ? 1 : 0, id);
+    json data = {{"status", before.getColumn(0).getString()}, {"attempts", before.getColumn(1).getInt()}};
+    statement(impl_->db,
+              "UPDATE runs SET status = 'pending', attempts = 0, output = NULL, error_message = NULL, "
+              "error_type = NULL, finished_at_ms = NULL, owner = '', updated_at_ms = ? WHERE id = ?",
+              now_ms(), id)
+        .exec();
+    impl_->event(id, "run_reset", data, std::nullopt);
+    tx.commit();
+  });
+}
+
+void journal::append_step(const step_record& step) {
+  const auto& r = step.result;
+  impl_->guard(step.run_id, [&] {
+    std::optional<std::string> out, message, type;
+    if (r.ok) {
+      out = dump(r.output);
+    } else {
+      message = r.error.message;
+      type = r.error.type;
+    }
+    try {
+      // One statement, so one transaction: durable when exec() returns.
+      statement(impl_->db,
+                "INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
+                "duration_us, started_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                step.run_id, static_cast<std::int64_t>(r.seq), r.name, protocol::to_string(r.kind),
+                std::string_view(r.ok ? "ok" : "error"), out, message, type, r.attempt, r.duration_us,
+                step.started_at_ms, step.finished_at_ms)
+          .exec();
+    } catch (const SQLite::Exception& e) {
+      if ((e.getExtendedErrorCode() & 0xff) != SQLITE_CONSTRAINT ||
+          e.getExtendedErrorCode() == SQLITE_CONSTRAINT_FOREIGNKEY)
+        throw;
+      throw storage_error(errc::conflict, fmt::format("step {}/{} is already journaled in {}; a journaled step is "
+                                                      "final and is never written again",
+                                                      step.run_id, r.seq, impl_->path.string()));
+    }
+  });
+}
+
+std::vector<step_record> journal::steps(std::string_view run_id) {
+  return impl_->guard(run_id, [&] {
+    auto s = statement(impl_->db,
+                       "SELECT seq, name, kind, status, output, error_message, error_type, attempt, duration_us, "
+                       "started_at_ms, finished_at_ms FROM steps WHERE run_id = ? ORDER BY seq",
+                       run_id);
+    std::vector<step_record> steps;
+    while (s.executeStep()) {
+      step_record rec;
+      rec.run_id = std::string(run_id);
+      auto& r = rec.result;
+      r.seq = static_cast<std::uint64_t>(s.getColumn(0).getInt64());
+      r.name = s.getColumn(1).getString();
+      r.kind = parse_kind(s.getColumn(2).getString());
+      r.ok = s.getColumn(3).getString() == "ok";
+      if (r.ok) r.output = load(s.getColumn(4));
+      else r.error = {s.getColumn(5).getString(), s.getColumn(6).getString()};
+      r.attempt = s.getColumn(7).getInt();
+      r.duration_us = s.getColumn(8).getInt64();
+      rec.started_at_ms = s.getColumn(9).getInt64();
+      rec.finished_at_ms = s.getColumn(10).getInt64();
+      steps.push_back(std::move(rec));
+    }
+    return steps;
+  });
+}
+
+void journal::append_event(std::string_view run_id, std::string_view kind, const json& data,
+                           std::optional<std::uint64_t> seq) {
+  std::optional<std::int64_t> s;
+  if (seq) s = static_cast<std::int64_t>(*seq);
+  impl_->guard(run_id, [&] { impl_->event(run_id, kind, data, s); });
+}
+
+std::vector<event_record> journal::events(std::string_view run_id) {
+  return impl_->guard(run_id, [&] {
+    auto s = statement(impl_->db, "SELECT id, seq, kind, data, at_ms FROM events WHERE run_id = ? ORDER BY id", run_id);
+    std::vector<event_record> events;
+    while (s.executeStep()) {
+      event_record e;
+      e.id = s.getColumn(0).getInt64();
+      e.run_id = std::string(run_id);
+      if (!s.getColumn(1).isNull()) e.seq = static_cast<std::uint64_t>(s.getColumn(1).getInt64());
+      e.kind = s.getColumn(2).getString();
+      e.data = load(s.getColumn(3));
+      e.at_ms = s.getColumn(4).getInt64();
+      events.push_back(std::move(e));
+    }
+    return events;
+  });
+}
+
+}  // namespace cairn::storage

@@ -1,0 +1,261 @@
+// The bwrap backend against a real bubblewrap: what the agent can see and
+// do, and that each way out of the sandbox is closed. Every escape test
+// asserts the probe's attempt failed; the probe reports, the test decides.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "tests/runtime/sandbox_fixture.hpp"
+
+namespace cairn::runtime::test {
+namespace {
+
+struct bwrap_fixture {
+  temp_dir dir;
+  std::unique_ptr<sandbox_backend> backend = make_bwrap_backend();
+  sandbox_spec spec = make_spec(dir);
+  std::unique_ptr<sandbox> box;
+
+  bwrap_fixture() { box = backend->create(spec); }
+  json probe(const std::vector<std::string>& args) { return run_probe(*box, args); }
+};
+
+}  // namespace
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: the probe starts with the channel on fd 3 and a minimal environment") {
+  json report = probe({"status"});
+  REQUIRE(report["ok"] == true);
+  json detail = report["detail"];
+  CHECK(detail["cwd"] == "/workspace");
+  CHECK(detail["hostname"] == "cairn");
+  std::vector<std::string> env = detail["env"];
+  std::sort(env.begin(), env.end());
+  CHECK(env == std::vector<std::string>{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1", "HOME=/workspace",
+                                        "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin", "TMPDIR=/tmp"});
+  // Nothing but stdio and the channel is inherited.
+  std::vector<std::string> fds = detail["fds"];
+  std::sort(fds.begin(), fds.end());
+  CHECK(fds == std::vector<std::string>{"0", "1", "2", "3"});
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: the workspace is writable and the host sees the result") {
+  std::ofstream(dir.path / "ws" / "from-host.txt") << "host";
+  // The host's file was chowned to the sandbox uid by create(), so the agent may replace it.
+  box = backend->create(spec);
+  CHECK(probe({"write", "/workspace/x", "hello from the sandbox"})["ok"] == true);
+  CHECK(probe({"write", "/workspace/from-host.txt", "agent"})["ok"] == true);
+  std::ifstream in(dir.path / "ws" / "x");
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(content == "hello from the sandbox");
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: host environment variables do not reach the sandbox") {
+  ::setenv("CAIRN_TEST_SECRET", "hunter2", 1);
+  json report = probe({"env", "2retnuh"});  // reversed, so the probe's cmdline does not contain it
+  ::unsetenv("CAIRN_TEST_SECRET");
+  INFO(report.dump());
+  CHECK(report["detail"]["channel_fd"] == "3");
+  CHECK(report["ok"] == true);
+  CHECK(report["detail"]["found_in"].empty());
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: host files outside the mounts are invisible") {
+  fs::path secret = dir.path / "host-secret.txt";
+  std::ofstream(secret) << "secret";
+  for (const std::string& path : {secret.string(), std::string("/etc/passwd"), std::string("/etc/hostname"),
+                                 std::string("/root/.bashrc"), (dir.path / "agent.log").string()}) {
+    json report = probe({"read", path});
+    INFO(path << ": " << report.dump());
+    CHECK(report["ok"] == false);
+    CHECK(report["detail"] == "No such file or directory");
+  }
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: nothing outside /workspace and /tmp is writable") {
+  for (const char* path : {"/usr/x", "/etc/x", "/x", "/run/cairn/x", "/run/cairn/agent", "/proc/x", "/home/x"}) {
+    json report = probe({"write", path, "escape"});
+    INFO(path << ": " << report.dump());
+    CHECK(report["ok"] == false);
+  }
+  CHECK_FALSE(fs::exists("/usr/x"));
+  CHECK_FALSE(fs::exists("/etc/x"));
+  CHECK_FALSE(fs::exists("/x"));
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: /tmp is private to the sandbox") {
+  std::string name = unique_token("cairn-private-tmp");
+  CHECK(probe({"write", "/tmp/" + name, "sandbox"})["ok"] == true);
+  CHECK_FALSE(fs::exists("/tmp/" + name));
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: host processes are invisible") {
+  json pids = probe({"pids"})["detail"];
+  INFO(pids.dump());
+  CHECK(pids.size() <= 3);  // bwrap's pid 1, the probe, at most one more
+  CHECK(std::find(pids.begin(), pids.end(), std::to_string(::getpid())) == pids.end());
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: no network, not even the host's loopback") {
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+
+  json report = probe({"connect", std::to_string(ntohs(addr.sin_port))});
+  INFO(report.dump());
+  CHECK(report["ok"] == false);
+  pollfd p{listener, POLLIN, 0};
+  CHECK(::poll(&p, 1, 0) == 0);  // no connection reached the host
+  ::close(listener);
+
+  json interfaces = probe({"interfaces"})["detail"];
+  INFO(interfaces.dump());
+  REQUIRE(interfaces.size() == 1);
+  CHECK(interfaces[0]["name"] == "lo");
+  CHECK(interfaces[0]["up"] == false);
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: the agent is not root and holds no capabilities") {
+  json status = probe({"status"})["detail"];
+  CHECK(status["uid"] != 0);
+  CHECK(status["euid"] != 0);
+  CHECK(status["cap_eff"] == "0000000000000000");
+  // Kernel-level root would pass these; the probe opens without writing.
+  for (const char* path : {"/proc/sys/kernel/core_pattern", "/proc/sys/kernel/hostname",
+                           "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger"}) {
+    json report = probe({"open_wronly", path});
+    INFO(path << ": " << report.dump());
+    CHECK(report["ok"] == false);
+  }
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: the exit code reaches the host") {
+  auto process = box->exec(SANDBOX_PROBE, {"exit", "3"});
+  next_report(*process);
+  auto status = process->wait_for(10s);
+  REQUIRE(status);
+  CHECK(status->describe() == "exited with code 3");
+  CHECK(process->poll_exit() == status);
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: kill() ends every process of the sandbox, grandchildren included") {
+  std::string token = unique_token("cairn-kill-token");
+  auto process = box->exec(SANDBOX_PROBE, {"grandchild", token});
+  json report = next_report(*process);
+  REQUIRE(report["ok"] == true);
+  CHECK(count_processes_with(token) == 2);  // the probe and its SIGTERM-ignoring child
+  CHECK_FALSE(process->poll_exit());
+
+  exit_status status = process->kill();
+  CHECK(status.describe() == "killed by signal 9 (SIGKILL)");
+  CHECK(count_processes_with(token) == 0);
+  CHECK(process->kill() == status);  // idempotent
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: destroy() and the handle's destructor kill the sandbox") {
+  std::string token = unique_token("cairn-destroy-token");
+  auto process = box->exec(SANDBOX_PROBE, {"grandchild", token});
+  REQUIRE(next_report(*process)["ok"] == true);
+  box->destroy();
+  CHECK(count_processes_with(token) == 0);
+  auto status = process->wait_for(1s);
+  REQUIRE(status);
+  CHECK(status->signal == SIGKILL);
+
+  token = unique_token("cairn-destructor-token");
+  process = box->exec(SANDBOX_PROBE, {"grandchild", token});
+  REQUIRE(next_report(*process)["ok"] == true);
+  process.reset();
+  CHECK(count_processes_with(token) == 0);
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: the memory limit applies inside the sandbox") {
+  spec.limits.max_memory_bytes = 256u << 20;
+  box = backend->create(spec);
+  CHECK(probe({"alloc", std::to_string(16u << 20)})["ok"] == true);
+  json report = probe({"alloc", std::to_string(1u << 30)});
+  INFO(report.dump());
+  CHECK(report["ok"] == false);
+}
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: a program the sandbox uid cannot reach is copied in") {
+  if (::geteuid() != 0) return;  // only root runs the sandbox under another uid
+  fs::path hidden = dir.path / "private";
+  fs::create_directories(hidden);
+  fs::permissions(hidden, fs::perms(0700));
+  fs::copy_file(SANDBOX_PROBE, hidden / "probe");
+  fs::permissions(hidden / "probe", fs::perms(0700));
+  json report = run_probe(*box, {"status"}, hidden / "probe");
+  CHECK(report["ok"] == true);
+}
+
+TEST_CASE("bwrap: set-up failures are sandbox_errors that say what to do") {
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+
+  SECTION("bwrap missing") {
+    bwrap_options options;
+    options.bwrap = "/nonexistent/bwrap";
+    try {
+      make_bwrap_backend(options)->create(spec);
+      FAIL("no sandbox_error");
+    } catch (const sandbox_error& e) {
+      CHECK(e.code() == sandbox_errc::bwrap_missing);
+      CHECK_THAT(e.what(), Catch::Contains("apt-get install bubblewrap"));
+    }
+  }
+  SECTION("agent program missing") {
+    auto box = make_bwrap_backend()->create(spec);
+    try {
+      box->exec(dir.path / "no-such-agent", {});
+      FAIL("no sandbox_error");
+    } catch (const sandbox_error& e) {
+      CHECK(e.code() == sandbox_errc::bad_spec);
+      CHECK_THAT(e.what(), Catch::Contains("no-such-agent") && Catch::Contains("does not exist"));
+    }
+  }
+  SECTION("workspace out of the sandbox uid's reach") {
+    if (::geteuid() != 0) return;
+    fs::create_directories(dir.path / "private");
+    fs::permissions(dir.path / "private", fs::perms(0700));
+    spec.workspace = dir.path / "private" / "ws";
+    try {
+      make_bwrap_backend()->create(spec);
+      FAIL("no sandbox_error");
+    } catch (const sandbox_error& e) {
+      CHECK(e.code() == sandbox_errc::bad_spec);
+      CHECK_THAT(e.what(), Catch::Contains("chmod o+x " + (dir.path / "private").string()));
+    }
+  }
+}
+
+TEST_CASE("bwrap: when user namespaces are denied, the log explains why") {
+  temp_dir dir;
+  // A stand-in for bwrap on a kernel that refuses user namespaces: same message, same exit.
+  fs::path fake = dir.path / "bwrap";
+  std::ofstream(fake) << "#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the "
+                         "kernel does not allow non-privileged user namespaces.' >&2\nexit 1\n";
+  fs::permissions(fake, fs::perms(0755));
+  bwrap_options options;
+  options.bwrap = fake;
+  auto box = make_bwrap_backend(options)->create(make_spec(dir));
+  auto process = box->exec(SANDBOX_PROBE, {"status"});
+  auto status = process->wait_for(10s);
+  REQUIRE(status);
+  CHECK(status->describe() == "exited with code 1");
+  auto cause = diagnose_bwrap_failure(process->log_tail());
+  REQUIRE(cause);
+  CHECK_THAT(*cause, Catch::StartsWith("user namespaces are denied by the kernel"));
+}
+
+}  // namespace cairn::runtime::test

@@ -1,0 +1,203 @@
+// sandbox_probe: runs inside a sandbox under test and reports what it could
+// do as one frame on fd 3: {"t":"probe","action":...,"ok":bool,"detail":...}.
+// Usage: sandbox_probe ACTION [ARGS...]; see the dispatch in main().
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "protocol/frame.hpp"
+
+extern char** environ;
+
+namespace {
+
+using json = nlohmann::json;
+constexpr int channel_fd = 3;
+
+void send_frame(const json& message) {
+  std::string frame = cairn::protocol::encode_frame(message);
+  for (std::size_t off = 0; off < frame.size();) {
+    ssize_t n = ::write(channel_fd, frame.data() + off, frame.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) std::_Exit(90);
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+void report(const std::string& action, bool ok, const json& detail) {
+  send_frame({{"t", "probe"}, {"action", action}, {"ok", ok}, {"detail", detail}});
+}
+
+std::string error_text() { return std::strerror(errno); }
+
+std::string slurp(const std::string& path, bool* ok = nullptr) {
+  std::ifstream in(path, std::ios::binary);
+  if (ok) *ok = static_cast<bool>(in);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> list_dir(const char* path, bool numeric_only, int skip_fd = -1) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(path);
+  if (!d) return names;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    if (numeric_only && !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    if (skip_fd >= 0 && name == std::to_string(::dirfd(d))) continue;
+    names.push_back(name);
+  }
+  ::closedir(d);
+  return names;
+}
+
+// Where `needle` appears in this process's environment or in any /proc/*/environ
+// or /proc/*/cmdline it can read.
+json find_needle(const std::string& needle) {
+  json places = json::array();
+  for (char** e = environ; *e; ++e)
+    if (std::strstr(*e, needle.c_str())) places.push_back("environ");
+  for (const auto& pid : list_dir("/proc", true))
+    for (const char* file : {"environ", "cmdline"}) {
+      std::string path = "/proc/" + pid + "/" + file;
+      if (slurp(path).find(needle) != std::string::npos) places.push_back(path);
+    }
+  if (slurp("/proc/self/environ").find(needle) != std::string::npos) places.push_back("/proc/self/environ");
+  return places;
+}
+
+json status() {
+  std::string cap_eff;
+  std::istringstream lines(slurp("/proc/self/status"));
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("CapEff:", 0) == 0) cap_eff = line.substr(line.find_first_not_of(" \t", 7));
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  char cwd[4096] = {};
+  if (!::getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
+  json env = json::array();
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  return {{"uid", ::getuid()}, {"euid", ::geteuid()}, {"gid", ::getgid()}, {"cap_eff", cap_eff},
+          {"hostname", host},  {"cwd", cwd},          {"env", env},
+          {"fds", list_dir("/proc/self/fd", false, 0)}};
+}
+
+json interfaces() {
+  json out = json::array();
+  int s = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (struct if_nameindex* names = ::if_nameindex()) {
+    for (struct if_nameindex* i = names; i->if_index != 0; ++i) {
+      ifreq req{};
+      std::strncpy(req.ifr_name, i->if_name, IFNAMSIZ - 1);
+      bool up = s >= 0 && ::ioctl(s, SIOCGIFFLAGS, &req) == 0 && (req.ifr_flags & IFF_UP);
+      out.push_back({{"name", i->if_name}, {"up", up}});
+    }
+    ::if_freenameindex(names);
+  }
+  if (s >= 0) ::close(s);
+  return out;
+}
+
+[[noreturn]] void grandchild(const std::string& token) {
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::signal(SIGTERM, SIG_IGN);
+    for (;;) ::pause();
+  }
+  report("grandchild", child > 0, {{"pid", child}, {"token", token}});
+  for (;;) ::pause();
+}
+
+[[noreturn]] void echo() {
+  cairn::protocol::frame_decoder decoder;
+  char buffer[65536];
+  for (;;) {
+    ssize_t n = ::read(channel_fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) std::exit(0);
+    decoder.feed(std::string_view(buffer, static_cast<std::size_t>(n)));
+    while (auto message = decoder.next()) {
+      (*message)["echoed"] = true;
+      send_frame(*message);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string action = args.empty() ? "status" : args[0];
+  auto arg = [&](std::size_t i) { return i < args.size() ? args[i] : std::string(); };
+
+  if (action == "status") {
+    report(action, true, status());
+  } else if (action == "env") {
+    // The needle arrives reversed so that this process's own cmdline does not hold it.
+    std::string needle(arg(1).rbegin(), arg(1).rend());
+    json places = find_needle(needle);
+    report(action, places.empty(), {{"found_in", places}, {"channel_fd", std::getenv("CAIRN_CHANNEL_FD") ? std::getenv("CAIRN_CHANNEL_FD") : ""}});
+  } else if (action == "read") {
+    bool ok = false;
+    std::string content = slurp(arg(1), &ok);
+    report(action, ok, ok ? content : error_text());
+  } else if (action == "write") {
+    int fd = ::open(arg(1).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    bool ok = fd >= 0 && ::write(fd, arg(2).data(), arg(2).size()) == static_cast<ssize_t>(arg(2).size());
+    std::string detail = ok ? "written" : error_text();
+    if (fd >= 0) ::close(fd);
+    report(action, ok, detail);
+  } else if (action == "open_wronly") {
+    // Never writes: opening is the whole test (core_pattern must stay intact).
+    int fd = ::open(arg(1).c_str(), O_WRONLY);
+    std::string detail = fd >= 0 ? "opened" : error_text();
+    if (fd >= 0) ::close(fd);
+    report(action, fd >= 0, detail);
+  } else if (action == "pids") {
+    report(action, true, list_dir("/proc", true));
+  } else if (action == "connect") {
+    int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(std::atoi(arg(1).c_str())));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    report(action, ok, ok ? "connected" : error_text());
+  } else if (action == "interfaces") {
+    report(action, true, interfaces());
+  } else if (action == "grandchild") {
+    grandchild(arg(1));
+  } else if (action == "alloc") {
+    std::size_t bytes = std::strtoull(arg(1).c_str(), nullptr, 10);
+    void* p = std::malloc(bytes);
+    if (p) std::memset(p, 1, std::min<std::size_t>(bytes, 1 << 20));
+    report(action, p != nullptr, p ? "allocated" : error_text());
+    std::free(p);
+  } else if (action == "echo") {
+    echo();
+  } else if (action == "exit") {
+    report(action, true, nullptr);
+    return std::atoi(arg(1).c_str());
+  } else {
+    report(action, false, "unknown action");
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,94 @@
+// Shared by the runtime tests: a temporary folder and a way to run the
+// sandbox_probe program and collect its one report.
+#pragma once
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "runtime/sandbox.hpp"
+
+namespace cairn::runtime::test {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// A fresh folder under /tmp that others may enter (the sandbox uid must
+// reach workspaces in it); removed with everything in it.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    char name[] = "/tmp/cairn-runtime-test-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    path = name;
+    fs::permissions(path, fs::perms(0755));
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+inline sandbox_spec make_spec(const temp_dir& dir) {
+  sandbox_spec spec;
+  spec.run_id = "run-test-1";
+  spec.workspace = dir.path / "ws";
+  spec.log_file = dir.path / "agent.log";
+  return spec;
+}
+
+inline std::string unique_token(const char* prefix) {
+  static std::atomic<int> counter{0};
+  return std::string(prefix) + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+// The first report of a started probe; FAILs with the agent's log when the
+// probe ends without one.
+inline json next_report(agent_process& process) {
+  try {
+    auto frame = process.io().receive(10s);
+    if (!frame) FAIL("the probe sent nothing within 10 s; log: " << process.log_tail());
+    return *frame;
+  } catch (const channel_closed& e) {
+    auto status = process.wait_for(5s);
+    FAIL("the probe closed its channel without reporting (" << (status ? status->describe() : "still running")
+                                                            << "); log: " << process.log_tail());
+  }
+  return {};
+}
+
+// Runs the probe with `args` to completion and returns its report.
+inline json run_probe(sandbox& box, const std::vector<std::string>& args,
+                      const fs::path& program = SANDBOX_PROBE) {
+  auto process = box.exec(program, args);
+  json report = next_report(*process);
+  auto status = process->wait_for(10s);
+  REQUIRE(status);
+  INFO("log: " << process->log_tail());
+  CHECK(status->describe() == "exited with code 0");
+  return report;
+}
+
+// Host processes whose command line contains `token`.
+inline int count_processes_with(const std::string& token) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(token) != std::string::npos) ++count;
+  }
+  return count;
+}
+
+}  // namespace cairn::runtime::test

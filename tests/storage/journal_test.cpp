@@ -1,0 +1,695 @@
+#include "storage/journal.hpp"
+
+#include <grp.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <catch2/catch.hpp>
+
+namespace fs = std::filesystem;
+using namespace cairn;
+using namespace cairn::storage;
+using namespace std::chrono_literals;
+
+namespace Catch {
+template <>
+struct StringMaker<errc> {
+  static std::string convert(errc c) {
+    switch (c) {
+      case errc::locked: return "locked";
+      case errc::read_only: return "read_only";
+      case errc::disk_full: return "disk_full";
+      case errc::corrupt: return "corrupt";
+      case errc::schema_too_new: return "schema_too_new";
+      case errc::conflict: return "conflict";
+      case errc::not_found: return "not_found";
+      case errc::io: return "io";
+    }
+    return "?";
+  }
+};
+}  // namespace Catch
+
+namespace {
+
+// A fresh folder under the system temp dir, removed with everything in it.
+class temp_dir {
+ public:
+  temp_dir() {
+    static std::atomic<int> counter{0};
+    std::random_device rd;
+    path_ = fs::temp_directory_path() /
+            ("cairn-journal-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
+             std::to_string(rd()));
+    fs::create_directories(path_);
+    fs::permissions(path_, fs::perms(0755));
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    // Undo chmods so a non-root run can delete what it made read-only.
+    for (auto it = fs::recursive_directory_iterator(path_, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec))
+      if (it->is_directory(ec)) fs::permissions(it->path(), fs::perms(0755), ec);
+    fs::remove_all(path_, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+
+  const fs::path& path() const { return path_; }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+template <class F>
+std::optional<storage_error> error_from(F&& f) {
+  try {
+    f();
+  } catch (const storage_error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+new_run a_run(const std::string& id, json input = {{"question", "why"}}) {
+  new_run r;
+  r.id = id;
+  r.agent = "/opt/agents/researcher";
+  r.input = std::move(input);
+  r.max_attempts = 4;
+  r.sandbox = "none";
+  r.workspace = "/tmp/ws-" + id;
+  return r;
+}
+
+step_record ok_step(const std::string& run, std::uint64_t seq, json output) {
+  step_record s;
+  s.run_id = run;
+  s.result.seq = seq;
+  s.result.name = "step-" + std::to_string(seq);
+  s.result.ok = true;
+  s.result.output = std::move(output);
+  s.result.attempt = 1;
+  s.result.duration_us = 1234 + static_cast<std::int64_t>(seq);
+  s.started_at_ms = 1'700'000'000'000 + static_cast<std::int64_t>(seq);
+  s.finished_at_ms = s.started_at_ms + 2;
+  return s;
+}
+
+step_record error_step(const std::string& run, std::uint64_t seq, std::string message, std::string type) {
+  step_record s = ok_step(run, seq, nullptr);
+  s.result.ok = false;
+  s.result.output = nullptr;
+  s.result.error = {std::move(message), std::move(type)};
+  return s;
+}
+
+void check_same_step(const step_record& got, const step_record& want) {
+  CHECK(got.run_id == want.run_id);
+  CHECK(got.result.seq == want.result.seq);
+  CHECK(got.result.name == want.result.name);
+  CHECK(got.result.kind == want.result.kind);
+  CHECK(got.result.ok == want.result.ok);
+  CHECK(got.result.output.dump() == want.result.output.dump());
+  CHECK(got.result.error.message == want.result.error.message);
+  CHECK(got.result.error.type == want.result.error.type);
+  CHECK(got.result.attempt == want.result.attempt);
+  CHECK(got.result.duration_us == want.result.duration_us);
+  CHECK(got.started_at_ms == want.started_at_ms);
+  CHECK(got.finished_at_ms == want.finished_at_ms);
+}
+
+std::vector<std::string> event_kinds(journal& j, const std::string& run) {
+  std::vector<std::string> kinds;
+  for (const auto& e : j.events(run)) kinds.push_back(e.kind);
+  return kinds;
+}
+
+// Runs `checks` in a child process as user nobody; returns what failed ("" when all passed).
+std::string run_as_nobody(const std::function<std::string()>& checks) {
+  int out[2];
+  REQUIRE(pipe(out) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(out[0]);
+    std::string log;
+    if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0) {
+      log = "cannot become nobody: " + std::string(strerror(errno));
+    } else {
+      try {
+        log = checks();
+      } catch (const std::exception& e) {
+        log = std::string("unexpected exception: ") + e.what();
+      }
+    }
+    (void)!write(out[1], log.data(), log.size());
+    _exit(log.empty() ? 0 : 1);
+  }
+  close(out[1]);
+  std::string log;
+  char buf[512];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) log.append(buf, static_cast<std::size_t>(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (log.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) log = "the child died";
+  return log;
+}
+
+}  // namespace
+
+TEST_CASE("run status names round-trip") {
+  for (auto s : {run_status::pending, run_status::running, run_status::completed, run_status::failed})
+    CHECK(parse_run_status(to_string(s)) == s);
+  CHECK_FALSE(parse_run_status("done"));
+}
+
+TEST_CASE("create_run is idempotent: the id is the key") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+
+  auto [first, created] = j.create_run(a_run("r1", {{"n", 1}}));
+  CHECK(created);
+  CHECK(first.id == "r1");
+  CHECK(first.status == run_status::pending);
+  CHECK(first.input == json{{"n", 1}});
+  CHECK(first.attempts == 0);
+  CHECK(first.max_attempts == 4);
+  CHECK(first.owner.empty());
+  CHECK(first.sandbox == "none");
+  CHECK(first.workspace == "/tmp/ws-r1");
+  CHECK(first.created_at_ms > 0);
+  CHECK_FALSE(first.finished_at_ms);
+
+  auto other = a_run("r1", {{"n", 2}});
+  other.agent = "/somewhere/else";
+  other.max_attempts = 9;
+  auto [second, created_again] = j.create_run(other);
+  CHECK_FALSE(created_again);
+  CHECK(second.input == json{{"n", 1}});
+  CHECK(second.agent == first.agent);
+  CHECK(second.max_attempts == 4);
+  CHECK(second.created_at_ms == first.created_at_ms);
+  CHECK(j.list_runs().size() == 1);
+  CHECK(j.find_run("r1")->input == json{{"n", 1}});
+  CHECK_FALSE(j.find_run("nope"));
+}
+
+TEST_CASE("list_runs is newest first") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  for (auto id : {"b", "c", "a"}) j.create_run(a_run(id));
+  std::vector<std::string> ids;
+  for (const auto& r : j.list_runs()) ids.push_back(r.id);
+  CHECK(ids == std::vector<std::string>{"a", "c", "b"});
+}
+
+TEST_CASE("steps round-trip exactly, in seq order") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+
+  auto s0 = ok_step("r", 0, json::parse(R"({"text":"héllo ✓ \u0000 \"q\"","n":18446744073709551615,
+                                          "neg":-9223372036854775808,"f":0.1,"e":1e-300,"list":[1,[2,{}],null,true],
+                                          "empty":""})"));
+  s0.result.kind = protocol::step_kind::now;
+  s0.result.attempt = 3;
+  auto s1 = error_step("r", 1, "rate limited: 429\nretry later", "RateLimitError");
+  auto s2 = ok_step("r", 2, nullptr);  // a step that returned null is not an error step
+  s2.result.kind = protocol::step_kind::random;
+  auto s3 = ok_step("r", 3, "plain string");
+
+  // Appended out of order; read back by seq.
+  for (const auto* s : {&s2, &s0, &s3, &s1}) j.append_step(*s);
+  auto steps = j.steps("r");
+  REQUIRE(steps.size() == 4);
+  check_same_step(steps[0], s0);
+  check_same_step(steps[1], s1);
+  check_same_step(steps[2], s2);
+  check_same_step(steps[3], s3);
+  CHECK(steps[0].result.output.dump() == s0.result.output.dump());
+  CHECK(j.steps("other").empty());
+}
+
+TEST_CASE("a step of an unknown run is refused") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  auto err = error_from([&] { j.append_step(ok_step("ghost", 0, 1)); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::not_found);
+  CHECK_THAT(err->what(), Catch::Contains("ghost"));
+}
+
+TEST_CASE("steps are write-once") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  journal j(db);
+  j.create_run(a_run("r"));
+  const auto original = ok_step("r", 0, {{"answer", 42}});
+  j.append_step(original);
+
+  SECTION("appending the same seq again is a conflict and keeps the original") {
+    auto err = error_from([&] { j.append_step(ok_step("r", 0, {{"answer", 43}})); });
+    REQUIRE(err);
+    CHECK(err->code() == errc::conflict);
+    CHECK_THAT(err->what(), Catch::Contains("r/0") && Catch::Contains("already journaled"));
+    auto again = error_from([&] { j.append_step(original); });
+    REQUIRE(again);
+    CHECK(again->code() == errc::conflict);
+  }
+
+  SECTION("the database itself refuses to change a step, whoever asks") {
+    SQLite::Database raw(db.string(), SQLite::OPEN_READWRITE);
+    CHECK_THROWS_WITH(raw.exec("UPDATE steps SET output = '\"forged\"'"), Catch::Contains("write-once"));
+    CHECK_THROWS_WITH(raw.exec("DELETE FROM steps"), Catch::Contains("write-once"));
+    CHECK_THROWS_WITH(raw.exec("INSERT OR REPLACE INTO steps (run_id, seq, name, kind, status, output, attempt, "
+                               "duration_us, started_at_ms, finished_at_ms) "
+                               "VALUES ('r', 0, 'x', 'step', 'ok', '1', 1, 0, 0, 0)"),
+                      Catch::Contains("write-once"));
+    CHECK_THROWS_WITH(raw.exec("INSERT OR IGNORE INTO steps (run_id, seq, name, kind, status, output, attempt, "
+                               "duration_us, started_at_ms, finished_at_ms) "
+                               "VALUES ('r', 0, 'x', 'step', 'ok', '1', 1, 0, 0, 0)"),
+                      Catch::Contains("write-once"));
+  }
+
+  auto steps = j.steps("r");
+  REQUIRE(steps.size() == 1);
+  check_same_step(steps[0], original);
+}
+
+TEST_CASE("claim_run is a compare-and-set of the owner") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+
+  CHECK_FALSE(j.claim_run("r", "someone-else", "host-a"));
+  CHECK(j.find_run("r")->status == run_status::pending);
+
+  CHECK(j.claim_run("r", "", "host-a"));
+  auto run = j.find_run("r");
+  CHECK(run->status == run_status::running);
+  CHECK(run->owner == "host-a");
+
+  CHECK_FALSE(j.claim_run("r", "", "host-b"));  // host-b read a stale owner
+  CHECK(j.find_run("r")->owner == "host-a");
+  CHECK(j.claim_run("r", "host-a", "host-b"));  // taking over from a dead host-a
+  CHECK(j.find_run("r")->owner == "host-b");
+
+  j.finish_run("r", run_status::completed, "done", std::nullopt);
+  CHECK_FALSE(j.claim_run("r", "", "host-c"));
+  CHECK(j.find_run("r")->status == run_status::completed);
+  CHECK_FALSE(j.claim_run("missing", "", "host-c"));
+}
+
+TEST_CASE("begin_attempt counts attempts and records each") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  CHECK(j.begin_attempt("r") == 1);
+  CHECK(j.begin_attempt("r") == 2);
+  CHECK(j.begin_attempt("r") == 3);
+  CHECK(j.find_run("r")->attempts == 3);
+
+  auto events = j.events("r");
+  REQUIRE(events.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(events[i].kind == "attempt_started");
+    CHECK(events[i].data == json{{"attempt", i + 1}});
+    CHECK(events[i].run_id == "r");
+    CHECK_FALSE(events[i].seq);
+  }
+  CHECK(events[0].id < events[1].id);
+
+  auto err = error_from([&] { j.begin_attempt("missing"); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::not_found);
+}
+
+TEST_CASE("events keep their order, seq and data") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.append_event("r", "step_retry", {{"delay_ms", 250}}, 7);
+  j.append_event("r", "note", json::array({1, "two"}));
+  auto events = j.events("r");
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].kind == "step_retry");
+  CHECK(events[0].seq == std::optional<std::uint64_t>(7));
+  CHECK(events[0].data == json{{"delay_ms", 250}});
+  CHECK(events[0].at_ms >= now_ms() - 60'000);
+  CHECK(events[1].kind == "note");
+  CHECK_FALSE(events[1].seq);
+  CHECK(events[1].data == json::array({1, "two"}));
+  auto err = error_from([&] { j.append_event("missing", "x", {}); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::not_found);
+}
+
+TEST_CASE("finish_run records the outcome and frees the run") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("ok"));
+  j.create_run(a_run("bad"));
+  j.claim_run("ok", "", "me");
+  j.claim_run("bad", "", "me");
+
+  j.finish_run("ok", run_status::completed, {{"summary", "fine"}}, std::nullopt);
+  auto ok = *j.find_run("ok");
+  CHECK(ok.status == run_status::completed);
+  CHECK(ok.output == json{{"summary", "fine"}});
+  CHECK_FALSE(ok.error);
+  CHECK(ok.owner.empty());
+  REQUIRE(ok.finished_at_ms);
+  CHECK(*ok.finished_at_ms >= ok.created_at_ms);
+  CHECK(event_kinds(j, "ok") == std::vector<std::string>{"run_completed"});
+
+  j.finish_run("bad", run_status::failed, nullptr, protocol::error_info{"boom", "ValueError"});
+  auto bad = *j.find_run("bad");
+  CHECK(bad.status == run_status::failed);
+  REQUIRE(bad.error);
+  CHECK(bad.error->message == "boom");
+  CHECK(bad.error->type == "ValueError");
+  CHECK(bad.output.is_null());
+  CHECK(bad.owner.empty());
+  CHECK(bad.finished_at_ms);
+  auto events = j.events("bad");
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].kind == "run_failed");
+  CHECK(events[0].data["error"]["message"] == "boom");
+
+  auto err = error_from([&] { j.finish_run("missing", run_status::completed, 1, std::nullopt); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::not_found);
+  CHECK_THROWS_AS(j.finish_run("ok", run_status::running, 1, std::nullopt), std::invalid_argument);
+}
+
+TEST_CASE("reset_attempts makes a failed run pending again, keeping its steps") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.claim_run("r", "", "me");
+  j.begin_attempt("r");
+  j.begin_attempt("r");
+  j.append_step(ok_step("r", 0, "kept"));
+  j.finish_run("r", run_status::failed, nullptr, protocol::error_info{"boom", "error"});
+
+  j.reset_attempts("r");
+  auto run = *j.find_run("r");
+  CHECK(run.status == run_status::pending);
+  CHECK(run.attempts == 0);
+  CHECK_FALSE(run.error);
+  CHECK_FALSE(run.finished_at_ms);
+  CHECK(run.owner.empty());
+  CHECK(j.steps("r").size() == 1);
+  auto events = j.events("r");
+  REQUIRE(events.back().kind == "run_reset");
+  CHECK(events.back().data["attempts"] == 2);
+  CHECK(events.back().data["status"] == "failed");
+  CHECK(j.claim_run("r", "", "me-again"));
+  CHECK(j.begin_attempt("r") == 1);
+
+  auto err = error_from([&] { j.reset_attempts("missing"); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::not_found);
+}
+
+TEST_CASE("everything survives closing and reopening") {
+  temp_dir dir;
+  const auto db = dir / "nested" / "deeper" / "cairn.db";  // parent folders are created
+  const auto step = ok_step("r", 0, {{"k", "v"}});
+  {
+    journal j(db, {.sync = sync_mode::normal});
+    j.create_run(a_run("r"));
+    j.claim_run("r", "", "me");
+    j.begin_attempt("r");
+    j.append_step(step);
+    j.finish_run("r", run_status::completed, {{"out", true}}, std::nullopt);
+  }
+  for (bool read_only : {false, true}) {
+    journal j(db, {.read_only = read_only});
+    CHECK(j.path() == db);
+    auto run = j.find_run("r");
+    REQUIRE(run);
+    CHECK(run->status == run_status::completed);
+    CHECK(run->output == json{{"out", true}});
+    CHECK(run->attempts == 1);
+    auto steps = j.steps("r");
+    REQUIRE(steps.size() == 1);
+    check_same_step(steps[0], step);
+    CHECK(event_kinds(j, "r") == std::vector<std::string>{"attempt_started", "run_completed"});
+  }
+}
+
+TEST_CASE("the journal is in WAL mode at the current schema version") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  journal j(db);
+  SQLite::Database raw(db.string(), SQLite::OPEN_READONLY);
+  CHECK(raw.execAndGet("PRAGMA journal_mode").getString() == "wal");
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == journal::schema_version());
+  CHECK(journal::schema_version() >= 1);
+}
+
+TEST_CASE("a journal from a newer cairn is refused, not touched") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  { journal j(db); j.create_run(a_run("r")); }
+  const int newer = journal::schema_version() + 1;
+  { SQLite::Database raw(db.string(), SQLite::OPEN_READWRITE); raw.exec("PRAGMA user_version = " + std::to_string(newer)); }
+
+  for (bool read_only : {false, true}) {
+    auto err = error_from([&] { journal j(db, {.read_only = read_only}); });
+    REQUIRE(err);
+    CHECK(err->code() == errc::schema_too_new);
+    CHECK_THAT(err->what(), Catch::Contains("newer") && Catch::Contains(db.string()));
+  }
+  SQLite::Database raw(db.string(), SQLite::OPEN_READONLY);
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == newer);
+}
+
+TEST_CASE("a file that is not a journal is reported as corrupt") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  std::ofstream(db) << std::string(4096, 'x');
+  auto err = error_from([&] { journal j(db); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::corrupt);
+  CHECK_THAT(err->what(), Catch::Contains(db.string()));
+}
+
+TEST_CASE("read-only mode inspects and never creates or writes") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+
+  auto missing = error_from([&] { journal j(db, {.read_only = true}); });
+  REQUIRE(missing);
+  CHECK(missing->code() == errc::not_found);
+  CHECK_THAT(missing->what(), Catch::Contains("no journal at " + db.string()) &&
+                                  Catch::Contains("nothing has run yet"));
+  CHECK_FALSE(fs::exists(db));
+
+  { journal j(db); j.create_run(a_run("r")); }
+  journal reader(db, {.read_only = true});
+  CHECK(reader.list_runs().size() == 1);
+  auto err = error_from([&] { reader.append_event("r", "x", {}); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::read_only);
+  CHECK(reader.events("r").empty());
+}
+
+TEST_CASE("a journal this user cannot write gives read_only and stays intact") {
+  temp_dir dir;
+  // A folder nobody may write, holding a journal nobody may write.
+  const auto locked_dir = dir / "locked";
+  const auto db = locked_dir / "cairn.db";
+  // A writable folder holding a journal file that is not writable.
+  const auto open_dir = dir / "open";
+  const auto ro_file = open_dir / "cairn.db";
+  const auto step = ok_step("r", 0, {{"precious", true}});
+  for (const auto& p : {db, ro_file}) {
+    journal j(p);
+    j.create_run(a_run("r"));
+    j.append_step(step);
+  }
+  fs::permissions(db, fs::perms(0444));
+  fs::permissions(ro_file, fs::perms(0444));
+  fs::permissions(locked_dir, fs::perms(0555));
+  fs::permissions(open_dir, fs::perms(0777));
+
+  auto checks = [&]() -> std::string {
+    std::string failures;
+    auto expect_read_only = [&](const fs::path& p, const char* what) {
+      // Opening alone must fail: `cairn doctor` checks writability by opening.
+      auto err = error_from([&] { journal j(p); });
+      if (!err) failures += std::string(what) + ": opened for writing\n";
+      else if (err->code() != errc::read_only || std::string(err->what()).find("read-only") == std::string::npos)
+        failures += std::string(what) + ": wrong error: " + err->what() + "\n";
+    };
+    expect_read_only(db, "journal in a read-only folder");
+    expect_read_only(ro_file, "read-only journal file");
+    expect_read_only(locked_dir / "new.db", "new journal in a read-only folder");
+    expect_read_only(locked_dir / "sub" / "new.db", "new folder in a read-only folder");
+    try {
+      // No -wal/-shm exist and none can be created: inspection still works.
+      journal reader(db, {.read_only = true});
+      if (reader.steps("r").size() != 1) failures += "read-only inspection: step missing\n";
+    } catch (const std::exception& e) {
+      failures += std::string("read-only inspection failed: ") + e.what() + "\n";
+    }
+    return failures;
+  };
+  // Root writes through any chmod, so as root the checks run as nobody in a child.
+  const std::string failures = geteuid() == 0 ? run_as_nobody(checks) : checks();
+  CHECK(failures == "");
+
+  fs::permissions(locked_dir, fs::perms(0755));
+  for (const auto& p : {db, ro_file}) {
+    fs::permissions(p, fs::perms(0644));
+    journal j(p);
+    auto steps = j.steps("r");
+    REQUIRE(steps.size() == 1);
+    check_same_step(steps[0], step);
+    CHECK(j.events("r").empty());
+  }
+  CHECK_FALSE(fs::exists(locked_dir / "new.db"));
+  CHECK_FALSE(fs::exists(locked_dir / "sub"));
+}
+
+TEST_CASE("a locked journal says so, and nothing is half-written") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  { journal j(db); j.create_run(a_run("r")); }
+
+  SECTION("held by another connection of this process") {
+    journal j(db, {.busy_timeout = 100ms});
+    SQLite::Database holder(db.string(), SQLite::OPEN_READWRITE);
+    holder.exec("BEGIN EXCLUSIVE");
+    holder.exec("INSERT INTO events (run_id, kind, data, at_ms) VALUES ('r', 'holder', '{}', 0)");
+
+    auto start = std::chrono::steady_clock::now();
+    auto err = error_from([&] { j.append_step(ok_step("r", 0, 1)); });
+    auto waited = std::chrono::steady_clock::now() - start;
+    REQUIRE(err);
+    CHECK(err->code() == errc::locked);
+    CHECK_THAT(err->what(), Catch::Contains("locked") && Catch::Contains(db.string()) &&
+                                Catch::Contains("pid " + std::to_string(getpid())));
+    CHECK(waited >= 90ms);  // busy_timeout is honoured, not the 5 s default
+    CHECK(waited < 3s);
+    auto attempt = error_from([&] { j.begin_attempt("r"); });
+    REQUIRE(attempt);
+    CHECK(attempt->code() == errc::locked);
+
+    holder.exec("ROLLBACK");
+    CHECK(j.steps("r").empty());
+    CHECK(j.events("r").empty());
+    CHECK(j.find_run("r")->attempts == 0);
+    j.append_step(ok_step("r", 0, 1));
+    CHECK(j.begin_attempt("r") == 1);
+    CHECK(j.steps("r").size() == 1);
+  }
+
+  SECTION("held by another process, named by its pid") {
+    int ready[2], go[2];
+    REQUIRE(pipe(ready) == 0);
+    REQUIRE(pipe(go) == 0);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      int rc = 1;
+      try {
+        SQLite::Database holder(db.string(), SQLite::OPEN_READWRITE);
+        holder.exec("BEGIN EXCLUSIVE");
+        holder.exec("INSERT INTO events (run_id, kind, data, at_ms) VALUES ('r', 'holder', '{}', 0)");
+        (void)!write(ready[1], "x", 1);
+        char c;
+        (void)!read(go[0], &c, 1);
+        holder.exec("ROLLBACK");
+        rc = 0;
+      } catch (...) {
+      }
+      _exit(rc);
+    }
+    close(ready[1]);
+    close(go[0]);
+    char c;
+    REQUIRE(read(ready[0], &c, 1) == 1);
+
+    journal j(db, {.busy_timeout = 100ms});
+    auto err = error_from([&] { j.append_step(ok_step("r", 0, 1)); });
+    (void)!write(go[1], "x", 1);
+    int status = 0;
+    waitpid(child, &status, 0);
+    close(ready[0]);
+    close(go[1]);
+
+    REQUIRE(err);
+    CHECK(err->code() == errc::locked);
+    CHECK_THAT(err->what(), Catch::Contains("locked by another process (pid " + std::to_string(child) + ")"));
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(j.steps("r").empty());
+    CHECK(j.events("r").empty());
+    j.append_step(ok_step("r", 0, 1));
+    CHECK(j.steps("r").size() == 1);
+  }
+}
+
+TEST_CASE("a full disk loses nothing that was committed") {
+  temp_dir dir;
+  const auto mnt = dir / "tiny";
+  fs::create_directories(mnt);
+  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    WARN("skipped: cannot mount a tiny tmpfs here (" << strerror(errno) << "); run as root to test disk-full");
+    return;
+  }
+  struct unmount_at_end {
+    fs::path at;
+    ~unmount_at_end() { umount2(at.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+
+  const auto db = mnt / "cairn.db";
+  const auto filler = mnt / "filler";
+  std::vector<step_record> committed;
+  const std::string chunk(4000, 'z');
+  const auto big = ok_step("r", 5, std::string(64 * 1024, 'y'));
+  {
+    journal j(db);
+    j.create_run(a_run("r"));
+    for (std::uint64_t seq = 0; seq < 5; ++seq) {
+      committed.push_back(ok_step("r", seq, {{"chunk", chunk}, {"seq", seq}}));
+      j.append_step(committed.back());
+    }
+    {
+      std::ofstream fill(filler, std::ios::binary);
+      const std::string block(4096, '\0');
+      while (fill.write(block.data(), block.size()) && fill.flush()) {}
+    }
+    auto err = error_from([&] { j.append_step(big); });
+    REQUIRE(err);
+    CHECK(err->code() == errc::disk_full);
+    CHECK_THAT(err->what(), Catch::Contains("disk full") && Catch::Contains(db.string()) &&
+                                Catch::Contains("cairn resume r"));
+    auto steps = j.steps("r");
+    CHECK(steps.size() == committed.size());
+
+    fs::remove(filler);
+    j.append_step(ok_step("r", 5, "after freeing space"));  // the same journal recovers
+  }
+  journal j(db);
+  auto steps = j.steps("r");
+  REQUIRE(steps.size() == committed.size() + 1);
+  for (std::size_t i = 0; i < committed.size(); ++i) check_same_step(steps[i], committed[i]);
+  CHECK(steps.back().result.output == "after freeing space");
+}
