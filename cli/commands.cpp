@@ -66,10 +66,10 @@ int guarded(F&& body) {
 
 int report_end(const storage::run_record& run, bool as_json) {
   if (as_json) {
-    std::cout << to_json(run).dump(2) << std::endl;
+    std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
   } else if (run.status == storage::run_status::completed) {
     double secs = (run.finished_at_ms.value_or(run.updated_at_ms) - run.created_at_ms) / 1000.0;
-    std::cout << fmt::format("run {} completed in {:.2f} s\n{}", run.id, secs, run.output.dump(2)) << std::endl;
+    std::cout << fmt::format("run {} completed in {:.2f} s\n{}", run.id, secs, run.output.dump(2, ' ', false, json::error_handler_t::replace)) << std::endl;
   }
   if (run.status == storage::run_status::completed) return 0;
   if (run.error) std::cerr << fmt::format("run {} failed: {}", run.id, run.error->message) << std::endl;
@@ -146,7 +146,7 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
       worst = std::max(worst, as_json ? (end.status == storage::run_status::completed ? 0 : 1)
                                       : report_end(end, false));
     }
-    if (as_json) std::cout << results.dump(2) << std::endl;
+    if (as_json) std::cout << results.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     return worst;
   });
 }
@@ -158,7 +158,7 @@ int ls_command(const paths& p, bool as_json) {
     if (as_json) {
       json out = json::array();
       for (const auto& r : runs) out.push_back(to_json(r));
-      std::cout << out.dump(2) << std::endl;
+      std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     } else {
       std::cout << runs_table(journal, runs);
     }
@@ -177,7 +177,7 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
       json out = {{"run", to_json(*run)}, {"steps", json::array()}, {"events", json::array()}};
       for (const auto& s : steps) out["steps"].push_back(to_json(s));
       for (const auto& e : events) out["events"].push_back(to_json(e));
-      std::cout << out.dump(2) << std::endl;
+      std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
       return 0;
     }
     std::cout << run_summary(*run) << "\n" << steps_table(steps);
@@ -204,7 +204,7 @@ int doctor_command(const paths& p, bool as_json) {
       if (!c.ok && !c.fix.empty()) std::cout << fmt::format("     {:<22} fix: {}", "", c.fix) << "\n";
     }
   }
-  if (as_json) std::cout << out.dump(2) << std::endl;
+  if (as_json) std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
   else std::cout << (ok ? "this machine can run sandboxed agents" : "this machine cannot run sandboxed agents yet")
                  << std::endl;
   return ok ? 0 : 3;

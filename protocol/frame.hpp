@@ -18,6 +18,8 @@ using json = nlohmann::json;
 
 inline constexpr std::size_t default_max_frame = 16u << 20;  // 16 MiB
 inline constexpr std::size_t frame_header_size = 4;
+// Deepest nesting of arrays/objects a receiver accepts (PROTOCOL.md §1).
+inline constexpr std::size_t max_depth = 128;
 
 // A peer broke the wire format or the message rules. The message names what
 // was wrong, for the run's error and the user.
@@ -40,7 +42,8 @@ class frame_decoder {
   void feed(std::string_view bytes);
 
   // The next complete message, or nullopt when more bytes are needed.
-  // Throws protocol_error for a payload that is not one valid JSON object.
+  // Throws protocol_error for a payload that is not one valid JSON object or
+  // nests deeper than max_depth.
   std::optional<json> next();
 
   // True when bytes of an unfinished frame are buffered (a truncated frame

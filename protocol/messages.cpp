@@ -10,6 +10,15 @@ struct overloaded : F... {
 template <class... F>
 overloaded(F...) -> overloaded<F...>;
 
+// A value from the peer, quoted in an error: at most 64 bytes, cut on a
+// UTF-8 character boundary so the error text stays valid UTF-8.
+std::string clip_for_error(const std::string& value) {
+  if (value.size() <= 64) return "'" + value + "'";
+  std::size_t end = 64;
+  while (end > 0 && (static_cast<unsigned char>(value[end]) & 0xC0) == 0x80) --end;
+  return "'" + value.substr(0, end) + "...'";
+}
+
 [[noreturn]] void bad(std::string_view type, std::string_view field, std::string_view why) {
   throw protocol_error("'" + std::string(type) + "' message: field '" + std::string(field) + "' " +
                        std::string(why));
@@ -60,7 +69,7 @@ step_kind get_kind(const json& j, std::string_view type) {
   if (s == "step") return step_kind::step;
   if (s == "now") return step_kind::now;
   if (s == "random") return step_kind::random;
-  bad(type, "kind", "must be one of step, now, random (got '" + s + "')");
+  bad(type, "kind", "must be one of step, now, random (got " + clip_for_error(s) + ")");
 }
 
 error_info get_error(const json& j, std::string_view type) {
@@ -99,7 +108,7 @@ step_result parse_step_result(const json& j) {
     r.ok = false;
     r.error = get_error(j, type);
   } else {
-    bad(type, "status", "must be \"ok\" or \"error\" (got '" + status + "')");
+    bad(type, "status", "must be \"ok\" or \"error\" (got " + clip_for_error(status) + ")");
   }
   r.attempt = get_attempt(j, type);
   if (j.contains("duration_us")) r.duration_us = get_int(j, type, "duration_us", 0, INT64_MAX);
@@ -148,7 +157,7 @@ agent_message parse_agent_message(const json& j) {
   if (t == "emit") return emit_msg{require(j, t, "data")};
   if (t == "done") return done_msg{require(j, t, "output")};
   if (t == "fail") return fail_msg{get_error(j, t)};
-  throw protocol_error("unknown message type '" + t.substr(0, 64) + "'");
+  throw protocol_error("unknown message type " + clip_for_error(t));
 }
 
 json to_json(const agent_message& m) {
@@ -200,7 +209,7 @@ host_message parse_host_message(const json& j) {
   }
   if (t == "ack") return ack_msg{get_seq(j, t)};
   if (t == "reject") return reject_msg{get_string(j, t, "error")};
-  throw protocol_error("unknown message type '" + t.substr(0, 64) + "'");
+  throw protocol_error("unknown message type " + clip_for_error(t));
 }
 
 json to_json(const host_message& m) {
