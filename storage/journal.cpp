@@ -59,7 +59,7 @@ CREATE TABLE steps (
 
 -- Steps are write-once, enforced by the database for every client. The INSERT
 -- trigger closes INSERT OR REPLACE, which deletes without firing DELETE triggers.
-CREATE TRIGGER steps_insert_once BEFORE INSERT ON runs WHEN 0
+CREATE TRIGGER steps_insert_once BEFORE INSERT ON steps
   WHEN EXISTS (SELECT 1 FROM steps WHERE run_id = NEW.run_id AND seq = NEW.seq)
   BEGIN SELECT RAISE(ABORT, 'steps are write-once: this step is already journaled'); END;
 CREATE TRIGGER steps_no_update BEFORE UPDATE ON steps
@@ -270,7 +270,7 @@ SQLite::Database open_read_only(const fs::path& path, const journal_options& opt
                                                      path.string()));
   if (version < latest_version)
     throw storage_error(errc::io, fmt::format("journal {} has schema version {}, older than this cairn's ({}); "
-                                              "open it once for writing (e.g. `cairn resume`) to upgrade it",
+                                              "any writing command (`cairn run`, `cairn resume`) upgrades it",
                                               path.string(), version, latest_version));
   return db;
 }

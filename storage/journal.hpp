@@ -29,8 +29,8 @@ enum class errc {
   disk_full,       // SQLITE_FULL: nothing of the failed transaction was kept
   corrupt,         // not a journal, or damaged
   schema_too_new,  // written by a newer cairn
-  conflict,        // a write-once row already exists with other content
-  not_found,       // no such run
+  conflict,        // a write-once row already exists
+  not_found,       // no such run; in read-only mode, no journal file yet
   io,              // any other failure to open, read or write
 };
 
@@ -92,12 +92,14 @@ struct event_record {
   std::int64_t at_ms = 0;
 };
 
+// full: a commit survives power loss. normal: it survives any process crash, but
+// the last commits may be lost if the machine loses power.
 enum class sync_mode { full, normal };
 
 struct journal_options {
   sync_mode sync = sync_mode::full;
   std::chrono::milliseconds busy_timeout{5000};
-  bool read_only = false;  // for inspection: never creates or migrates
+  bool read_only = false;  // for inspection: never creates or migrates; no file is errc::not_found
 };
 
 class journal {
@@ -116,21 +118,27 @@ class journal {
   // and false: the id is the idempotency key.
   std::pair<run_record, bool> create_run(const new_run& run);
   std::optional<run_record> find_run(std::string_view id);
-  // Newest first.
+  // Newest first (creation time, then insertion order).
   std::vector<run_record> list_runs();
+
+  // Writes to a run id that does not exist throw storage_error(not_found),
+  // except claim_run, which returns false.
 
   // Compare-and-set of the owner: succeeds only if the run's owner is still
   // `expected_owner` and the run is not completed. Sets status running.
   bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner);
   // Counts one more attempt and returns its number (1-based); records an event.
   int begin_attempt(std::string_view id);
-  // Ends the run: completed with `output`, or failed with `error`. Clears the owner.
+  // Ends the run: completed with `output`, or failed with `error` (required then);
+  // any other status is std::invalid_argument. Clears the owner; records an event.
   void finish_run(std::string_view id, run_status status, const json& output,
                   const std::optional<protocol::error_info>& error);
-  // Makes a failed (or orphaned) run pending again with a fresh set of attempts.
+  // Makes a failed (or orphaned) run pending again with a fresh set of attempts:
+  // clears output, error, owner and finish time, keeps the steps, records an event.
   void reset_attempts(std::string_view id);
 
-  // Inserts the step row. Throws storage_error(conflict) if (run, seq) exists.
+  // Inserts the step row. Throws storage_error(conflict) if (run, seq) exists,
+  // even with the same content: the database refuses any rewrite of a step.
   // Returns only after the transaction is durable per the sync mode.
   void append_step(const step_record& step);
   std::vector<step_record> steps(std::string_view run_id);

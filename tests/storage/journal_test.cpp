@@ -168,6 +168,60 @@ std::string run_as_nobody(const std::function<std::string()>& checks) {
   return log;
 }
 
+
+// A child process holding the journal's write lock, with an uncommitted write,
+// from construction until destruction; then it rolls back and exits.
+class lock_holder_process {
+ public:
+  explicit lock_holder_process(const fs::path& db) {
+    int ready[2];
+    REQUIRE(pipe(ready) == 0);
+    REQUIRE(pipe(go_) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      close(ready[0]);
+      close(go_[1]);  // so the read below ends if the parent dies
+      int rc = 1;
+      try {
+        SQLite::Database holder(db.string(), SQLite::OPEN_READWRITE);
+        holder.exec("BEGIN EXCLUSIVE");
+        holder.exec("INSERT INTO events (run_id, kind, data, at_ms) VALUES ('r', 'holder', '{}', 0)");
+        (void)!write(ready[1], "x", 1);
+        char c;
+        (void)!read(go_[0], &c, 1);
+        holder.exec("ROLLBACK");
+        rc = 0;
+      } catch (...) {
+      }
+      _exit(rc);
+    }
+    close(ready[1]);
+    close(go_[0]);
+    char c;
+    const bool holding = read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    if (!holding) release();
+    REQUIRE(holding);
+  }
+  ~lock_holder_process() { release(); }
+  lock_holder_process(const lock_holder_process&) = delete;
+  lock_holder_process& operator=(const lock_holder_process&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+ private:
+  void release() {
+    if (go_[1] < 0) return;
+    close(go_[1]);
+    go_[1] = -1;
+    waitpid(pid_, nullptr, 0);
+  }
+
+  pid_t pid_ = -1;
+  int go_[2] = {-1, -1};
+};
+
 }  // namespace
 
 TEST_CASE("run status names round-trip") {
@@ -601,44 +655,19 @@ TEST_CASE("a locked journal says so, and nothing is half-written") {
   }
 
   SECTION("held by another process, named by its pid") {
-    int ready[2], go[2];
-    REQUIRE(pipe(ready) == 0);
-    REQUIRE(pipe(go) == 0);
-    pid_t child = fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      int rc = 1;
-      try {
-        SQLite::Database holder(db.string(), SQLite::OPEN_READWRITE);
-        holder.exec("BEGIN EXCLUSIVE");
-        holder.exec("INSERT INTO events (run_id, kind, data, at_ms) VALUES ('r', 'holder', '{}', 0)");
-        (void)!write(ready[1], "x", 1);
-        char c;
-        (void)!read(go[0], &c, 1);
-        holder.exec("ROLLBACK");
-        rc = 0;
-      } catch (...) {
-      }
-      _exit(rc);
+    std::optional<storage_error> err;
+    pid_t holder_pid = 0;
+    {
+      lock_holder_process holder(db);
+      holder_pid = holder.pid();
+      journal j(db, {.busy_timeout = 100ms});
+      err = error_from([&] { j.append_step(ok_step("r", 0, 1)); });
     }
-    close(ready[1]);
-    close(go[0]);
-    char c;
-    REQUIRE(read(ready[0], &c, 1) == 1);
-
-    journal j(db, {.busy_timeout = 100ms});
-    auto err = error_from([&] { j.append_step(ok_step("r", 0, 1)); });
-    (void)!write(go[1], "x", 1);
-    int status = 0;
-    waitpid(child, &status, 0);
-    close(ready[0]);
-    close(go[1]);
-
     REQUIRE(err);
     CHECK(err->code() == errc::locked);
-    CHECK_THAT(err->what(), Catch::Contains("locked by another process (pid " + std::to_string(child) + ")"));
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    CHECK_THAT(err->what(), Catch::Contains("locked by another process (pid " + std::to_string(holder_pid) + ")"));
+
+    journal j(db);
     CHECK(j.steps("r").empty());
     CHECK(j.events("r").empty());
     j.append_step(ok_step("r", 0, 1));
