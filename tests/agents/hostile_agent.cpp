@@ -43,9 +43,10 @@ json step(std::uint64_t seq) {
   return to_json(agent_message{step_msg{r}});
 }
 
-void handshake() {
+// Returns the length of the history the host sent.
+std::uint64_t handshake() {
   send({{"t", "hello"}, {"v", 1}, {"sdk", "hostile"}});
-  receive();
+  return receive()["history"].size();
 }
 
 }  // namespace
@@ -61,7 +62,7 @@ int main() {
   else if (mode == "bad_version") { send({{"t", "hello"}, {"v", 99}, {"sdk", "future"}}); receive(); }
   else if (mode == "silent") std::this_thread::sleep_for(std::chrono::seconds(60));
   else {
-    handshake();
+    const auto journaled = handshake();
     if (mode == "invalid_json") put(std::string("\x00\x00\x00\x09{not json", 13));
     else if (mode == "wrong_type") send({{"t", "step"}, {"seq", "zero"}, {"name", "x"}, {"kind", "step"},
                                          {"status", "ok"}, {"output", 1}, {"attempt", 1}});
@@ -70,7 +71,7 @@ int main() {
     else if (mode == "skip_seq") { send(step(0)); receive(); send(step(5)); }
     else if (mode == "after_done") { send(step(0)); receive(); send({{"t", "done"}, {"output", 1}}); send(step(1)); }
     else if (mode == "truncated") { put(std::string("\x00\x00\x01\x00{\"t\":", 9)); return 0; }
-    else if (mode == "exit_midway") { send(step(0)); receive(); return 7; }
+    else if (mode == "exit_midway") { send(step(journaled)); receive(); return 7; }
   }
   // Hold the channel open until the host ends this sandbox.
   std::this_thread::sleep_for(std::chrono::seconds(60));

@@ -147,7 +147,7 @@ TEST_CASE("a sandbox that crashes mid-run is retried from the journal without re
 TEST_CASE("a sandbox that crashes every time fails the run after max attempts, naming the crash") {
   harness h;
   engine::run_request r;
-  r.agent = HOSTILE_AGENT;  // exits mid-run on every attempt
+  r.agent = HOSTILE_AGENT;  // journals one step, then exits, on every attempt
   r.id = "exit_midway.1";
   r.workspace = h.dir / "ws" / "x";
   r.max_attempts = 2;
@@ -156,7 +156,7 @@ TEST_CASE("a sandbox that crashes every time fails the run after max attempts, n
   REQUIRE(run.status == storage::run_status::failed);
   CHECK_THAT(run.error->message, Catch::Contains("gave up after 2 crashed attempts"));
   CHECK_THAT(run.error->message, Catch::Contains("exited with code 7"));
-  CHECK(h.journal.steps(r.id).size() == 1);
+  CHECK(h.journal.steps(r.id).size() == 2);  // one per attempt, each kept
 }
 
 TEST_CASE("replay that asks for a different step fails the run with a non-determinism error naming both") {

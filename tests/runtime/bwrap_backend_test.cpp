@@ -2,13 +2,16 @@
 // do, and that each way out of the sandbox is closed. Every escape test
 // asserts the probe's attempt failed; the probe reports, the test decides.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <thread>
 
 #include "tests/runtime/sandbox_fixture.hpp"
 
@@ -27,7 +30,8 @@ struct bwrap_fixture {
 
 }  // namespace
 
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: the probe starts with the channel on fd 3 and a minimal environment") {
+TEST_CASE_METHOD(bwrap_fixture,
+                 "bwrap: the probe starts with the channel on fd 3 and a minimal environment") {
   json report = probe({"status"});
   REQUIRE(report["ok"] == true);
   json detail = report["detail"];
@@ -35,8 +39,10 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the probe starts with the channel on fd 
   CHECK(detail["hostname"] == "cairn");
   std::vector<std::string> env = detail["env"];
   std::sort(env.begin(), env.end());
+  // bwrap adds PWD for --chdir.
   CHECK(env == std::vector<std::string>{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1", "HOME=/workspace",
-                                        "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin", "TMPDIR=/tmp"});
+                                        "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin", "PWD=/workspace",
+                                        "TMPDIR=/tmp"});
   // Nothing but stdio and the channel is inherited.
   std::vector<std::string> fds = detail["fds"];
   std::sort(fds.begin(), fds.end());
@@ -68,7 +74,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: host files outside the mounts are invisi
   fs::path secret = dir.path / "host-secret.txt";
   std::ofstream(secret) << "secret";
   for (const std::string& path : {secret.string(), std::string("/etc/passwd"), std::string("/etc/hostname"),
-                                 std::string("/root/.bashrc"), (dir.path / "agent.log").string()}) {
+                                  std::string("/root/.bashrc"), (dir.path / "agent.log").string()}) {
     json report = probe({"read", path});
     INFO(path << ": " << report.dump());
     CHECK(report["ok"] == false);
@@ -77,7 +83,8 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: host files outside the mounts are invisi
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: nothing outside /workspace and /tmp is writable") {
-  for (const char* path : {"/usr/x", "/etc/x", "/x", "/run/cairn/x", "/run/cairn/agent", "/proc/x", "/home/x"}) {
+  for (const char* path :
+       {"/usr/x", "/etc/x", "/x", "/run/cairn/x", "/run/cairn/agent", "/proc/x", "/home/x"}) {
     json report = probe({"write", path, "escape"});
     INFO(path << ": " << report.dump());
     CHECK(report["ok"] == false);
@@ -118,11 +125,11 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: no network, not even the host's loopback
   CHECK(::poll(&p, 1, 0) == 0);  // no connection reached the host
   ::close(listener);
 
+  // bwrap brings up the namespace's own loopback; it leads nowhere but the sandbox.
   json interfaces = probe({"interfaces"})["detail"];
   INFO(interfaces.dump());
   REQUIRE(interfaces.size() == 1);
   CHECK(interfaces[0]["name"] == "lo");
-  CHECK(interfaces[0]["up"] == false);
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: the agent is not root and holds no capabilities") {
@@ -139,13 +146,20 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the agent is not root and holds no capab
   }
 }
 
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: the exit code reaches the host") {
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: the exit code or signal reaches the host") {
   auto process = box->exec(SANDBOX_PROBE, {"exit", "3"});
   next_report(*process);
   auto status = process->wait_for(10s);
   REQUIRE(status);
   CHECK(status->describe() == "exited with code 3");
   CHECK(process->poll_exit() == status);
+
+  // bwrap passes a signal on as 128+N; the host reports the signal.
+  process = box->exec(SANDBOX_PROBE, {"abort"});
+  next_report(*process);
+  status = process->wait_for(10s);
+  REQUIRE(status);
+  CHECK(status->describe() == "killed by signal 6 (SIGABRT)");
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: kill() ends every process of the sandbox, grandchildren included") {
@@ -153,7 +167,9 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: kill() ends every process of the sandbox
   auto process = box->exec(SANDBOX_PROBE, {"grandchild", token});
   json report = next_report(*process);
   REQUIRE(report["ok"] == true);
-  CHECK(count_processes_with(token) == 2);  // the probe and its SIGTERM-ignoring child
+  // bwrap, the sandbox's pid 1 (both carry the agent's arguments), the probe
+  // and its SIGTERM-ignoring child.
+  CHECK(count_processes_with(token) == 4);
   CHECK_FALSE(process->poll_exit());
 
   exit_status status = process->kill();
@@ -179,6 +195,18 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: destroy() and the handle's destructor ki
   CHECK(count_processes_with(token) == 0);
 }
 
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: the sandbox dies with the thread that started it") {
+  // PR_SET_PDEATHSIG follows the thread, not the process.
+  std::string token = unique_token("cairn-orphan-token");
+  std::unique_ptr<agent_process> process;
+  std::thread([&] { process = box->exec(SANDBOX_PROBE, {"grandchild", token}); }).join();
+  auto status = process->wait_for(5s);
+  REQUIRE(status);
+  CHECK(status->describe() == "killed by signal 9 (SIGKILL)");
+  process->kill();  // waits until the sandbox's pid namespace is gone
+  CHECK(count_processes_with(token) == 0);
+}
+
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: the memory limit applies inside the sandbox") {
   spec.limits.max_memory_bytes = 256u << 20;
   box = backend->create(spec);
@@ -197,6 +225,57 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: a program the sandbox uid cannot reach i
   fs::permissions(hidden / "probe", fs::perms(0700));
   json report = run_probe(*box, {"status"}, hidden / "probe");
   CHECK(report["ok"] == true);
+}
+
+TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and killed") {
+  // bwrap's child waits for its parent right after clone, before it arms
+  // --die-with-parent. --userns-block-fd holds bwrap inside that window; the
+  // test then kills bwrap as a host crash would.
+  temp_dir dir;
+  std::string token = unique_token("cairn-orphan-sweep");
+  fs::path args = dir.path / "args";
+  {
+    std::ofstream out(args, std::ios::binary);
+    for (const char* arg : {"--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/usr", "/usr",
+                            "--info-fd", "5", "--userns-block-fd", "6"})
+      out << arg << '\0';
+  }
+  // Above the targets 4..6, so that no dup2 below is a no-op that keeps O_CLOEXEC.
+  auto high = [](int fd) {
+    int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 20);
+    ::close(fd);
+    return moved;
+  };
+  int args_fd = high(::open(args.c_str(), O_RDONLY | O_CLOEXEC));
+  int info[2], block[2];
+  REQUIRE(::pipe2(info, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(block, O_CLOEXEC) == 0);
+  for (int* fd : {&info[0], &info[1], &block[0], &block[1]}) *fd = high(*fd);
+  pid_t bwrap = ::fork();
+  if (bwrap == 0) {
+    ::dup2(args_fd, 4);
+    ::dup2(info[1], 5);
+    ::dup2(block[0], 6);
+    ::execl("/usr/bin/bwrap", "bwrap", "--args", "4", "--", "/run/cairn/agent", token.c_str(), nullptr);
+    ::_exit(127);
+  }
+  ::close(info[1]);
+  std::string info_text;
+  char buffer[512];
+  pollfd p{info[0], POLLIN, 0};
+  while (::poll(&p, 1, 5000) > 0) {
+    ssize_t n = ::read(info[0], buffer, sizeof buffer);
+    if (n <= 0) break;
+    info_text.append(buffer, static_cast<std::size_t>(n));
+  }
+  REQUIRE_THAT(info_text, Catch::Contains("child-pid"));
+  ::kill(bwrap, SIGKILL);
+  ::waitpid(bwrap, nullptr, 0);
+  CHECK(count_processes_with(token) == 1);  // the orphan, waiting forever
+
+  CHECK(kill_orphaned_sandboxes() >= 1);
+  CHECK(count_processes_with(token) == 0);
+  for (int fd : {args_fd, info[0], block[0], block[1]}) ::close(fd);
 }
 
 TEST_CASE("bwrap: set-up failures are sandbox_errors that say what to do") {
@@ -243,8 +322,9 @@ TEST_CASE("bwrap: when user namespaces are denied, the log explains why") {
   temp_dir dir;
   // A stand-in for bwrap on a kernel that refuses user namespaces: same message, same exit.
   fs::path fake = dir.path / "bwrap";
-  std::ofstream(fake) << "#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the "
-                         "kernel does not allow non-privileged user namespaces.' >&2\nexit 1\n";
+  std::ofstream(fake)
+      << "#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the "
+         "kernel does not allow non-privileged user namespaces.' >&2\nexit 1\n";
   fs::permissions(fake, fs::perms(0755));
   bwrap_options options;
   options.bwrap = fake;

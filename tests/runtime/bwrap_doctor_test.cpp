@@ -10,7 +10,8 @@ TEST_CASE("diagnose_bwrap_failure names the cause and the fix") {
       "bwrap: No permissions to creating new namespace, likely because the kernel does not allow "
       "non-privileged user namespaces.\n");
   REQUIRE(userns);
-  CHECK_THAT(*userns, Catch::StartsWith("user namespaces are denied by the kernel") && Catch::Contains("sysctl"));
+  CHECK_THAT(*userns,
+             Catch::StartsWith("user namespaces are denied by the kernel") && Catch::Contains("sysctl"));
   auto uid_map = diagnose_bwrap_failure("some agent output\nbwrap: setting up uid map: Permission denied\n");
   REQUIRE(uid_map);
   CHECK_THAT(*uid_map, Catch::StartsWith("user namespaces are denied by the kernel"));
@@ -27,7 +28,8 @@ TEST_CASE("the bwrap doctor passes on this machine") {
     CHECK(check.ok);
   }
   auto checks = make_bwrap_backend()->check();
-  auto starts = std::find_if(checks.begin(), checks.end(), [](const auto& c) { return c.name == "sandbox starts"; });
+  auto starts =
+      std::find_if(checks.begin(), checks.end(), [](const auto& c) { return c.name == "sandbox starts"; });
   REQUIRE(starts != checks.end());
 }
 

@@ -66,7 +66,8 @@ TEST_CASE("channel sends frames the peer can decode, including ones larger than 
   std::thread reader([&] {
     char buffer[65536];
     ssize_t n;
-    while ((n = ::read(pair.peer, buffer, sizeof buffer)) > 0) received.append(buffer, static_cast<std::size_t>(n));
+    while ((n = ::read(pair.peer, buffer, sizeof buffer)) > 0)
+      received.append(buffer, static_cast<std::size_t>(n));
   });
   ch.send({{"t", "ack"}, {"seq", 7}});
   ch.send(big);

@@ -94,9 +94,10 @@ json status() {
   if (!::getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
   json env = json::array();
   for (char** e = environ; *e; ++e) env.push_back(*e);
-  return {{"uid", ::getuid()}, {"euid", ::geteuid()}, {"gid", ::getgid()}, {"cap_eff", cap_eff},
-          {"hostname", host},  {"cwd", cwd},          {"env", env},
-          {"fds", list_dir("/proc/self/fd", false, 0)}};
+  return {{"uid", ::getuid()}, {"euid", ::geteuid()},
+          {"gid", ::getgid()}, {"cap_eff", cap_eff},
+          {"hostname", host},  {"cwd", cwd},
+          {"env", env},        {"fds", list_dir("/proc/self/fd", false, 0)}};
 }
 
 json interfaces() {
@@ -151,9 +152,12 @@ int main(int argc, char** argv) {
     report(action, true, status());
   } else if (action == "env") {
     // The needle arrives reversed so that this process's own cmdline does not hold it.
-    std::string needle(arg(1).rbegin(), arg(1).rend());
+    std::string reversed = arg(1);
+    std::string needle(reversed.rbegin(), reversed.rend());
     json places = find_needle(needle);
-    report(action, places.empty(), {{"found_in", places}, {"channel_fd", std::getenv("CAIRN_CHANNEL_FD") ? std::getenv("CAIRN_CHANNEL_FD") : ""}});
+    report(action, places.empty(),
+           {{"found_in", places},
+            {"channel_fd", std::getenv("CAIRN_CHANNEL_FD") ? std::getenv("CAIRN_CHANNEL_FD") : ""}});
   } else if (action == "read") {
     bool ok = false;
     std::string content = slurp(arg(1), &ok);
@@ -192,6 +196,9 @@ int main(int argc, char** argv) {
     std::free(p);
   } else if (action == "echo") {
     echo();
+  } else if (action == "abort") {
+    report(action, true, nullptr);
+    std::abort();
   } else if (action == "exit") {
     report(action, true, nullptr);
     return std::atoi(arg(1).c_str());

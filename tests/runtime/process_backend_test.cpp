@@ -1,6 +1,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <thread>
+
 #include "tests/runtime/sandbox_fixture.hpp"
 
 namespace cairn::runtime::test {
@@ -17,14 +19,15 @@ TEST_CASE("process backend: the probe runs in the workspace with a minimal envir
   CHECK(status["cwd"] == workspace.string());
   std::vector<std::string> env = status["env"];
   std::sort(env.begin(), env.end());
-  CHECK(env == std::vector<std::string>{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1", "HOME=" + workspace.string(),
-                                        "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin"});
+  CHECK(env == std::vector<std::string>{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1",
+                                        "HOME=" + workspace.string(), "LANG=C.UTF-8",
+                                        "PATH=/usr/local/bin:/usr/bin:/bin"});
   std::vector<std::string> fds = status["fds"];
   std::sort(fds.begin(), fds.end());
   CHECK(fds == std::vector<std::string>{"0", "1", "2", "3"});
   // Only its own environment is checked: without a pid namespace the probe sees the test's.
-  CHECK(std::find(env_report["detail"]["found_in"].begin(), env_report["detail"]["found_in"].end(), "environ") ==
-        env_report["detail"]["found_in"].end());
+  CHECK(std::find(env_report["detail"]["found_in"].begin(), env_report["detail"]["found_in"].end(),
+                  "environ") == env_report["detail"]["found_in"].end());
 }
 
 TEST_CASE("process backend: the channel carries frames both ways") {
@@ -53,6 +56,18 @@ TEST_CASE("process backend: kill() ends the agent's process group") {
   CHECK(count_processes_with(token) == 2);
   CHECK(process->kill().describe() == "killed by signal 9 (SIGKILL)");
   CHECK(count_processes_with(token) == 0);
+}
+
+TEST_CASE("process backend: the agent dies with the thread that started it") {
+  temp_dir dir;
+  auto box = make_process_backend()->create(make_spec(dir));
+  std::unique_ptr<agent_process> process;
+  std::thread([&] {
+    process = box->exec(SANDBOX_PROBE, {"grandchild", unique_token("cairn-none-orphan")});
+  }).join();
+  auto status = process->wait_for(5s);
+  REQUIRE(status);
+  CHECK(status->describe() == "killed by signal 9 (SIGKILL)");
 }
 
 TEST_CASE("process backend: rlimits apply") {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -84,8 +85,13 @@ inline int count_processes_with(const std::string& token) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // Plain read(): the process may vanish mid-read, which iostreams turn into a throw.
+    int fd = ::open((entry.path() / "cmdline").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::string cmdline(4096, '\0');
+    ssize_t n = ::read(fd, cmdline.data(), cmdline.size());
+    ::close(fd);
+    cmdline.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
     if (cmdline.find(token) != std::string::npos) ++count;
   }
   return count;

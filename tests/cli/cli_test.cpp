@@ -1,0 +1,174 @@
+// The `cairn` command as users and scripts see it: exit codes, messages, --json.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/temp_dir.hpp"
+
+using json = nlohmann::json;
+
+namespace {
+
+struct result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs cairn in `dir` with CAIRN_HOME=dir/.cairn; `path_env` replaces PATH
+// when given; `uid` runs it as that user.
+result run_cli(const cairn::testing::temp_dir& dir, std::vector<std::string> args, const char* path_env = nullptr,
+             uid_t uid = 0) {
+  args.insert(args.begin(), CAIRN_BIN);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (chdir(dir.path().c_str()) != 0) _exit(126);
+    setenv("CAIRN_HOME", (dir.path() / ".cairn").c_str(), 1);
+    if (path_env) setenv("PATH", path_env, 1);
+    int out = open((dir.path() / "stdout").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    int err = open((dir.path() / "stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    dup2(out, 1);
+    dup2(err, 2);
+    if (uid != 0 && (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0)) _exit(125);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(dir / "stdout"),
+          slurp(dir / "stderr")};
+}
+
+std::vector<std::string> run_steps(const std::string& id, int steps) {
+  return {"run", STEP_AGENT, "--id", id, "--input", json{{"steps", steps}}.dump()};
+}
+
+}  // namespace
+
+TEST_CASE("cairn run shows each step, exits 0, and show --json has the journal") {
+  cairn::testing::temp_dir dir;
+  auto r = run_cli(dir, run_steps("r1", 3));
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("  0  step 0"));
+  CHECK_THAT(r.out, Catch::Contains("  2  step 2"));
+  CHECK_THAT(r.out, Catch::Contains("run r1 completed"));
+
+  auto show = run_cli(dir, {"show", "r1", "--json"});
+  REQUIRE(show.code == 0);
+  auto j = json::parse(show.out);
+  CHECK(j["run"]["status"] == "completed");
+  REQUIRE(j["steps"].size() == 3);
+  for (const auto& s : j["steps"]) {
+    CHECK(s.contains("seq"));
+    CHECK(s["status"] == "ok");
+    CHECK(s["attempt"] == 1);
+    CHECK(s.contains("duration_us"));
+    CHECK(s["output"].contains("nonce"));
+  }
+
+  auto text = run_cli(dir, {"show", "r1"});
+  CHECK_THAT(text.out, Catch::Contains("SEQ  NAME"));
+  CHECK_THAT(text.out, Catch::Contains("step 1"));
+
+  auto ls = run_cli(dir, {"ls", "--json"});
+  REQUIRE(ls.code == 0);
+  CHECK(json::parse(ls.out)[0]["id"] == "r1");
+
+  auto again = run_cli(dir, run_steps("r1", 3));
+  CHECK(again.code == 0);
+  CHECK_THAT(again.out, Catch::Contains("already exists"));
+}
+
+TEST_CASE("a failed run exits 1 with its error on stderr") {
+  cairn::testing::temp_dir dir;
+  auto r = run_cli(dir, {"run", STEP_AGENT, "--id", "bad", "--input", R"({"steps":3,"terminal_at":1})"});
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("run bad failed: step 'step 1' failed: step 1 cannot succeed"));
+}
+
+TEST_CASE("bad input is refused before anything is written") {
+  cairn::testing::temp_dir dir;
+  auto r = run_cli(dir, {"run", STEP_AGENT, "--input", "{not json"});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("--input is not valid JSON"));
+  auto missing = run_cli(dir, {"run", "./no-such-agent"});
+  CHECK(missing.code == 2);
+  CHECK_THAT(missing.err, Catch::Contains("agent program './no-such-agent' not found"));
+  CHECK_FALSE(std::filesystem::exists(dir / ".cairn" / "cairn.db"));
+  auto nothing = run_cli(dir, {"resume", "ghost"});
+  CHECK(nothing.code != 0);
+}
+
+TEST_CASE("without bwrap, run and doctor say so and how to fix it, and never run unsandboxed") {
+  cairn::testing::temp_dir dir;
+  auto r = run_cli(dir, run_steps("nobwrap", 2), "/nonexistent");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("bwrap"));
+  CHECK_THAT(r.err, Catch::Contains("apt-get install bubblewrap"));
+  CHECK_FALSE(std::filesystem::exists(dir / ".cairn" / "workspaces" / "nobwrap" / "exec.log"));
+
+  auto doctor = run_cli(dir, {"doctor"}, "/nonexistent");
+  CHECK(doctor.code == 3);
+  CHECK_THAT(doctor.out, Catch::Contains("FAIL"));
+  CHECK_THAT(doctor.out, Catch::Contains("apt-get install bubblewrap"));
+
+  // Once bwrap is back, the same run resumes.
+  auto resumed = run_cli(dir, {"resume", "nobwrap"});
+  INFO(resumed.err);
+  CHECK(resumed.code == 0);
+}
+
+TEST_CASE("a journal locked by another process gives a clear error and loses nothing") {
+  cairn::testing::temp_dir dir;
+  REQUIRE(run_cli(dir, run_steps("before", 2)).code == 0);
+  {
+    SQLite::Database holder((dir / ".cairn" / "cairn.db").string(), SQLite::OPEN_READWRITE);
+    holder.exec("BEGIN EXCLUSIVE");
+    auto r = run_cli(dir, run_steps("blocked", 2));
+    CHECK(r.code == 3);
+    CHECK_THAT(r.err, Catch::Contains("locked"));
+    holder.exec("ROLLBACK");
+  }
+  auto show = run_cli(dir, {"show", "before", "--json"});
+  REQUIRE(show.code == 0);
+  CHECK(json::parse(show.out)["steps"].size() == 2);
+  CHECK(run_cli(dir, run_steps("after", 2)).code == 0);
+}
+
+TEST_CASE("a read-only journal gives a clear error; inspection still works") {
+  cairn::testing::temp_dir dir;
+  REQUIRE(run_cli(dir, run_steps("kept", 2)).code == 0);
+  // As another user, the root-owned journal is read-only.
+  std::filesystem::permissions(dir.path(), std::filesystem::perms::all);
+  std::filesystem::permissions(dir / ".cairn", std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                                                   std::filesystem::perms::group_exec |
+                                                   std::filesystem::perms::others_read |
+                                                   std::filesystem::perms::others_exec);
+  auto r = run_cli(dir, run_steps("denied", 2), nullptr, 65534);
+  INFO(r.out << r.err);
+  CHECK(r.code == 3);
+  CHECK_THAT(r.err, Catch::Contains("read-only"));
+  auto ls = run_cli(dir, {"ls"}, nullptr, 65534);
+  INFO(ls.err);
+  CHECK(ls.code == 0);
+  CHECK_THAT(ls.out, Catch::Contains("kept"));
+  CHECK_THAT(run_cli(dir, {"ls"}).out, !Catch::Contains("denied"));
+}
