@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <unordered_map>
 
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <fmt/format.h>
@@ -350,10 +351,26 @@ struct journal::impl {
   }
 
   void event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::int64_t> seq) {
-    statement(db, "INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES (?, ?, ?, ?, ?)", run_id, seq, kind,
-              dump(data), now_ms())
+    prepared("INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES (?, ?, ?, ?, ?)", run_id, seq, kind,
+             dump(data), now_ms())
         .exec();
   }
+
+  // A cached statement with fresh bindings, for the hot write path (a step
+  // costs one INSERT; compiling its SQL each time was a third of it). Only
+  // for statements run to completion with exec(), so none is left holding a
+  // read transaction.
+  template <class... Args>
+  SQLite::Statement& prepared(const char* sql, const Args&... args) {
+    auto& slot = cache[sql];
+    if (!slot) slot = std::make_unique<SQLite::Statement>(db, sql);
+    slot->tryReset();  // a failed earlier use reports its error here; it was already thrown
+    slot->clearBindings();
+    int i = 0;
+    (bind_one(*slot, ++i, args), ...);
+    return *slot;
+  }
+  std::unordered_map<const char*, std::unique_ptr<SQLite::Statement>> cache;
 
   void require_run(int changed, std::string_view run_id) {
     if (changed == 0) throw storage_error(errc::not_found, fmt::format("no run '{}' in journal {}", run_id, path.string()));
@@ -483,7 +500,7 @@ void journal::append_step(const step_record& step) {
     }
     try {
       // One statement, so one transaction: durable when exec() returns.
-      statement(impl_->db,
+      impl_->prepared(
                 "INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
                 "duration_us, started_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 step.run_id, static_cast<std::int64_t>(r.seq), r.name, protocol::to_string(r.kind),
