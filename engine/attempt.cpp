@@ -82,7 +82,7 @@ class attempt_driver {
     for (;;) {
       auto message = receive(500ms);
       if (!message) {
-        if (auto status = process_->poll_exit()) return died(status->describe());
+        if (process_->poll_exit()) return died("ended");
         continue;
       }
       if (auto result = handle(*message)) return *result;

@@ -26,9 +26,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* agent_path = "/run/cairn/agent";
-// The fds bwrap finds its inputs on, after the channel on fd 3.
-constexpr int args_fd = 4, info_fd = 5, program_fd = 6;
+// The fds bwrap finds its inputs on, after the channel on fd 3 and
+// bwrap_args_fd (4).
+constexpr int info_fd = 5, program_fd = 6;
 constexpr std::chrono::seconds bwrap_start_timeout{10};
 
 [[noreturn]] void spawn_failed(const std::string& what) {
@@ -94,10 +94,10 @@ class bwrap_sandbox final : public sandbox {
     }
   }
 
-  std::unique_ptr<agent_process> exec(const fs::path& program, const std::vector<std::string>& args) override {
+  std::unique_ptr<agent_process> exec(const fs::path& program,
+                                      const std::vector<std::string>& args) override {
     fs::path agent = check_program(program);
-    for (const auto& arg : args)
-      if (arg.find('\0') != std::string::npos) throw sandbox_error(sandbox_errc::bad_spec, "an agent argument contains a NUL byte");
+    check_agent_args(args);
     unique_fd log = open_log(spec_.log_file);
 
     std::vector<std::string> options = bwrap_isolation_args(disable_userns_);
@@ -111,15 +111,17 @@ class bwrap_sandbox final : public sandbox {
     unique_fd program_copy;
     if (!user_ || (!first_unsearchable_dir(agent, user_->uid, user_->gid) &&
                    may_read_and_execute(agent, user_->uid, user_->gid))) {
-      options.insert(options.end(), {"--ro-bind", agent.string(), agent_path});
+      options.insert(options.end(), {"--ro-bind", agent.string(), sandbox_agent_path});
     } else {
       // The sandbox uid cannot reach the program: bwrap copies it in from an
       // fd that the host opened.
       program_copy.reset(::open(agent.c_str(), O_RDONLY | O_CLOEXEC));
       if (!program_copy) spawn_failed("opening " + agent.string());
-      options.insert(options.end(), {"--perms", "0555", "--ro-bind-data", std::to_string(program_fd), agent_path});
+      options.insert(options.end(),
+                     {"--perms", "0555", "--ro-bind-data", std::to_string(program_fd), sandbox_agent_path});
     }
-    options.insert(options.end(), {"--info-fd", std::to_string(info_fd)});
+    // Last among the mounts: everything but /workspace, /tmp, /proc and /dev turns read-only.
+    options.insert(options.end(), {"--remount-ro", "/", "--info-fd", std::to_string(info_fd)});
 
     unique_fd args_memfd = memfd_with(options);
     int info_pipe[2];
@@ -127,7 +129,7 @@ class bwrap_sandbox final : public sandbox {
     unique_fd info_read(info_pipe[0]), info_write(info_pipe[1]);
 
     spawn_request request;
-    request.argv = {bwrap_.string(), "--args", std::to_string(args_fd), "--", agent_path};
+    request.argv = {bwrap_.string(), "--args", std::to_string(bwrap_args_fd), "--", sandbox_agent_path};
     request.argv.insert(request.argv.end(), args.begin(), args.end());
     request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
     request.cwd = "/";
@@ -141,8 +143,10 @@ class bwrap_sandbox final : public sandbox {
     spawned_child child = spawn_child(request);
     handle->pid = child.pid;
     handle->pidfd = std::move(child.pidfd);
+    handle->exit_codes_carry_signals = true;
     tracker_.track(handle);
-    auto process = std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file);
+    auto process =
+        std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file);
 
     info_write.reset();
     if (auto init = read_sandbox_init_pid(info_read.get())) {
@@ -174,7 +178,8 @@ class bwrap_backend final : public sandbox_backend {
     auto bwrap = find_bwrap(options_.bwrap);
     if (!bwrap) throw sandbox_error(sandbox_errc::bwrap_missing, bwrap_missing_message);
     auto user = resolve_sandbox_user(options_);
-    if (spec.log_file.empty()) throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
+    if (spec.log_file.empty())
+      throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
     fs::path workspace = prepare_workspace(spec.workspace);
     if (user) {
       chown_tree(workspace, user->uid, user->gid);
@@ -192,10 +197,11 @@ class bwrap_backend final : public sandbox_backend {
   std::vector<doctor_check> check() const override { return bwrap_checks(options_); }
 
  private:
-  // Asked once per backend: `bwrap --version` costs a process.
+  // Once per backend: `bwrap --version` costs a process, the sweep a /proc scan.
   bool disable_userns(const fs::path& bwrap) {
     std::lock_guard lock(mutex_);
     if (!disable_userns_) {
+      kill_orphaned_sandboxes();
       auto version = bwrap_version(bwrap);
       disable_userns_ = version && supports_disable_userns(*version);
     }

@@ -32,7 +32,9 @@ doctor_check check_installed(const std::optional<fs::path>& bwrap) {
   doctor_check c{"bwrap installed", false, "", ""};
   if (!bwrap) {
     c.detail = "bwrap was not found on PATH";
-    c.fix = "apt-get install bubblewrap (or dnf install bubblewrap), or pass --sandbox none to run WITHOUT isolation";
+    c.fix =
+        "apt-get install bubblewrap (or dnf install bubblewrap), or pass --sandbox none to run WITHOUT "
+        "isolation";
     return c;
   }
   auto version = bwrap_version(*bwrap);
@@ -72,8 +74,11 @@ doctor_check check_sandbox_user(const sandbox_user& user) {
     c.detail += ", the dedicated user cairn-sandbox";
   } else {
     c.ok = false;
-    c.detail += fmt::format(", which belongs to the user {}: that user's processes could interfere with runs", owner);
-    c.fix = "useradd --system --no-create-home --shell /usr/sbin/nologin cairn-sandbox (then unset CAIRN_SANDBOX_UID)";
+    c.detail +=
+        fmt::format(", which belongs to the user {}: that user's processes could interfere with runs", owner);
+    c.fix =
+        "useradd --system --no-create-home --shell /usr/sbin/nologin cairn-sandbox (then unset "
+        "CAIRN_SANDBOX_UID)";
   }
   return c;
 }
@@ -118,7 +123,8 @@ std::vector<doctor_check> bwrap_checks(const bwrap_options& options) {
     user = resolve_sandbox_user(options);
     if (user) checks.push_back(check_sandbox_user(*user));
   } catch (const sandbox_error& e) {
-    checks.push_back({"sandbox uid", false, e.what(), "set CAIRN_SANDBOX_UID to an unused nonzero uid, e.g. 61000"});
+    checks.push_back(
+        {"sandbox uid", false, e.what(), "set CAIRN_SANDBOX_UID to an unused nonzero uid, e.g. 61000"});
     return checks;
   }
   if (bwrap) checks.push_back(check_sandbox_starts(*bwrap, user));
@@ -132,25 +138,29 @@ std::optional<std::string> diagnose_bwrap_failure(const std::string& log_tail) {
   if (contains(l, "No permissions to creat") || contains(l, "uid map") || contains(l, "gid map") ||
       contains(l, "new namespace") || contains(l, "unshare")) {
     auto blockers = userns_blockers();
-    std::string fix = blockers.empty()
-                          ? "check `cairn doctor` (on Ubuntu 23.10+ run `sysctl -w "
-                            "kernel.apparmor_restrict_unprivileged_userns=0` or give bwrap an AppArmor profile)"
-                          : join_fixes(blockers);
-    return fmt::format("user namespaces are denied by the kernel ({}): {}, or pass --sandbox none to run "
-                       "WITHOUT isolation",
-                       l, fix);
+    std::string fix =
+        blockers.empty()
+            ? "check `cairn doctor` (on Ubuntu 23.10+ run `sysctl -w "
+              "kernel.apparmor_restrict_unprivileged_userns=0` or give bwrap an AppArmor profile)"
+            : join_fixes(blockers);
+    return fmt::format(
+        "user namespaces are denied by the kernel ({}): {}, or pass --sandbox none to run "
+        "WITHOUT isolation",
+        l, fix);
   }
   if (contains(l, "execvp /run/cairn/agent"))
-    return fmt::format("the agent program could not be started inside the sandbox ({}): only /usr and the "
-                       "/bin, /lib links are visible there, so a script's interpreter or a library it needs "
-                       "from elsewhere is missing",
-                       l);
+    return fmt::format(
+        "the agent program could not be started inside the sandbox ({}): only /usr and the "
+        "/bin, /lib links are visible there, so a script's interpreter or a library it needs "
+        "from elsewhere is missing",
+        l);
   if (contains(l, "Can't find source path"))
     return fmt::format("a folder the sandbox mounts is missing or out of the sandbox uid's reach ({})", l);
   if (contains(l, "loopback") || contains(l, "RTM_NEWADDR"))
-    return fmt::format("the sandbox could not set up its private network ({}); cairn may itself run in a "
-                       "container that forbids it",
-                       l);
+    return fmt::format(
+        "the sandbox could not set up its private network ({}); cairn may itself run in a "
+        "container that forbids it",
+        l);
   if (contains(l, "Unknown option"))
     return fmt::format("this bubblewrap is too old ({}); cairn needs bubblewrap 0.8.0 or newer", l);
   return fmt::format("the sandbox failed to start: {}", l);

@@ -1,8 +1,11 @@
 #include "runtime/bwrap_support.hpp"
 
+#include <fcntl.h>
 #include <pwd.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -34,7 +38,78 @@ std::optional<long> read_sysctl(const char* path) {
   return std::nullopt;
 }
 
+// The whole of a small /proc file; empty when it cannot be read.
+std::string read_proc(const std::string& path) {
+  unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::string content;
+  char buffer[4096];
+  ssize_t n;
+  while (fd && (n = ::read(fd.get(), buffer, sizeof buffer)) > 0 && content.size() < 65536)
+    content.append(buffer, static_cast<std::size_t>(n));
+  return content;
+}
+
+bool is_sandbox_bwrap(pid_t pid) {
+  std::string cmdline = read_proc("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string_view> argv;
+  for (std::string_view rest = cmdline; !rest.empty() && argv.size() < 5;) {
+    auto nul = rest.find('\0');
+    argv.push_back(rest.substr(0, nul));
+    rest = nul == std::string_view::npos ? std::string_view() : rest.substr(nul + 1);
+  }
+  return argv.size() == 5 && fs::path(argv[0]).filename() == "bwrap" && argv[1] == "--args" &&
+         argv[2] == std::to_string(bwrap_args_fd) && argv[3] == "--" && argv[4] == sandbox_agent_path;
+}
+
+// From /proc/PID/status: the parent, and whether PID is pid 1 of a pid
+// namespace below ours ("NSpid: 8487 1").
+struct proc_status {
+  pid_t parent = 0;
+  bool namespace_init = false;
+};
+proc_status read_status(pid_t pid) {
+  proc_status st;
+  std::istringstream lines(read_proc("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string key;
+    fields >> key;
+    if (key == "PPid:") fields >> st.parent;
+    if (key == "NSpid:") {
+      std::vector<long> ids;
+      for (long id; fields >> id;) ids.push_back(id);
+      st.namespace_init = ids.size() >= 2 && ids.back() == 1;
+    }
+  }
+  return st;
+}
+
+bool is_orphaned_sandbox(pid_t pid) {
+  if (!is_sandbox_bwrap(pid)) return false;
+  proc_status st = read_status(pid);
+  // While bwrap lives, its child's parent is bwrap itself.
+  return st.namespace_init && !is_sandbox_bwrap(st.parent);
+}
+
 }  // namespace
+
+std::size_t kill_orphaned_sandboxes() {
+  std::vector<unique_fd> killed;
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = std::stoi(name);
+    if (!is_orphaned_sandbox(pid)) continue;
+    // Checked again through the pidfd, so a recycled pid is never signalled.
+    unique_fd pidfd = open_pidfd(pid);
+    if (!pidfd || !is_orphaned_sandbox(pid)) continue;
+    if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) == 0)
+      killed.push_back(std::move(pidfd));
+  }
+  for (const auto& pidfd : killed) wait_pidfd(pidfd.get(), std::chrono::seconds(5));
+  return killed.size();
+}
 
 std::optional<fs::path> find_bwrap(const fs::path& configured) {
   if (configured.string().find('/') != std::string::npos) {
@@ -86,18 +161,17 @@ std::vector<std::string> bwrap_isolation_args(bool disable_userns) {
     else
       args.insert(args.end(), {"--ro-bind-try", dir, dir});
   }
-  args.insert(args.end(), {"--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
-                           "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
-                           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                           "--hostname", "cairn"});
+  args.insert(args.end(), {"--ro-bind-try", "/etc/alternatives", "/etc/alternatives", "--ro-bind-try",
+                           "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev",
+                           "--tmpfs", "/tmp", "--hostname", "cairn"});
   return args;
 }
 
 std::vector<userns_blocker> userns_blockers() {
   std::vector<userns_blocker> blockers;
   if (auto max = read_sysctl("/proc/sys/user/max_user_namespaces"); max && *max <= 0)
-    blockers.push_back({fmt::format("user.max_user_namespaces = {}", *max),
-                        "sysctl -w user.max_user_namespaces=15000"});
+    blockers.push_back(
+        {fmt::format("user.max_user_namespaces = {}", *max), "sysctl -w user.max_user_namespaces=15000"});
   if (auto clone = read_sysctl("/proc/sys/kernel/unprivileged_userns_clone"); clone && *clone != 1)
     blockers.push_back({fmt::format("kernel.unprivileged_userns_clone = {}", *clone),
                         "sysctl -w kernel.unprivileged_userns_clone=1"});
@@ -147,7 +221,8 @@ captured_run run_captured(const std::vector<std::string>& argv, std::optional<sp
 
 std::optional<sandbox_user> resolve_sandbox_user(const bwrap_options& options) {
   if (::geteuid() != 0) return std::nullopt;
-  if (options.sandbox_uid != 0) return sandbox_user{options.sandbox_uid, options.sandbox_uid, "bwrap_options"};
+  if (options.sandbox_uid != 0)
+    return sandbox_user{options.sandbox_uid, options.sandbox_uid, "bwrap_options"};
   if (const char* env = std::getenv("CAIRN_SANDBOX_UID"); env && *env) {
     std::string_view text = env;
     std::uint32_t uid = 0;

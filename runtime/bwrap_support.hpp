@@ -22,6 +22,11 @@ inline constexpr const char* bwrap_missing_message =
 // executable `configured` on $PATH; nullopt when there is none.
 std::optional<std::filesystem::path> find_bwrap(const std::filesystem::path& configured);
 
+// Every sandbox's bwrap runs as `bwrap --args 4 -- /run/cairn/agent ...`;
+// kill_orphaned_sandboxes() recognises them by this command line.
+inline constexpr const char* sandbox_agent_path = "/run/cairn/agent";
+inline constexpr int bwrap_args_fd = 4;
+
 // "0.8.0" from `bwrap --version`; nullopt when it does not answer.
 std::optional<std::string> bwrap_version(const std::filesystem::path& bwrap);
 

@@ -27,12 +27,15 @@ class channel_closed : public std::runtime_error {
 
 class channel {
  public:
+  // Takes ownership of `fd` and makes it non-blocking. `max_frame` limits
+  // frames in both directions.
   explicit channel(int fd, std::size_t max_frame = protocol::default_max_frame);
   ~channel();
   channel(const channel&) = delete;
   channel& operator=(const channel&) = delete;
 
-  // Writes one frame completely. Throws channel_closed if the peer is gone.
+  // Writes one frame completely; blocks while the peer does not read.
+  // Throws channel_closed if the peer is gone, protocol_error if too big.
   void send(const json& message);
   // The next message, or nullopt if none arrived within `timeout`.
   // Throws protocol::protocol_error for a malformed frame, channel_closed at EOF.

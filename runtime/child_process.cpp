@@ -1,5 +1,6 @@
 #include "runtime/child_process.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <sstream>
 #include <thread>
 
 namespace cairn::runtime {
@@ -17,11 +19,40 @@ void send_sigkill(int pidfd) {
   if (pidfd >= 0) ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
 }
 
-exit_status decode(int wait_status) {
+// Whether a live (not zombie) process has process group `pgid`; from /proc.
+bool group_alive(pid_t pgid) {
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return false;
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(proc, ::closedir);
+  while (dirent* entry = ::readdir(proc)) {
+    if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
+    // Plain read(): the process may vanish mid-read, which iostreams turn into a throw.
+    unique_fd fd(::open((std::string("/proc/") + entry->d_name + "/stat").c_str(), O_RDONLY | O_CLOEXEC));
+    char buffer[512];
+    ssize_t n = fd ? ::read(fd.get(), buffer, sizeof buffer) : -1;
+    if (n <= 0) continue;
+    std::string stat(buffer, static_cast<std::size_t>(n));
+    // "pid (comm) state ppid pgrp ...": comm may hold anything, so parse from the last ')'.
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (fields >> state >> ppid >> pgrp && pgrp == pgid && state != 'Z' && state != 'X') return true;
+  }
+  return false;
+}
+
+exit_status decode(int wait_status, bool exit_codes_carry_signals) {
   exit_status s;
   if (WIFEXITED(wait_status)) {
     s.exited = true;
     s.code = WEXITSTATUS(wait_status);
+    if (exit_codes_carry_signals && s.code > 128 && s.code - 128 < NSIG) {
+      s.exited = false;
+      s.signal = s.code - 128;
+      s.code = 0;
+    }
   } else if (WIFSIGNALED(wait_status)) {
     s.signal = WTERMSIG(wait_status);
   }
@@ -46,19 +77,34 @@ void reap_locked(child_handle& h, bool block) {
   int wait_status = 0;
   while (::waitpid(h.pid, &wait_status, 0) < 0 && errno == EINTR) {
   }
-  h.status = decode(wait_status);
+  h.status = decode(wait_status, h.exit_codes_carry_signals);
 }
 
 }  // namespace
 
+void child_handle::wait_dead_locked(std::chrono::milliseconds limit) const {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  if (!status) wait_pidfd(pidfd.get(), limit);
+  // A SIGKILLed process dies when it next runs; the group (the process
+  // backend's only boundary) is gone once no member is still running.
+  while (!status && group_alive(pid) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  wait_pidfd(sandbox_init_pidfd.get(), limit);
+}
+
 void child_handle::kill_locked() {
+  // Through its pidfd the sandbox's pid 1 can be signalled even after bwrap
+  // was reaped (say, killed by its parent's death): a recycled pid is safe.
+  send_sigkill(sandbox_init_pidfd.get());
   if (status) return;
+  // bwrap reaps its pid 1 and exits: given a moment, no zombie is left to a
+  // pid 1 of the host that may never reap it (a container's, often).
+  if (sandbox_init_pidfd) wait_pidfd(pidfd.get(), bwrap_exit_grace);
   ::kill(-pid, SIGKILL);
   if (pidfd)
     send_sigkill(pidfd.get());
   else
     ::kill(pid, SIGKILL);
-  send_sigkill(sandbox_init_pidfd.get());
 }
 
 void child_tracker::track(const std::shared_ptr<child_handle>& handle) {
@@ -81,17 +127,13 @@ void child_tracker::kill_all() {
   // Not reaped here (the agent_process does that): a readable pidfd means exited.
   for (const auto& h : live) {
     std::lock_guard lock(h->mutex);
-    if (h->status) continue;
-    wait_pidfd(h->pidfd.get(), kill_grace);
-    wait_pidfd(h->sandbox_init_pidfd.get(), kill_grace);
+    h->wait_dead_locked(kill_grace);
   }
 }
 
 child_process::child_process(std::shared_ptr<child_handle> handle, unique_fd channel_fd,
                              std::size_t max_frame, std::filesystem::path log_file)
-    : handle_(std::move(handle)),
-      channel_(channel_fd.release(), max_frame),
-      log_file_(std::move(log_file)) {}
+    : handle_(std::move(handle)), channel_(channel_fd.release(), max_frame), log_file_(std::move(log_file)) {}
 
 child_process::~child_process() {
   try {
@@ -110,10 +152,11 @@ std::optional<exit_status> child_process::poll_exit() {
 exit_status child_process::kill() {
   std::lock_guard lock(handle_->mutex);
   handle_->kill_locked();
+  // Before reaping: reaping bwrap is not enough, its pid 1 may still be
+  // tearing down the namespace, and the reaped leader's group id could be
+  // recycled.
+  handle_->wait_dead_locked(kill_grace);
   reap_locked(*handle_, true);
-  // Reaping bwrap is not enough: its pid 1 may still be tearing down the
-  // namespace. Its pidfd turns readable only once every process there is gone.
-  wait_pidfd(handle_->sandbox_init_pidfd.get(), kill_grace);
   return *handle_->status;
 }
 

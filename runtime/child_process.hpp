@@ -20,16 +20,22 @@ namespace cairn::runtime {
 // first); every member is guarded by `mutex`.
 struct child_handle {
   std::mutex mutex;
-  pid_t pid = -1;           // also the process group id (the child called setsid)
-  unique_fd pidfd;          // of `pid`
+  pid_t pid = -1;   // also the process group id (the child called setsid)
+  unique_fd pidfd;  // of `pid`
   // bwrap: the sandbox's pid 1. When it dies the kernel kills and reaps every
   // other process of the pid namespace before the pidfd becomes readable.
   unique_fd sandbox_init_pidfd;
   std::optional<exit_status> status;  // set once `pid` is reaped
+  // bwrap passes on an agent killed by signal N as exit code 128+N; with this
+  // set, such a code is reported as the signal (as a shell would read it).
+  bool exit_codes_carry_signals = false;
 
-  // SIGKILL to the group, the process and the sandbox's pid 1. Only while
-  // `pid` is unreaped: until then its pid and group id cannot be recycled.
+  // SIGKILL to the sandbox's pid 1 and, while `pid` is unreaped (until then
+  // its pid and group id cannot be recycled), to the process and its group.
   void kill_locked();
+  // After kill_locked(): waits up to `limit` until no process of the group
+  // and of the sandbox's pid namespace is alive any more (zombies are dead).
+  void wait_dead_locked(std::chrono::milliseconds limit) const;
 };
 
 class child_process final : public agent_process {
@@ -67,5 +73,7 @@ class child_tracker {
 
 // How long kill() and destroy() wait for a killed sandbox to disappear.
 inline constexpr std::chrono::milliseconds kill_grace{5000};
+// How long bwrap gets to reap its killed pid 1 and exit by itself.
+inline constexpr std::chrono::milliseconds bwrap_exit_grace{1000};
 
 }  // namespace cairn::runtime

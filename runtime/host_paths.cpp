@@ -27,8 +27,8 @@ void chown_dir(int dir_fd, const fs::path& where, uid_t uid, gid_t gid, int dept
     bad_spec(fmt::format("workspace folder {} is nested more than {} levels deep", where.string(),
                          max_chown_depth));
   if (::fchown(dir_fd, uid, gid) < 0)
-    bad_spec(fmt::format("cannot chown {} to the sandbox uid {}: {}", where.string(), uid,
-                         std::strerror(errno)));
+    bad_spec(
+        fmt::format("cannot chown {} to the sandbox uid {}: {}", where.string(), uid, std::strerror(errno)));
   int listing_fd = ::dup(dir_fd);
   DIR* listing = listing_fd < 0 ? nullptr : ::fdopendir(listing_fd);
   if (!listing) {
@@ -40,8 +40,8 @@ void chown_dir(int dir_fd, const fs::path& where, uid_t uid, gid_t gid, int dept
     std::string_view name = entry->d_name;
     if (name == "." || name == "..") continue;
     if (::fchownat(dir_fd, entry->d_name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-      bad_spec(fmt::format("cannot chown {} to the sandbox uid {}: {}", (where / name).string(),
-                           uid, std::strerror(errno)));
+      bad_spec(fmt::format("cannot chown {} to the sandbox uid {}: {}", (where / name).string(), uid,
+                           std::strerror(errno)));
     if (entry->d_type != DT_DIR && entry->d_type != DT_UNKNOWN) continue;
     // O_NOFOLLOW: a symlink to a directory is chowned itself, never walked.
     unique_fd sub(::openat(dir_fd, entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -118,6 +118,11 @@ fs::path check_program(const fs::path& program) {
   return canonical;
 }
 
+void check_agent_args(const std::vector<std::string>& args) {
+  for (const auto& arg : args)
+    if (arg.find('\0') != std::string::npos) bad_spec("an agent argument contains a NUL byte");
+}
+
 unique_fd open_log(const fs::path& log_file) {
   if (log_file.empty()) bad_spec("the sandbox spec has no log file");
   std::error_code ec;
@@ -136,8 +141,8 @@ std::map<std::string, std::string> agent_environment(const sandbox_spec& spec,
     base[name] = value;
   }
   if (spec.run_id.find('\0') != std::string::npos) bad_spec("the run id contains a NUL byte");
-  base["CAIRN_CHANNEL_FD"] = "3";
-  base["CAIRN_RUN_ID"] = spec.run_id;
+  base.insert_or_assign("CAIRN_CHANNEL_FD", std::string("3"));
+  base.insert_or_assign("CAIRN_RUN_ID", spec.run_id);
   return base;
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/sandbox.hpp"
 #include "runtime/unique_fd.hpp"
@@ -25,8 +26,8 @@ void chown_tree(const std::filesystem::path& dir, uid_t uid, gid_t gid);
 // The first directory on the way to `path` (a canonical absolute path) that
 // uid/gid, without supplementary groups, may not search; nullopt if none.
 // Judged from the mode bits (ACLs are ignored).
-std::optional<std::filesystem::path> first_unsearchable_dir(const std::filesystem::path& path,
-                                                            uid_t uid, gid_t gid);
+std::optional<std::filesystem::path> first_unsearchable_dir(const std::filesystem::path& path, uid_t uid,
+                                                            gid_t gid);
 
 // Whether uid/gid may read and execute the file at `path` (mode bits).
 bool may_read_and_execute(const std::filesystem::path& path, uid_t uid, gid_t gid);
@@ -34,6 +35,9 @@ bool may_read_and_execute(const std::filesystem::path& path, uid_t uid, gid_t gi
 // The agent program as a canonical path to an executable regular file.
 // Throws sandbox_error(bad_spec) naming what is wrong.
 std::filesystem::path check_program(const std::filesystem::path& program);
+
+// Throws sandbox_error(bad_spec) for an argument that cannot reach argv (a NUL byte).
+void check_agent_args(const std::vector<std::string>& args);
 
 // Opens (creating it and its folder) the log for appending, close-on-exec.
 // Throws sandbox_error(bad_spec).

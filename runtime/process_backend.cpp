@@ -2,6 +2,7 @@
 // machines without bubblewrap when the user explicitly accepts no isolation.
 // It still gets its own process group, the channel on fd 3, a minimal
 // environment, the workspace as cwd and the rlimits; nothing else is hidden.
+
 #include <fmt/format.h>
 
 #include "runtime/child_process.hpp"
@@ -25,19 +26,18 @@ class process_sandbox final : public sandbox {
     }
   }
 
-  std::unique_ptr<agent_process> exec(const fs::path& program, const std::vector<std::string>& args) override {
+  std::unique_ptr<agent_process> exec(const fs::path& program,
+                                      const std::vector<std::string>& args) override {
     fs::path agent = check_program(program);
-    for (const auto& arg : args)
-      if (arg.find('\0') != std::string::npos)
-        throw sandbox_error(sandbox_errc::bad_spec, "an agent argument contains a NUL byte");
+    check_agent_args(args);
     unique_fd log = open_log(spec_.log_file);
 
     spawn_request request;
     request.argv = {agent.string()};
     request.argv.insert(request.argv.end(), args.begin(), args.end());
-    auto env = agent_environment(spec_, {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
-                                         {"HOME", workspace_.string()},
-                                         {"LANG", "C.UTF-8"}});
+    auto env = agent_environment(
+        spec_,
+        {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", workspace_.string()}, {"LANG", "C.UTF-8"}});
     for (const auto& [name, value] : env) request.env.push_back(name + "=" + value);
     request.cwd = workspace_;
     request.log_fd = log.get();
@@ -67,7 +67,8 @@ class process_backend final : public sandbox_backend {
   std::string name() const override { return "none"; }
 
   std::unique_ptr<sandbox> create(const sandbox_spec& spec) override {
-    if (spec.log_file.empty()) throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
+    if (spec.log_file.empty())
+      throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
     fs::path workspace = prepare_workspace(spec.workspace);
     return std::make_unique<process_sandbox>(spec, workspace, max_frame_);
   }

@@ -56,6 +56,9 @@ struct sandbox_spec {
   std::filesystem::path log_file;
 };
 
+// Of the agent's process. Under bwrap the host only sees bwrap, which passes
+// on an agent killed by signal N as exit code 128+N; such codes are reported
+// as the signal, so an agent's own exit(134) reads as SIGABRT there.
 struct exit_status {
   bool exited = false;  // true: exited with `code`; false: killed by `signal`
   int code = 0;
@@ -71,9 +74,12 @@ class agent_process {
   virtual ~agent_process() = default;
   virtual channel& io() = 0;
   virtual pid_t pid() const = 0;
-  // Non-blocking: the exit status once the agent's process has ended.
+  // Non-blocking: the exit status once the agent's process has ended. Then
+  // whatever it left running in its process group is killed too.
   virtual std::optional<exit_status> poll_exit() = 0;
   // Kills every process in the sandbox (SIGKILL), reaps, returns the status.
+  // Returns once none of them runs any more (it waits at most about 5 s for
+  // one stuck in the kernel). Idempotent: later calls return the same status.
   virtual exit_status kill() = 0;
   // Waits up to `timeout` for a voluntary exit; nullopt if still running.
   virtual std::optional<exit_status> wait_for(std::chrono::milliseconds timeout) = 0;
@@ -86,6 +92,14 @@ class sandbox {
   virtual ~sandbox() = default;
   // Starts `program` (a host path, mounted read-only) with `args`. The agent
   // sees its channel as fd 3 and CAIRN_CHANNEL_FD=3 in its environment.
+  // Throws sandbox_error: bad_spec (program missing or not executable, an
+  // unusable env entry or log file), spawn_failed (fork/exec/set-up failed;
+  // the message names the step and the errno). A bwrap that cannot build the
+  // sandbox (user namespaces denied, ...) is not an exec error: the process
+  // exits 1 soon and diagnose_bwrap_failure(log_tail()) explains why.
+  // The agent is SIGKILLed when the thread that called exec exits
+  // (PR_SET_PDEATHSIG follows the thread): call it from a thread that
+  // outlives the run. The host must not set SIGCHLD to SIG_IGN.
   virtual std::unique_ptr<agent_process> exec(const std::filesystem::path& program,
                                               const std::vector<std::string>& args) = 0;
   // Kills whatever still runs in it. Idempotent; also done by the destructor.
@@ -104,6 +118,9 @@ class sandbox_backend {
  public:
   virtual ~sandbox_backend() = default;
   virtual std::string name() const = 0;
+  // Creates the workspace if missing (under root, hands it to the sandbox
+  // uid). Throws sandbox_error: bwrap_missing, or bad_spec (no log file; the
+  // workspace cannot be created or reached by the sandbox uid).
   virtual std::unique_ptr<sandbox> create(const sandbox_spec& spec) = 0;
   virtual std::vector<doctor_check> check() const = 0;
 };
@@ -134,6 +151,13 @@ struct sandbox_user {
 // run as root: the sandbox then runs as the calling user. Throws
 // sandbox_error(bad_spec) when CAIRN_SANDBOX_UID is not a nonzero uid.
 std::optional<sandbox_user> resolve_sandbox_user(const bwrap_options& options = {});
+
+// Kills cairn sandboxes whose bwrap died before it let them start. Right
+// after clone, bwrap's child waits for its parent before it arms
+// --die-with-parent; if the host is killed in that window, the child waits
+// forever as pid 1 of an empty namespace. Returns how many were killed, once
+// they are gone. Every bwrap backend calls it on its first create().
+std::size_t kill_orphaned_sandboxes();
 
 // Turns bwrap's own error messages, found in an agent's log (see
 // agent_process::log_tail) after it exited early, into the cause and its fix,

@@ -21,7 +21,7 @@ namespace {
 
 // What the child was doing when it failed; index into step_names.
 enum child_step : int { step_setsid, step_fds, step_chdir, step_rlimit, step_drop_ids, step_exec };
-constexpr const char* step_names[] = {"setsid", "setting up file descriptors", "chdir",
+constexpr const char* step_names[] = {"setsid",    "setting up file descriptors", "chdir",
                                       "setrlimit", "dropping to the sandbox uid", "exec"};
 
 struct child_failure {
@@ -71,17 +71,13 @@ struct child_plan {
 [[noreturn]] void run_child(const child_plan& plan) {
   int err = plan.error_pipe;
   if (::setsid() < 0) fail_child(err, step_setsid);
-  // The parent may have died between fork and prctl: then nobody would kill us.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != plan.parent) ::_exit(127);
 
   int last = first_extra_target + static_cast<int>(plan.extras.size());
   if (::dup2(plan.devnull, 0) < 0 || ::dup2(plan.log, 1) < 0 || ::dup2(plan.log, 2) < 0 ||
       ::dup2(plan.channel, channel_target) < 0)
     fail_child(err, step_fds);
   for (std::size_t i = 0; i < plan.extras.size(); ++i)
-    if (::dup2(plan.extras[i], first_extra_target + static_cast<int>(i)) < 0)
-      fail_child(err, step_fds);
+    if (::dup2(plan.extras[i], first_extra_target + static_cast<int>(i)) < 0) fail_child(err, step_fds);
   // The error pipe itself stays close-on-exec: a successful exec closes it.
   if (::dup3(err, last, O_CLOEXEC) < 0) fail_child(err, step_fds);
   err = last;
@@ -93,14 +89,21 @@ struct child_plan {
 
   if (plan.cwd && ::chdir(plan.cwd) < 0) fail_child(err, step_chdir);
   for (const auto& limit : plan.limits) {
-    struct rlimit value {limit.value, limit.value};
+    struct rlimit value {
+      limit.value, limit.value
+    };
     if (::setrlimit(limit.resource, &value) < 0) fail_child(err, step_rlimit);
   }
   if (plan.run_as) {
-    if (::setgroups(0, nullptr) < 0 || ::setresgid(plan.run_as->gid, plan.run_as->gid, plan.run_as->gid) < 0 ||
+    if (::setgroups(0, nullptr) < 0 ||
+        ::setresgid(plan.run_as->gid, plan.run_as->gid, plan.run_as->gid) < 0 ||
         ::setresuid(plan.run_as->uid, plan.run_as->uid, plan.run_as->uid) < 0)
       fail_child(err, step_drop_ids);
   }
+  // After the uid change, which clears it. The parent may have died before
+  // the prctl: then nobody else would kill us.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != plan.parent) ::_exit(127);
 
   // Ignored signals survive exec; the agent starts from the defaults.
   struct sigaction dfl {};
@@ -124,15 +127,14 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 
 }  // namespace
 
-unique_fd open_pidfd(pid_t pid) {
-  return unique_fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-}
+unique_fd open_pidfd(pid_t pid) { return unique_fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))); }
 
 bool wait_pidfd(int pidfd, std::chrono::milliseconds timeout) {
   if (pidfd < 0) return true;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{pidfd, POLLIN, 0};
     int n = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
     if (n > 0) return true;
@@ -201,7 +203,8 @@ spawned_child spawn_child(const spawn_request& request) {
     }
     const char* step = failure.step >= 0 && failure.step <= step_exec ? step_names[failure.step] : "set-up";
     std::string what = failure.step == step_exec ? fmt::format("exec {}", request.argv[0]) : step;
-    throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(failure.error)));
+    throw sandbox_error(sandbox_errc::spawn_failed,
+                        fmt::format("{}: {}", what, std::strerror(failure.error)));
   }
 
   spawned_child child;

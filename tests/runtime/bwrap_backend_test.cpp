@@ -1,12 +1,9 @@
-// The bwrap backend against a real bubblewrap: what the agent can see and
-// do, and that each way out of the sandbox is closed. Every escape test
-// asserts the probe's attempt failed; the probe reports, the test decides.
-#include <arpa/inet.h>
+// The bwrap backend against a real bubblewrap: what the agent sees, how
+// its processes end, and how set-up failures are reported.
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,19 +13,6 @@
 #include "tests/runtime/sandbox_fixture.hpp"
 
 namespace cairn::runtime::test {
-namespace {
-
-struct bwrap_fixture {
-  temp_dir dir;
-  std::unique_ptr<sandbox_backend> backend = make_bwrap_backend();
-  sandbox_spec spec = make_spec(dir);
-  std::unique_ptr<sandbox> box;
-
-  bwrap_fixture() { box = backend->create(spec); }
-  json probe(const std::vector<std::string>& args) { return run_probe(*box, args); }
-};
-
-}  // namespace
 
 TEST_CASE_METHOD(bwrap_fixture,
                  "bwrap: the probe starts with the channel on fd 3 and a minimal environment") {
@@ -58,92 +42,6 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the workspace is writable and the host s
   std::ifstream in(dir.path / "ws" / "x");
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(content == "hello from the sandbox");
-}
-
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: host environment variables do not reach the sandbox") {
-  ::setenv("CAIRN_TEST_SECRET", "hunter2", 1);
-  json report = probe({"env", "2retnuh"});  // reversed, so the probe's cmdline does not contain it
-  ::unsetenv("CAIRN_TEST_SECRET");
-  INFO(report.dump());
-  CHECK(report["detail"]["channel_fd"] == "3");
-  CHECK(report["ok"] == true);
-  CHECK(report["detail"]["found_in"].empty());
-}
-
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: host files outside the mounts are invisible") {
-  fs::path secret = dir.path / "host-secret.txt";
-  std::ofstream(secret) << "secret";
-  for (const std::string& path : {secret.string(), std::string("/etc/passwd"), std::string("/etc/hostname"),
-                                  std::string("/root/.bashrc"), (dir.path / "agent.log").string()}) {
-    json report = probe({"read", path});
-    INFO(path << ": " << report.dump());
-    CHECK(report["ok"] == false);
-    CHECK(report["detail"] == "No such file or directory");
-  }
-}
-
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: nothing outside /workspace and /tmp is writable") {
-  for (const char* path :
-       {"/usr/x", "/etc/x", "/x", "/run/cairn/x", "/run/cairn/agent", "/proc/x", "/home/x"}) {
-    json report = probe({"write", path, "escape"});
-    INFO(path << ": " << report.dump());
-    CHECK(report["ok"] == false);
-  }
-  CHECK_FALSE(fs::exists("/usr/x"));
-  CHECK_FALSE(fs::exists("/etc/x"));
-  CHECK_FALSE(fs::exists("/x"));
-}
-
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: /tmp is private to the sandbox") {
-  std::string name = unique_token("cairn-private-tmp");
-  CHECK(probe({"write", "/tmp/" + name, "sandbox"})["ok"] == true);
-  CHECK_FALSE(fs::exists("/tmp/" + name));
-}
-
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: host processes are invisible") {
-  json pids = probe({"pids"})["detail"];
-  INFO(pids.dump());
-  CHECK(pids.size() <= 3);  // bwrap's pid 1, the probe, at most one more
-  CHECK(std::find(pids.begin(), pids.end(), std::to_string(::getpid())) == pids.end());
-}
-
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: no network, not even the host's loopback") {
-  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(listener >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(listener, 4) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-
-  json report = probe({"connect", std::to_string(ntohs(addr.sin_port))});
-  INFO(report.dump());
-  CHECK(report["ok"] == false);
-  pollfd p{listener, POLLIN, 0};
-  CHECK(::poll(&p, 1, 0) == 0);  // no connection reached the host
-  ::close(listener);
-
-  // bwrap brings up the namespace's own loopback; it leads nowhere but the sandbox.
-  json interfaces = probe({"interfaces"})["detail"];
-  INFO(interfaces.dump());
-  REQUIRE(interfaces.size() == 1);
-  CHECK(interfaces[0]["name"] == "lo");
-}
-
-TEST_CASE_METHOD(bwrap_fixture, "bwrap: the agent is not root and holds no capabilities") {
-  json status = probe({"status"})["detail"];
-  CHECK(status["uid"] != 0);
-  CHECK(status["euid"] != 0);
-  CHECK(status["cap_eff"] == "0000000000000000");
-  // Kernel-level root would pass these; the probe opens without writing.
-  for (const char* path : {"/proc/sys/kernel/core_pattern", "/proc/sys/kernel/hostname",
-                           "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger"}) {
-    json report = probe({"open_wronly", path});
-    INFO(path << ": " << report.dump());
-    CHECK(report["ok"] == false);
-  }
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: the exit code or signal reaches the host") {
@@ -236,8 +134,8 @@ TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and kille
   fs::path args = dir.path / "args";
   {
     std::ofstream out(args, std::ios::binary);
-    for (const char* arg : {"--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-                            "--info-fd", "5", "--userns-block-fd", "6"})
+    for (const char* arg : {"--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/usr",
+                            "/usr", "--info-fd", "5", "--userns-block-fd", "6"})
       out << arg << '\0';
   }
   // Above the targets 4..6, so that no dup2 below is a no-op that keeps O_CLOEXEC.
@@ -253,6 +151,8 @@ TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and kille
   for (int* fd : {&info[0], &info[1], &block[0], &block[1]}) *fd = high(*fd);
   pid_t bwrap = ::fork();
   if (bwrap == 0) {
+    int devnull = ::open("/dev/null", O_RDWR);  // an orphan must not hold the test's output open
+    for (int fd : {0, 1, 2}) ::dup2(devnull, fd);
     ::dup2(args_fd, 4);
     ::dup2(info[1], 5);
     ::dup2(block[0], 6);
@@ -269,13 +169,18 @@ TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and kille
     info_text.append(buffer, static_cast<std::size_t>(n));
   }
   REQUIRE_THAT(info_text, Catch::Contains("child-pid"));
+  // To clean up should the sweep fail; a pidfd cannot hit a recycled pid.
+  int orphan =
+      static_cast<int>(::syscall(SYS_pidfd_open, json::parse(info_text)["child-pid"].get<pid_t>(), 0));
   ::kill(bwrap, SIGKILL);
   ::waitpid(bwrap, nullptr, 0);
-  CHECK(count_processes_with(token) == 1);  // the orphan, waiting forever
-
-  CHECK(kill_orphaned_sandboxes() >= 1);
+  // The orphan now waits forever. Neither its presence nor the count returned
+  // below is asserted: another test process's first create() (ctest -j) may
+  // sweep it first. Left alone it never goes away, so this can still fail.
+  kill_orphaned_sandboxes();
   CHECK(count_processes_with(token) == 0);
-  for (int fd : {args_fd, info[0], block[0], block[1]}) ::close(fd);
+  ::syscall(SYS_pidfd_send_signal, orphan, SIGKILL, nullptr, 0);
+  for (int fd : {orphan, args_fd, info[0], block[0], block[1]}) ::close(fd);
 }
 
 TEST_CASE("bwrap: set-up failures are sandbox_errors that say what to do") {

@@ -97,4 +97,15 @@ inline int count_processes_with(const std::string& token) {
   return count;
 }
 
+// A bwrap sandbox with a fresh workspace, for one test.
+struct bwrap_fixture {
+  temp_dir dir;
+  std::unique_ptr<sandbox_backend> backend = make_bwrap_backend();
+  sandbox_spec spec = make_spec(dir);
+  std::unique_ptr<sandbox> box;
+
+  bwrap_fixture() { box = backend->create(spec); }
+  json probe(const std::vector<std::string>& args) { return run_probe(*box, args); }
+};
+
 }  // namespace cairn::runtime::test
