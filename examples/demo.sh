@@ -5,7 +5,25 @@ set -euo pipefail
 
 build="${1:-build}"
 cairn="$build/cli/cairn"
-export CAIRN_HOME="${CAIRN_HOME:-$PWD/.cairn}"
+# True when every folder from / down to $1 may be entered by other users.
+others_may_enter() {
+  local d="$1" perms
+  while [ "$d" != "/" ]; do
+    perms="$(stat -c %A "$d")"
+    [[ "${perms:9:1}" == [xt] ]] || return 1
+    d="$(dirname "$d")"
+  done
+}
+
+if [ -z "${CAIRN_HOME:-}" ]; then
+  CAIRN_HOME="$PWD/.cairn"
+  # As root, sandboxes run as an unprivileged uid that must reach the workspaces.
+  if [ "$(id -u)" -eq 0 ] && ! others_may_enter "$PWD"; then
+    CAIRN_HOME="/var/tmp/cairn-demo"
+    echo "note: $PWD is closed to other users, so the demo keeps its journal in $CAIRN_HOME"
+  fi
+fi
+export CAIRN_HOME
 tag="$(date +%H%M%S)"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }

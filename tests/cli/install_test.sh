@@ -6,6 +6,7 @@ set -euo pipefail
 build="$1"
 source_dir="$2"
 work="$(mktemp -d)"
+chmod 755 "$work"  # the sandbox uid must be able to enter the workspace
 trap 'rm -rf "$work"' EXIT
 
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
