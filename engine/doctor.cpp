@@ -10,7 +10,8 @@ namespace cairn::engine {
 namespace {
 
 runtime::doctor_check journal_check(const std::filesystem::path& db) {
-  runtime::doctor_check c{"journal writable"};
+  runtime::doctor_check c;
+  c.name = "journal writable";
   std::error_code ec;
   if (std::filesystem::exists(db, ec)) {
     try {

@@ -56,7 +56,7 @@ engine::engine(storage::journal& journal, engine_options options)
 
 std::pair<storage::run_record, bool> engine::submit(const run_request& request) {
   if (request.max_attempts < 1) throw engine_error(errc::bad_request, "--max-attempts must be at least 1");
-  options_.backends(request.sandbox);  // rejects an unknown sandbox before anything is written
+  backend(request.sandbox);  // rejects an unknown sandbox before anything is written
   storage::new_run run;
   run.id = request.id.empty() ? new_run_id() : request.id;
   run.agent = std::filesystem::absolute(request.agent).lexically_normal().string();
@@ -81,7 +81,7 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
   }
   claim(journal_, *run);
 
-  auto backend = options_.backends(run->sandbox);
+  auto& sandboxes = backend(run->sandbox);
   std::filesystem::create_directories(options_.log_dir);
   // Crashes counted in this process: a dead host does not use up the agent's attempts.
   int crashes = 0;
@@ -95,7 +95,7 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
 
     attempt_result result;
     try {
-      result = run_attempt(journal_, *backend, *run, attempt, options_, watch);
+      result = run_attempt(journal_, sandboxes, *run, attempt, options_, watch);
     } catch (const runtime::sandbox_error& e) {
       result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}};
     }
@@ -120,6 +120,12 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
       journal_.finish_run(run_id, storage::run_status::failed, nullptr, result.error);
     return *journal_.find_run(run_id);
   }
+}
+
+runtime::sandbox_backend& engine::backend(const std::string& name) {
+  auto& slot = backends_[name];
+  if (!slot) slot = options_.backends(name);
+  return *slot;
 }
 
 std::vector<storage::run_record> engine::orphaned_runs() {

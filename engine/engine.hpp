@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -89,8 +90,13 @@ class engine {
   storage::journal& journal() { return journal_; }
 
  private:
+  // Backends are made once per engine: making one checks the bwrap version
+  // and sweeps orphaned sandboxes.
+  runtime::sandbox_backend& backend(const std::string& name);
+
   storage::journal& journal_;
   engine_options options_;
+  std::map<std::string, std::unique_ptr<runtime::sandbox_backend>> backends_;
 };
 
 // A fresh run id: "run-" and 12 hex digits.
