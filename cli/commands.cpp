@@ -96,8 +96,11 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
       std::cerr << "cairn run: --input is not valid JSON: " << e.what() << "\n";
       return 2;
     }
-    if (!std::filesystem::is_regular_file(args.agent)) {
-      std::cerr << fmt::format("cairn run: agent program '{}' not found (build it first: make build)\n", args.agent);
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(args.agent, ec)) {
+      std::cerr << (ec && ec != std::errc::no_such_file_or_directory ? fmt::format("cairn run: cannot reach agent program '{}': {}\n", args.agent, ec.message())
+                       : fmt::format("cairn run: agent program '{}' not found (build it first: make build)\n",
+                                     args.agent));
       return 2;
     }
     request.id = args.id.empty() ? engine::new_run_id() : args.id;

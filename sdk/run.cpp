@@ -43,10 +43,12 @@ int run(int channel_fd, const workflow& fn) {
     if (!failed && s->nondeterminism_error()) failed = failure(*s->nondeterminism_error(), "nondeterminism");
     if (failed) {
       s->send(*failed);
+      s->close_channel();
       std::cerr << "cairn agent: run failed: " << failed->error.message << "\n";
       return 1;
     }
     s->send(protocol::done_msg{std::move(output)});
+    s->close_channel();
     return 0;
   } catch (const std::exception& e) {
     // The host is gone or broke the protocol: the run's fate is the host's

@@ -37,6 +37,8 @@ session::session(int fd) : fd_(fd) {
 
 session::~session() { ::close(fd_); }
 
+void session::close_channel() { ::shutdown(fd_, SHUT_WR); }
+
 void session::send(const protocol::agent_message& m) {
   write_all(fd_, protocol::encode_frame(protocol::to_json(m), decoder_.max_frame()));
 }

@@ -47,6 +47,9 @@ class session {
   }
 
   void send(const protocol::agent_message& m);
+  // After done/fail: tells the host at once that nothing more will come,
+  // instead of when the process and its sandbox have exited.
+  void close_channel();
   // Sends and blocks until the host acknowledges `seq` (it is then durable).
   void send_and_wait_ack(const protocol::agent_message& m, std::uint64_t seq);
 

@@ -30,10 +30,16 @@ std::string slurp(const std::filesystem::path& p) {
 }
 
 // Runs cairn in `dir` with CAIRN_HOME=dir/.cairn; `path_env` replaces PATH
-// when given; `uid` runs it as that user.
+// when given; `uid` runs it as that user, from a copy of the binary in `dir`
+// (the build tree may be closed to other users, e.g. under /root).
 result run_cli(const cairn::testing::temp_dir& dir, std::vector<std::string> args, const char* path_env = nullptr,
              uid_t uid = 0) {
-  args.insert(args.begin(), CAIRN_BIN);
+  std::string binary = CAIRN_BIN;
+  if (uid != 0) {
+    binary = (dir / "cairn").string();
+    std::filesystem::copy_file(CAIRN_BIN, binary, std::filesystem::copy_options::skip_existing);
+  }
+  args.insert(args.begin(), binary);
   pid_t pid = fork();
   if (pid == 0) {
     if (chdir(dir.path().c_str()) != 0) _exit(126);
@@ -56,8 +62,8 @@ result run_cli(const cairn::testing::temp_dir& dir, std::vector<std::string> arg
           slurp(dir / "stderr")};
 }
 
-std::vector<std::string> run_steps(const std::string& id, int steps) {
-  return {"run", STEP_AGENT, "--id", id, "--input", json{{"steps", steps}}.dump()};
+std::vector<std::string> run_steps(const std::string& id, int steps, const std::string& agent = STEP_AGENT) {
+  return {"run", agent, "--id", id, "--input", json{{"steps", steps}}.dump()};
 }
 
 }  // namespace
@@ -162,7 +168,8 @@ TEST_CASE("a read-only journal gives a clear error; inspection still works") {
                                                    std::filesystem::perms::group_exec |
                                                    std::filesystem::perms::others_read |
                                                    std::filesystem::perms::others_exec);
-  auto r = run_cli(dir, run_steps("denied", 2), nullptr, 65534);
+  std::filesystem::copy_file(STEP_AGENT, dir / "step_agent");
+  auto r = run_cli(dir, run_steps("denied", 2, (dir / "step_agent").string()), nullptr, 65534);
   INFO(r.out << r.err);
   CHECK(r.code == 3);
   CHECK_THAT(r.err, Catch::Contains("read-only"));
