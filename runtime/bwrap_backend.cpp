@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "runtime/bwrap_support.hpp"
+#include "runtime/seccomp_filter.hpp"
 #include "runtime/child_process.hpp"
 #include "runtime/host_paths.hpp"
 
@@ -27,23 +28,22 @@ namespace {
 namespace fs = std::filesystem;
 
 // The fds bwrap finds its inputs on, after the channel on fd 3 and
-// bwrap_args_fd (4).
-constexpr int info_fd = 5, program_fd = 6;
+// bwrap_args_fd (4), in the order of spawn_request::extra_fds.
+constexpr int info_fd = 5, seccomp_fd = 6, program_fd = 7;
 constexpr std::chrono::seconds bwrap_start_timeout{10};
 
 [[noreturn]] void spawn_failed(const std::string& what) {
   throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
 }
 
-unique_fd memfd_with(const std::vector<std::string>& nul_separated) {
-  unique_fd fd(::memfd_create("cairn-bwrap-args", MFD_CLOEXEC));
+// A memfd holding `data`, positioned at its start.
+unique_fd memfd_with(const std::string& data) {
+  unique_fd fd(::memfd_create("cairn-bwrap-input", MFD_CLOEXEC));
   if (!fd) spawn_failed("memfd_create");
-  std::string data;
-  for (const auto& arg : nul_separated) data.append(arg).push_back('\0');
   for (std::size_t off = 0; off < data.size();) {
     ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) spawn_failed("writing bwrap's arguments");
+    if (n < 0) spawn_failed("writing bwrap's input");
     off += static_cast<std::size_t>(n);
   }
   ::lseek(fd.get(), 0, SEEK_SET);
@@ -121,9 +121,13 @@ class bwrap_sandbox final : public sandbox {
                      {"--perms", "0555", "--ro-bind-data", std::to_string(program_fd), sandbox_agent_path});
     }
     // Last among the mounts: everything but /workspace, /tmp, /proc and /dev turns read-only.
-    options.insert(options.end(), {"--remount-ro", "/", "--info-fd", std::to_string(info_fd)});
+    options.insert(options.end(), {"--remount-ro", "/", "--info-fd", std::to_string(info_fd), "--seccomp",
+                                   std::to_string(seccomp_fd)});
 
-    unique_fd args_memfd = memfd_with(options);
+    std::string nul_separated;
+    for (const auto& option : options) nul_separated.append(option).push_back('\0');
+    unique_fd args_memfd = memfd_with(nul_separated);
+    unique_fd seccomp_memfd = memfd_with(seccomp_program());
     int info_pipe[2];
     if (::pipe2(info_pipe, O_CLOEXEC) < 0) spawn_failed("pipe");
     unique_fd info_read(info_pipe[0]), info_write(info_pipe[1]);
@@ -134,7 +138,7 @@ class bwrap_sandbox final : public sandbox {
     request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
     request.cwd = "/";
     request.log_fd = log.get();
-    request.extra_fds = {args_memfd.get(), info_write.get()};
+    request.extra_fds = {args_memfd.get(), info_write.get(), seccomp_memfd.get()};
     if (program_copy) request.extra_fds.push_back(program_copy.get());
     request.limits = spec_.limits;
     if (user_) request.run_as = spawn_identity{user_->uid, user_->gid};

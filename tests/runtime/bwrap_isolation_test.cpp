@@ -100,3 +100,24 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the agent is not root and holds no capab
 }
 
 }  // namespace cairn::runtime::test
+
+namespace cairn::runtime::test {
+
+TEST_CASE_METHOD(bwrap_fixture, "bwrap: the seccomp filter closes kernel interfaces and socket creation") {
+  json results = probe({"syscalls"})["detail"];
+  INFO(results.dump(2));
+  REQUIRE(results.size() >= 20);
+  for (const auto& [name, result] : results.items()) {
+    INFO(name);
+    CHECK(result["ok"] == false);
+  }
+  // These succeed for an unprivileged process without the filter: EPERM here
+  // is the filter's answer.
+  for (const char* name : {"socket_inet", "socket_unix", "socket_netlink", "socketpair", "keyctl", "add_key",
+                           "io_uring_setup", "tiocsti"}) {
+    INFO(name);
+    CHECK(results[name]["errno"] == EPERM);
+  }
+}
+
+}  // namespace cairn::runtime::test

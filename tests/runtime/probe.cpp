@@ -7,7 +7,10 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/ptrace.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -100,19 +103,55 @@ json status() {
           {"env", env},        {"fds", list_dir("/proc/self/fd", false, 0)}};
 }
 
+// Interface names from /proc/net/dev: no socket needed (seccomp denies them).
 json interfaces() {
   json out = json::array();
-  int s = ::socket(AF_INET, SOCK_DGRAM, 0);
-  if (struct if_nameindex* names = ::if_nameindex()) {
-    for (struct if_nameindex* i = names; i->if_index != 0; ++i) {
-      ifreq req{};
-      std::strncpy(req.ifr_name, i->if_name, IFNAMSIZ - 1);
-      bool up = s >= 0 && ::ioctl(s, SIOCGIFFLAGS, &req) == 0 && (req.ifr_flags & IFF_UP);
-      out.push_back({{"name", i->if_name}, {"up", up}});
-    }
-    ::if_freenameindex(names);
+  std::ifstream in("/proc/net/dev");
+  std::string line;
+  for (int skip = 0; skip < 2 && std::getline(in, line); ++skip) {
   }
-  if (s >= 0) ::close(s);
+  while (std::getline(in, line)) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    auto name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    out.push_back({{"name", name}});
+  }
+  return out;
+}
+
+// Kernel interfaces the seccomp filter closes; each entry: did the call
+// succeed, and the errno it failed with.
+json forbidden_syscalls() {
+  auto attempt = [](long rc) {
+    return json{{"ok", rc >= 0}, {"errno", rc >= 0 ? 0 : errno}};
+  };
+  json out;
+  out["socket_inet"] = attempt(::socket(AF_INET, SOCK_STREAM, 0));
+  out["socket_unix"] = attempt(::socket(AF_UNIX, SOCK_STREAM, 0));
+  out["socket_netlink"] = attempt(::socket(AF_NETLINK, SOCK_RAW, 0));
+  out["socket_packet"] = attempt(::socket(AF_PACKET, SOCK_RAW, 0));
+  int pair[2];
+  out["socketpair"] = attempt(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair));
+  out["ptrace_attach"] = attempt(::syscall(SYS_ptrace, PTRACE_ATTACH, 1, 0, 0));
+  out["process_vm_readv"] = attempt(::syscall(SYS_process_vm_readv, 1, nullptr, 0, nullptr, 0, 0));
+  out["mount"] = attempt(::syscall(SYS_mount, "none", "/tmp", "tmpfs", 0, nullptr));
+  out["unshare_user"] = attempt(::syscall(SYS_unshare, CLONE_NEWUSER));
+  long cloned = ::syscall(SYS_clone, CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0);
+  if (cloned == 0) ::_exit(0);  // the child of a clone that should not have worked
+  out["clone_newns"] = attempt(cloned);
+  out["setns"] = attempt(::syscall(SYS_setns, 0, 0));
+  out["chroot"] = attempt(::syscall(SYS_chroot, "/tmp"));
+  out["keyctl"] = attempt(::syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */, -3, 0));
+  out["add_key"] = attempt(::syscall(SYS_add_key, "user", "cairn", "x", 1, -3));
+  out["bpf"] = attempt(::syscall(SYS_bpf, 0, nullptr, 0));
+  out["perf_event_open"] = attempt(::syscall(SYS_perf_event_open, nullptr, 0, -1, -1, 0));
+  out["userfaultfd"] = attempt(::syscall(SYS_userfaultfd, 0));
+  out["io_uring_setup"] = attempt(::syscall(SYS_io_uring_setup, 1, nullptr));
+  out["init_module"] = attempt(::syscall(SYS_init_module, nullptr, 0, ""));
+  out["kexec_load"] = attempt(::syscall(SYS_kexec_load, 0, 0, nullptr, 0));
+  char c = 'x';
+  out["tiocsti"] = attempt(::ioctl(channel_fd, TIOCSTI, &c));
   return out;
 }
 
@@ -184,6 +223,8 @@ int main(int argc, char** argv) {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     bool ok = s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
     report(action, ok, ok ? "connected" : error_text());
+  } else if (action == "syscalls") {
+    report(action, true, forbidden_syscalls());
   } else if (action == "interfaces") {
     report(action, true, interfaces());
   } else if (action == "grandchild") {
