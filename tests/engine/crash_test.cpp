@@ -141,7 +141,7 @@ TEST_CASE("SIGKILL of the host at exact points of the step lifecycle, twice per 
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const auto& [first, second] = plans[i];
     DYNAMIC_SECTION(first << " then " << second) {
-      checker c{home.path(), "exact-" + std::to_string(i)};
+      checker c{home.path(), "exact-" + std::to_string(i), {}};
       int status = wait_status(spawn_cairn(home.path(), run_args(c.id, {{"steps", steps}}), first));
       REQUIRE(killed(status));
       c.snapshot();
@@ -157,7 +157,7 @@ TEST_CASE("SIGKILL of the host from outside at arbitrary moments, then resume --
   testing::temp_dir home;
   for (int k = 0; k < steps; ++k) {
     DYNAMIC_SECTION("after " << k << " steps journaled") {
-      checker c{home.path(), "outside-" + std::to_string(k)};
+      checker c{home.path(), "outside-" + std::to_string(k), {}};
       pid_t pid = spawn_cairn(home.path(), run_args(c.id, {{"steps", steps}, {"sleep_ms", 15}}), "");
       // Wait (bounded) for k journaled steps, then kill wherever the host is.
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
