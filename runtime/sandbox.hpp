@@ -38,12 +38,23 @@ class sandbox_error : public std::runtime_error {
   sandbox_errc code_;
 };
 
-// Per-process rlimits applied to everything in the sandbox.
+// What one sandbox may use in total. Totals are enforced with a cgroup per
+// sandbox when the machine allows it (cgroup v2, or v1 memory/pids/cpuacct),
+// else only per process with rlimits; see sandbox_backend::check().
 struct resource_limits {
-  std::uint64_t max_processes = 256;          // RLIMIT_NPROC, counted for the sandbox uid
-  std::uint64_t max_memory_bytes = 2ull << 30;  // RLIMIT_AS
-  std::uint64_t max_file_bytes = 1ull << 30;    // RLIMIT_FSIZE
-  std::uint64_t max_open_files = 256;           // RLIMIT_NOFILE
+  std::uint64_t max_processes = 256;             // cgroup pids.max; RLIMIT_NPROC as a fallback
+  std::uint64_t max_memory_bytes = 2ull << 30;   // cgroup memory limit, tmpfs included; RLIMIT_AS per process
+  std::uint64_t max_file_bytes = 1ull << 30;     // RLIMIT_FSIZE
+  std::uint64_t max_open_files = 256;            // RLIMIT_NOFILE
+  std::uint64_t max_cpu_seconds = 0;             // total CPU time of the sandbox; 0: unlimited
+  std::uint64_t max_workspace_bytes = 1ull << 30;  // size quota of /workspace
+  std::uint64_t max_tmp_bytes = 64ull << 20;     // size of /tmp and /dev/shm (tmpfs) each
+};
+
+// A limit the sandbox ran into; the sandbox has been killed.
+struct limit_breach {
+  std::string limit;    // "memory", "processes", "cpu", "workspace", "file_size"
+  std::string message;  // "memory limit exceeded: the sandbox used 512 MiB of 512 MiB"
 };
 
 struct sandbox_spec {
@@ -85,6 +96,11 @@ class agent_process {
   virtual std::optional<exit_status> wait_for(std::chrono::milliseconds timeout) = 0;
   // The last `max_bytes` of this process's log output, for error messages.
   virtual std::string log_tail(std::size_t max_bytes = 2048) const = 0;
+  // Whether the sandbox has run into one of its limits. Cheap enough to call
+  // every few hundred milliseconds; on a breach the sandbox is killed first
+  // (a CPU limit is only seen by asking). Also meaningful after it exited:
+  // then it says why (e.g. killed by the OOM killer).
+  virtual std::optional<limit_breach> check_limits() = 0;
 };
 
 class sandbox {
@@ -123,6 +139,10 @@ class sandbox_backend {
   // workspace cannot be created or reached by the sandbox uid).
   virtual std::unique_ptr<sandbox> create(const sandbox_spec& spec) = 0;
   virtual std::vector<doctor_check> check() const = 0;
+  // The run is over: leave its workspace as a plain host folder with the
+  // files the run left (when a quota image held them, they are copied out and
+  // the image removed). Idempotent; safe after a crash at any point of it.
+  virtual void release_workspace(const std::filesystem::path& workspace) = 0;
 };
 
 struct bwrap_options {
