@@ -69,7 +69,8 @@ step_kind get_kind(const json& j, std::string_view type) {
   if (s == "step") return step_kind::step;
   if (s == "now") return step_kind::now;
   if (s == "random") return step_kind::random;
-  bad(type, "kind", "must be one of step, now, random (got " + clip_for_error(s) + ")");
+  if (s == "tool") return step_kind::tool;
+  bad(type, "kind", "must be one of step, now, random, tool (got " + clip_for_error(s) + ")");
 }
 
 error_info get_error(const json& j, std::string_view type) {
@@ -90,6 +91,7 @@ std::string_view to_string(step_kind kind) {
     case step_kind::step: return "step";
     case step_kind::now: return "now";
     case step_kind::random: return "random";
+    case step_kind::tool: return "tool";
   }
   return "step";
 }
@@ -154,6 +156,13 @@ agent_message parse_agent_message(const json& j) {
     m.delay_ms = get_int(j, t, "delay_ms", 0, INT64_MAX);
     return m;
   }
+  if (t == "tool") {
+    tool_msg m;
+    m.seq = get_seq(j, t);
+    m.name = get_name(j, t);
+    m.args = require(j, t, "args");
+    return m;
+  }
   if (t == "emit") return emit_msg{require(j, t, "data")};
   if (t == "done") return done_msg{require(j, t, "output")};
   if (t == "fail") return fail_msg{get_error(j, t)};
@@ -178,6 +187,7 @@ json to_json(const agent_message& m) {
                     {"name", r.name},   {"attempt", r.attempt},
                     {"error", error_json(r.error)}, {"delay_ms", r.delay_ms}};
           },
+          [](const tool_msg& c) -> json { return {{"t", "tool"}, {"seq", c.seq}, {"name", c.name}, {"args", c.args}}; },
           [](const emit_msg& e) -> json { return {{"t", "emit"}, {"data", e.data}}; },
           [](const done_msg& d) -> json { return {{"t", "done"}, {"output", d.output}}; },
           [](const fail_msg& f) -> json { return {{"t", "fail"}, {"error", error_json(f.error)}}; },
@@ -209,6 +219,11 @@ host_message parse_host_message(const json& j) {
   }
   if (t == "ack") return ack_msg{get_seq(j, t)};
   if (t == "reject") return reject_msg{get_string(j, t, "error")};
+  if (t == "result") {
+    auto r = parse_step_result(j);
+    if (r.kind != step_kind::tool) bad(t, "kind", "must be \"tool\"");
+    return result_msg{std::move(r)};
+  }
   throw protocol_error("unknown message type " + clip_for_error(t));
 }
 
@@ -224,12 +239,17 @@ json to_json(const host_message& m) {
           },
           [](const ack_msg& a) -> json { return {{"t", "ack"}, {"seq", a.seq}}; },
           [](const reject_msg& r) -> json { return {{"t", "reject"}, {"error", r.error}}; },
+          [](const result_msg& r) -> json {
+            json j = to_json(r.result);
+            j["t"] = "result";
+            return j;
+          },
       },
       m);
 }
 
 std::string_view type_name(const agent_message& m) {
-  static constexpr std::string_view names[] = {"hello", "begin", "step", "retry", "emit", "done", "fail"};
+  static constexpr std::string_view names[] = {"hello", "begin", "step", "retry", "tool", "emit", "done", "fail"};
   return names[m.index()];
 }
 

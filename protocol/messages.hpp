@@ -19,7 +19,8 @@ inline constexpr int version = 1;
 // Longest step name accepted, in bytes.
 inline constexpr std::size_t max_name_size = 1024;
 
-enum class step_kind { step, now, random };
+// tool: a call the host made for the agent (see tool_msg); its name is the tool's.
+enum class step_kind { step, now, random, tool };
 std::string_view to_string(step_kind kind);
 
 struct error_info {
@@ -61,6 +62,13 @@ struct retry_msg {
   error_info error;
   std::int64_t delay_ms = 0;
 };
+// Asks the host to call a tool granted by the run's policy. The host answers
+// with `result` for the same seq once the outcome is journaled.
+struct tool_msg {
+  std::uint64_t seq = 0;
+  std::string name;
+  json args;
+};
 struct emit_msg {
   json data;
 };
@@ -71,7 +79,7 @@ struct fail_msg {
   error_info error;
 };
 using agent_message =
-    std::variant<hello_msg, begin_msg, step_msg, retry_msg, emit_msg, done_msg, fail_msg>;
+    std::variant<hello_msg, begin_msg, step_msg, retry_msg, tool_msg, emit_msg, done_msg, fail_msg>;
 
 // Host -> agent.
 struct start_msg {
@@ -88,7 +96,12 @@ struct ack_msg {
 struct reject_msg {
   std::string error;
 };
-using host_message = std::variant<start_msg, ack_msg, reject_msg>;
+// The journaled outcome of a tool call: result.kind is tool, result.name the
+// tool's name; an error's type says why (refused, timeout, failed, ...).
+struct result_msg {
+  step_result result;
+};
+using host_message = std::variant<start_msg, ack_msg, reject_msg, result_msg>;
 
 // Throw protocol_error naming the offending field or type.
 agent_message parse_agent_message(const json& j);

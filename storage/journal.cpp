@@ -78,6 +78,38 @@ CREATE TABLE events (
 );
 CREATE INDEX events_by_run ON events (run_id, id);
 )sql",
+    // 2: the policy a run is held to, and the in_doubt status (an at-most-once
+    // tool call was started but its outcome is unknown). SQLite cannot change
+    // a CHECK constraint in place, so runs is rebuilt (migrate() turns foreign
+    // keys off around it). waiting and cancelled are accepted for the daemon.
+    R"sql(
+CREATE TABLE runs_v2 (
+  id             TEXT PRIMARY KEY,
+  agent          TEXT NOT NULL,
+  input          TEXT NOT NULL,
+  status         TEXT NOT NULL CHECK (status IN ('pending', 'running', 'waiting', 'completed', 'failed',
+                                                 'cancelled', 'in_doubt')),
+  output         TEXT,                      -- when completed
+  error_message  TEXT,                      -- when failed or in_doubt
+  error_type     TEXT,
+  attempts       INTEGER NOT NULL DEFAULT 0,
+  max_attempts   INTEGER NOT NULL,
+  owner          TEXT NOT NULL DEFAULT '',  -- engine/owner.hpp; '' when no process has it
+  sandbox        TEXT NOT NULL,
+  workspace      TEXT NOT NULL,
+  created_at_ms  INTEGER NOT NULL,
+  updated_at_ms  INTEGER NOT NULL,
+  finished_at_ms INTEGER,
+  policy         TEXT NOT NULL DEFAULT '{}' -- engine/policy.hpp, normalized
+);
+INSERT INTO runs_v2 (id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner,
+                     sandbox, workspace, created_at_ms, updated_at_ms, finished_at_ms)
+  SELECT id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner,
+         sandbox, workspace, created_at_ms, updated_at_ms, finished_at_ms FROM runs;
+DROP TABLE runs;
+ALTER TABLE runs_v2 RENAME TO runs;
+CREATE INDEX events_by_seq ON events (run_id, seq);
+)sql",
 };
 constexpr int latest_version = static_cast<int>(std::size(migrations));
 
@@ -198,14 +230,22 @@ void check_not_too_new(int version, const fs::path& path) {
                                     path.string(), version, latest_version));
 }
 
+// Runs with foreign keys off (a rebuilt table is briefly missing, as SQLite's
+// ALTER TABLE guide prescribes) and checks them before the commit.
 void migrate(SQLite::Database& db, const fs::path& path) {
   check_not_too_new(user_version(db), path);
   if (user_version(db) == latest_version) return;
+  db.exec("PRAGMA foreign_keys = OFF");
   SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
   // Read again under the write lock: another process may have migrated meanwhile.
   const int version = user_version(db);
   check_not_too_new(version, path);
   for (int v = version; v < latest_version; ++v) db.exec(migrations[v]);
+  SQLite::Statement broken(db, "PRAGMA foreign_key_check");
+  if (broken.executeStep())
+    throw storage_error(errc::corrupt, fmt::format("journal {}: migrating to schema {} left a row in {} without its "
+                                                   "run; restore the journal from a backup",
+                                                   path.string(), latest_version, broken.getColumn(0).getString()));
   db.exec(fmt::format("PRAGMA user_version = {}", latest_version));
   tx.commit();
 }
@@ -231,8 +271,8 @@ SQLite::Database open_writable(const fs::path& path, const journal_options& opti
   if (mode != "wal")
     throw storage_error(errc::io, fmt::format("journal {} cannot use WAL mode (SQLite kept '{}')", path.string(), mode));
   db.exec(options.sync == sync_mode::full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
-  db.exec("PRAGMA foreign_keys = ON");
   migrate(db, path);
+  db.exec("PRAGMA foreign_keys = ON");
   return db;
 }
 
@@ -278,7 +318,7 @@ SQLite::Database open_read_only(const fs::path& path, const journal_options& opt
 
 constexpr const char* run_columns =
     "SELECT id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner, sandbox, "
-    "workspace, created_at_ms, updated_at_ms, finished_at_ms FROM runs ";
+    "workspace, created_at_ms, updated_at_ms, finished_at_ms, policy FROM runs ";
 
 run_record read_run(SQLite::Statement& s) {
   run_record r;
@@ -298,11 +338,15 @@ run_record read_run(SQLite::Statement& s) {
   r.created_at_ms = s.getColumn(12).getInt64();
   r.updated_at_ms = s.getColumn(13).getInt64();
   if (!s.getColumn(14).isNull()) r.finished_at_ms = s.getColumn(14).getInt64();
+  r.policy = load(s.getColumn(15));
   return r;
 }
 
+std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id);
+
 protocol::step_kind parse_kind(const std::string& s) {
-  for (auto k : {protocol::step_kind::step, protocol::step_kind::now, protocol::step_kind::random})
+  for (auto k : {protocol::step_kind::step, protocol::step_kind::now, protocol::step_kind::random,
+                 protocol::step_kind::tool})
     if (protocol::to_string(k) == s) return k;
   throw storage_error(errc::corrupt, "a journaled step has an unknown kind '" + s + "'");
 }
@@ -315,12 +359,14 @@ std::string_view to_string(run_status s) {
     case run_status::running: return "running";
     case run_status::completed: return "completed";
     case run_status::failed: return "failed";
+    case run_status::in_doubt: return "in_doubt";
   }
   return "unknown";
 }
 
 std::optional<run_status> parse_run_status(std::string_view s) {
-  for (auto st : {run_status::pending, run_status::running, run_status::completed, run_status::failed})
+  for (auto st : {run_status::pending, run_status::running, run_status::completed, run_status::failed,
+                  run_status::in_doubt})
     if (to_string(st) == s) return st;
   return std::nullopt;
 }
@@ -390,9 +436,10 @@ std::pair<run_record, bool> journal::create_run(const new_run& run) {
     const auto now = now_ms();
     int inserted = statement(impl_->db,
                              "INSERT INTO runs (id, agent, input, status, max_attempts, sandbox, workspace, "
-                             "created_at_ms, updated_at_ms) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?) "
+                             "created_at_ms, updated_at_ms, policy) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?) "
                              "ON CONFLICT (id) DO NOTHING",
-                             run.id, run.agent, dump(run.input), run.max_attempts, run.sandbox, run.workspace, now, now)
+                             run.id, run.agent, dump(run.input), run.max_attempts, run.sandbox, run.workspace, now, now,
+                             dump(run.policy))
                        .exec();
     auto record = find_run(run.id);
     if (!record) throw storage_error(errc::io, "run " + run.id + " vanished right after it was created");
@@ -446,9 +493,9 @@ int journal::begin_attempt(std::string_view id) {
 
 void journal::finish_run(std::string_view id, run_status status, const json& output,
                          const std::optional<protocol::error_info>& error) {
-  if (status != run_status::completed && status != run_status::failed)
-    throw std::invalid_argument("finish_run: status must be completed or failed");
-  if (status == run_status::failed && !error) throw std::invalid_argument("finish_run: a failed run needs an error");
+  if (status != run_status::completed && status != run_status::failed && status != run_status::in_doubt)
+    throw std::invalid_argument("finish_run: status must be completed, failed or in_doubt");
+  if (status != run_status::completed && !error) throw std::invalid_argument("finish_run: this status needs an error");
   impl_->guard(id, [&] {
     const bool ok = status == run_status::completed;
     const auto now = now_ms();
@@ -463,11 +510,13 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
     impl_->require_run(statement(impl_->db,
                                  "UPDATE runs SET status = ?, output = ?, error_message = ?, error_type = ?, "
                                  "owner = '', finished_at_ms = ?, updated_at_ms = ? WHERE id = ?",
-                                 to_string(status), out, message, type, now, now, id)
+                                 to_string(status), out, message, type,
+                                 status == run_status::in_doubt ? std::optional<std::int64_t>() : std::optional(now), now, id)
                            .exec(),
                        id);
     if (ok) impl_->event(id, "run_completed", json::object(), std::nullopt);
-    else impl_->event(id, "run_failed", {{"error", {{"message", *message}, {"type", *type}}}}, std::nullopt);
+    else impl_->event(id, status == run_status::failed ? "run_failed" : "run_in_doubt",
+                      {{"error", {{"message", *message}, {"type", *type}}}}, std::nullopt);
     tx.commit();
   });
 }
@@ -555,19 +604,43 @@ void journal::append_event(std::string_view run_id, std::string_view kind, const
 std::vector<event_record> journal::events(std::string_view run_id) {
   return impl_->guard(run_id, [&] {
     auto s = statement(impl_->db, "SELECT id, seq, kind, data, at_ms FROM events WHERE run_id = ? ORDER BY id", run_id);
-    std::vector<event_record> events;
-    while (s.executeStep()) {
-      event_record e;
-      e.id = s.getColumn(0).getInt64();
-      e.run_id = std::string(run_id);
-      if (!s.getColumn(1).isNull()) e.seq = static_cast<std::uint64_t>(s.getColumn(1).getInt64());
-      e.kind = s.getColumn(2).getString();
-      e.data = load(s.getColumn(3));
-      e.at_ms = s.getColumn(4).getInt64();
-      events.push_back(std::move(e));
-    }
-    return events;
+    return read_events(s, run_id);
   });
 }
+
+std::vector<event_record> journal::events_at(std::string_view run_id, std::uint64_t seq) {
+  return impl_->guard(run_id, [&] {
+    auto s = statement(impl_->db, "SELECT id, seq, kind, data, at_ms FROM events WHERE run_id = ? AND seq = ? ORDER BY id",
+                       run_id, static_cast<std::int64_t>(seq));
+    return read_events(s, run_id);
+  });
+}
+
+std::uint64_t journal::step_count(std::string_view run_id) {
+  return impl_->guard(run_id, [&] {
+    auto s = statement(impl_->db, "SELECT count(*) FROM steps WHERE run_id = ?", run_id);
+    s.executeStep();
+    return static_cast<std::uint64_t>(s.getColumn(0).getInt64());
+  });
+}
+
+namespace {
+
+std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id) {
+  std::vector<event_record> events;
+  while (s.executeStep()) {
+    event_record e;
+    e.id = s.getColumn(0).getInt64();
+    e.run_id = std::string(run_id);
+    if (!s.getColumn(1).isNull()) e.seq = static_cast<std::uint64_t>(s.getColumn(1).getInt64());
+    e.kind = s.getColumn(2).getString();
+    e.data = load(s.getColumn(3));
+    e.at_ms = s.getColumn(4).getInt64();
+    events.push_back(std::move(e));
+  }
+  return events;
+}
+
+}  // namespace
 
 }  // namespace cairn::storage

@@ -45,7 +45,9 @@ class storage_error : public std::runtime_error {
   errc code_;
 };
 
-enum class run_status { pending, running, completed, failed };
+// in_doubt: stopped because an at-most-once tool call may or may not have
+// happened; `cairn settle` records what did, then the run can go on.
+enum class run_status { pending, running, completed, failed, in_doubt };
 std::string_view to_string(run_status s);
 std::optional<run_status> parse_run_status(std::string_view s);
 
@@ -64,6 +66,7 @@ struct run_record {
   std::int64_t created_at_ms = 0;
   std::int64_t updated_at_ms = 0;
   std::optional<std::int64_t> finished_at_ms;
+  json policy = json::object();  // what the run may do, see engine/policy.hpp
 };
 
 struct new_run {
@@ -73,6 +76,7 @@ struct new_run {
   int max_attempts = 3;
   std::string sandbox = "bwrap";
   std::string workspace;
+  json policy = json::object();
 };
 
 // A step's journaled outcome. Written once, never changed.
@@ -130,7 +134,8 @@ class journal {
   // Counts one more attempt and returns its number (1-based); records an event.
   int begin_attempt(std::string_view id);
   // Ends the run: completed with `output`, or failed with `error` (required then);
-  // any other status is std::invalid_argument. Clears the owner; records an event.
+  // or stops it in_doubt with `error` (no finish time: it is not over). Any
+  // other status is std::invalid_argument. Clears the owner; records an event.
   void finish_run(std::string_view id, run_status status, const json& output,
                   const std::optional<protocol::error_info>& error);
   // Makes a failed (or orphaned) run pending again with a fresh set of attempts:
@@ -146,6 +151,9 @@ class journal {
   void append_event(std::string_view run_id, std::string_view kind, const json& data,
                     std::optional<std::uint64_t> seq = std::nullopt);
   std::vector<event_record> events(std::string_view run_id);
+  // The run's events at one seq, oldest first.
+  std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq);
+  std::uint64_t step_count(std::string_view run_id);
 
  private:
   struct impl;

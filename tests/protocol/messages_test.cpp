@@ -391,9 +391,9 @@ TEST_CASE("name must be 1 to 1024 bytes", "[messages][hostile]") {
   CHECK_THAT(agent_error(h), Contains("'sdk'"));
 }
 
-TEST_CASE("kind must be step, now or random", "[messages][hostile]") {
+TEST_CASE("kind must be step, now, random or tool", "[messages][hostile]") {
   for (const json& base : {valid_begin(), valid_step_ok()}) {
-    for (const char* k : {"", "STEP", "tool", "step ", " now"}) {
+    for (const char* k : {"", "STEP", "TOOL", "step ", " now", "tools"}) {
       json j = base;
       j["kind"] = k;
       INFO(j.dump());
@@ -434,9 +434,9 @@ TEST_CASE("the message type is checked", "[messages][hostile]") {
   CHECK_THAT(agent_error({{"t", "ack"}, {"seq", 0}}), Contains("unknown message type"));
   CHECK_THAT(host_error(valid_hello()), Contains("unknown message type"));
   // Types named in DESIGN.md but not part of v1.
-  for (const char* t : {"tool", "sleep", "wait", "child", "join"})
+  for (const char* t : {"sleep", "wait", "child", "join"})
     CHECK_THAT(agent_error({{"t", t}, {"seq", 0}}), Contains("unknown message type"));
-  for (const char* t : {"result", "cancel"}) CHECK_THAT(host_error({{"t", t}}), Contains("unknown message type"));
+  CHECK_THAT(host_error({{"t", "cancel"}}), Contains("unknown message type"));
 
   CHECK_THAT(agent_error({{"seq", 0}}), Contains("'t'"));
   CHECK_THAT(agent_error({{"t", 1}}), Contains("'t'"));
@@ -469,6 +469,38 @@ TEST_CASE("errors about agent data are valid UTF-8 and short", "[messages][hosti
   j = valid_step_ok();
   j["name"] = std::string(1 << 20, 'n');
   check_message(agent_error(j));
+}
+
+TEST_CASE("tool calls and their results map to the documented JSON and back", "[messages]") {
+  json call = {{"t", "tool"}, {"seq", 5}, {"name", "http.fetch"}, {"args", {{"url", "https://example.com/"}}}};
+  auto m = std::get<p::tool_msg>(p::parse_agent_message(call));
+  CHECK(m.seq == 5);
+  CHECK(m.name == "http.fetch");
+  CHECK(m.args["url"] == "https://example.com/");
+  CHECK(p::to_json(p::agent_message{m}) == call);
+  CHECK(wire_round_trip(p::agent_message{m}) == call);
+  CHECK(p::type_name(p::agent_message{m}) == "tool");
+  for (const char* f : {"seq", "name", "args"}) {
+    json j = call;
+    j.erase(f);
+    CHECK_THAT(agent_error(j), Contains(std::string("'") + f + "'"));
+  }
+
+  p::step_result r;
+  r.seq = 5;
+  r.name = "http.fetch";
+  r.kind = p::step_kind::tool;
+  r.ok = false;
+  r.error = {"host 'evil.example' is not allowed", "refused"};
+  json wire = {{"t", "result"}, {"seq", 5}, {"name", "http.fetch"}, {"kind", "tool"}, {"status", "error"},
+               {"error", err("host 'evil.example' is not allowed", "refused")}, {"attempt", 1}, {"duration_us", 0}};
+  CHECK(p::to_json(p::host_message{p::result_msg{r}}) == wire);
+  CHECK(wire_round_trip(p::host_message{p::result_msg{r}}) == wire);
+  auto back = std::get<p::result_msg>(p::parse_host_message(wire)).result;
+  CHECK(back.error.type == "refused");
+  json not_tool = wire;
+  not_tool["kind"] = "step";
+  CHECK_THROWS_WITH(p::parse_host_message(not_tool), Contains("'kind'"));
 }
 
 TEST_CASE("host messages map to the documented JSON and back", "[messages]") {
@@ -587,7 +619,7 @@ TEST_CASE("start history with a bad entry is rejected", "[messages][hostile]") {
   e = history_entry(1, "");
   CHECK_THAT(with_entry(e), Contains("'name'"));
   e = history_entry(1);
-  e["kind"] = "tool";
+  e["kind"] = "tools";
   CHECK_THAT(with_entry(e), Contains("'kind'"));
   e = history_entry(1);
   e["status"] = "maybe";
