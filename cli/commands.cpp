@@ -1,6 +1,7 @@
 #include "cli/commands.hpp"
 
 #include <iostream>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -20,12 +21,26 @@ class progress_printer : public engine::run_observer {
     say(fmt::format("run {}: attempt {} in a {} sandbox, workspace {}", run.id, attempt, run.sandbox,
                     run.workspace));
   }
-  void on_step(const storage::step_record& step) override { say(step_line(step)); }
+  void on_step(const storage::step_record& step) override {
+    end_stream();
+    say(step_line(step));
+  }
   void on_retry(const protocol::retry_msg& m) override {
     say(fmt::format("       step {} '{}' attempt {} failed ({}); retrying in {} ms", m.seq, m.name, m.attempt,
                     m.error.message, m.delay_ms));
   }
-  void on_emit(const json& data) override { say("       emit " + preview(data, 100)); }
+  // LLM tokens print as they stream, on one line; other events one per line.
+  void on_emit(const json& data) override {
+    if (data.is_object() && data.value("type", "") == "token" && data.contains("text") && data["text"].is_string()) {
+      if (quiet_) return;
+      if (!streaming_) std::cout << "       " << data.value("tool", "tool") << " > ";
+      streaming_ = true;
+      std::cout << data["text"].get<std::string>() << std::flush;
+      return;
+    }
+    end_stream();
+    say("       emit " + preview(data, 100));
+  }
   void on_attempt_failed(int attempt, const std::string& reason, bool will_retry) override {
     say(fmt::format("attempt {} crashed: {}{}", attempt, reason, will_retry ? "; retrying from the journal" : ""));
   }
@@ -35,12 +50,18 @@ class progress_printer : public engine::run_observer {
   void say(const std::string& line) const {
     if (!quiet_) std::cout << line << std::endl;
   }
+  void end_stream() {
+    if (streaming_) std::cout << std::endl;
+    streaming_ = false;
+  }
   bool quiet_;
+  bool streaming_ = false;
 };
 
 engine::engine_options options_for(const paths& p) {
   engine::engine_options o;
   o.log_dir = p.logs;
+  o.llm = engine::llm_endpoint_from_host(p.home / "config.json");
   return o;
 }
 
@@ -61,6 +82,12 @@ int guarded(F&& body) {
   } catch (const std::filesystem::filesystem_error& e) {
     std::cerr << "cairn: " << e.what() << "\n";
     return 3;
+  } catch (const engine::policy_error& e) {
+    std::cerr << "cairn: " << e.what() << "\n";
+    return 2;
+  } catch (const std::runtime_error& e) {  // e.g. an unreadable host config file
+    std::cerr << "cairn: " << e.what() << "\n";
+    return 3;
   }
 }
 
@@ -72,7 +99,11 @@ int report_end(const storage::run_record& run, bool as_json) {
     std::cout << fmt::format("run {} completed in {:.2f} s\n{}", run.id, secs, run.output.dump(2, ' ', false, json::error_handler_t::replace)) << std::endl;
   }
   if (run.status == storage::run_status::completed) return 0;
-  if (run.error) std::cerr << fmt::format("run {} failed: {}", run.id, run.error->message) << std::endl;
+  if (run.error)
+    std::cerr << fmt::format("run {} {}: {}", run.id,
+                             run.status == storage::run_status::in_doubt ? "stopped in doubt" : "failed",
+                             run.error->message)
+              << std::endl;
   return 1;
 }
 
@@ -107,6 +138,7 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
     request.agent = args.agent;
     request.sandbox = args.sandbox;
     request.max_attempts = args.max_attempts;
+    if (!args.policy.empty()) request.policy = engine::load_policy_file(args.policy);
     request.workspace = args.workspace.empty() ? p.workspaces / request.id : std::filesystem::path(args.workspace);
 
     storage::journal journal(p.db);
@@ -117,7 +149,8 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
         std::cout << fmt::format("run {} already exists ({}); the id is an idempotency key", run.id,
                                  storage::to_string(run.status))
                   << std::endl;
-      if (run.status == storage::run_status::failed || run.status == storage::run_status::completed)
+      if (run.status == storage::run_status::failed || run.status == storage::run_status::completed ||
+          run.status == storage::run_status::in_doubt)
         return report_end(run, as_json);
       print_history(journal, run.id, as_json);
     }
@@ -183,10 +216,13 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
       std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
       return 0;
     }
-    std::cout << run_summary(*run) << "\n" << steps_table(steps);
+    std::cout << run_summary(*run) << policy_summary(run->policy) << "\n" << steps_table(steps);
     std::string notable;
     for (const auto& e : events) {
-      if (e.kind == "attempt_crashed" || e.kind == "step_retry" || e.kind == "run_failed")
+      static const std::set<std::string> shown = {"attempt_crashed", "step_retry",      "run_failed",
+                                                  "run_in_doubt",    "tool_settled",    "limit_exceeded",
+                                                  "sandbox_warning"};
+      if (shown.count(e.kind))
         notable += fmt::format("  {}  {:<16} {}{}\n", format_time(e.at_ms), e.kind,
                                e.seq ? fmt::format("seq {} ", *e.seq) : "", preview(e.data, 90));
     }
@@ -196,7 +232,7 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
 }
 
 int doctor_command(const paths& p, bool as_json) {
-  auto checks = engine::doctor(p.db);
+  auto checks = engine::doctor(p.db, p.home / "config.json");
   bool ok = true;
   json out = json::array();
   for (const auto& c : checks) {
@@ -211,6 +247,38 @@ int doctor_command(const paths& p, bool as_json) {
   else std::cout << (ok ? "this machine can run sandboxed agents" : "this machine cannot run sandboxed agents yet")
                  << std::endl;
   return ok ? 0 : 3;
+}
+
+int settle_command(const paths& p, const settle_args& args, bool as_json) {
+  return guarded([&] {
+    engine::settlement s;
+    if (args.retry) {
+      s.outcome = engine::settlement::how::retry;
+    } else if (!args.error.empty()) {
+      s.outcome = engine::settlement::how::error;
+      s.error = args.error;
+    } else {
+      s.outcome = engine::settlement::how::result;
+      s.result = json::parse(args.result, nullptr, false);
+      if (s.result.is_discarded()) {
+        std::cerr << "cairn settle: --result is not valid JSON\n";
+        return 2;
+      }
+    }
+    storage::journal journal(p.db);
+    engine::engine eng(journal, options_for(p));
+    auto run = eng.settle(args.run_id, args.seq, s);
+    if (as_json) {
+      std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+    } else {
+      static constexpr const char* what[] = {"recorded its result", "recorded it as failed",
+                                             "it will be called again"};
+      std::cout << fmt::format("settled step {} of run {}: {}. Continue with `cairn resume {}`", args.seq, run.id,
+                               what[static_cast<int>(s.outcome)], run.id)
+                << std::endl;
+    }
+    return 0;
+  });
 }
 
 }  // namespace cairn::cli

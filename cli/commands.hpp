@@ -17,6 +17,15 @@ struct run_args {
   std::string workspace;
   std::string sandbox = "bwrap";
   int max_attempts = 3;
+  std::string policy;  // file; empty: the default policy
+};
+
+struct settle_args {
+  std::string run_id;
+  std::uint64_t seq = 0;
+  std::string result;  // JSON, for --result
+  std::string error;   // for --error
+  bool retry = false;
 };
 
 int run_command(const paths& p, const run_args& args, bool as_json);
@@ -24,5 +33,6 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
 int ls_command(const paths& p, bool as_json);
 int show_command(const paths& p, const std::string& run_id, bool as_json);
 int doctor_command(const paths& p, bool as_json);
+int settle_command(const paths& p, const settle_args& args, bool as_json);
 
 }  // namespace cairn::cli

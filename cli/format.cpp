@@ -82,6 +82,25 @@ std::string run_summary(const storage::run_record& r) {
   return out;
 }
 
+std::string policy_summary(const json& policy) {
+  if (!policy.is_object() || !policy.contains("limits")) return "  policy     (none stored: the run predates policies)\n";
+  std::string limits;
+  for (const auto& [key, value] : policy["limits"].items())
+    limits += fmt::format("{}{}={}", limits.empty() ? "" : " ", key, value.dump());
+  std::string out = fmt::format("  network    {}\n  limits     {}\n", policy.value("network", "none"), limits);
+  const json& tools = policy.value("tools", json::object());
+  if (tools.empty()) out += "  tools      none granted\n";
+  for (const auto& [name, grant] : tools.items()) {
+    std::string detail;
+    if (grant.contains("hosts")) detail = "hosts " + preview(grant["hosts"], 50) + " methods " + preview(grant["methods"], 30);
+    else if (grant.contains("command")) detail = grant.value("idempotency", "") + ", " + preview(grant["command"], 50);
+    else if (grant.contains("max_tokens")) detail = fmt::format("max_tokens {}, models {}", grant["max_tokens"].dump(),
+                                                                grant["models"].empty() ? "any" : preview(grant["models"], 40));
+    out += fmt::format("  tool       {:<14} {}\n", name, detail);
+  }
+  return out;
+}
+
 json to_json(const storage::run_record& r) {
   json j = {{"id", r.id},
             {"agent", r.agent},
@@ -95,7 +114,8 @@ json to_json(const storage::run_record& r) {
             {"created_at_ms", r.created_at_ms},
             {"updated_at_ms", r.updated_at_ms},
             {"finished_at_ms", r.finished_at_ms ? json(*r.finished_at_ms) : json(nullptr)},
-            {"output", r.output}};
+            {"output", r.output},
+            {"policy", r.policy}};
   j["error"] = r.error ? json{{"message", r.error->message}, {"type", r.error->type}} : json(nullptr);
   return j;
 }

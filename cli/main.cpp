@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bwrap", "none"}));
   run_cmd->add_option("--max-attempts", run.max_attempts, "sandbox crashes tolerated before the run fails")
       ->check(CLI::Range(1, 1000));
+  run_cmd->add_option("--policy", run.policy, "policy file: the tools the run may call, its limits (default: no "
+                                             "tools, no network)");
   run_cmd->add_flag("--json", as_json, "print the final run as JSON instead of progress");
 
   std::string resume_id;
@@ -41,6 +43,16 @@ int main(int argc, char** argv) {
   auto* doctor_cmd = app.add_subcommand("doctor", "can this machine sandbox agents and write the journal?");
   doctor_cmd->add_flag("--json", as_json, "JSON output");
 
+  cairn::cli::settle_args settle;
+  auto* settle_cmd = app.add_subcommand("settle", "record what happened to a tool call left in doubt by a crash");
+  settle_cmd->add_option("run", settle.run_id, "run id")->required();
+  settle_cmd->add_option("seq", settle.seq, "the step in doubt (cairn show RUN names it)")->required();
+  auto* outcome = settle_cmd->add_option_group("outcome", "what happened to the call")->require_option(1);
+  outcome->add_option("--result", settle.result, "it happened and returned this JSON");
+  outcome->add_option("--error", settle.error, "it did not happen, or failed: the agent sees this error");
+  outcome->add_flag("--retry", settle.retry, "it did not happen: call it again");
+  settle_cmd->add_flag("--json", as_json, "print the run as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -59,5 +71,6 @@ int main(int argc, char** argv) {
   if (*ls_cmd) return cairn::cli::ls_command(paths, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
   if (*doctor_cmd) return cairn::cli::doctor_command(paths, as_json);
+  if (*settle_cmd) return cairn::cli::settle_command(paths, settle, as_json);
   return 2;
 }

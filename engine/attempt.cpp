@@ -1,8 +1,11 @@
 #include "engine/attempt.hpp"
 
 #include "engine/crash_point.hpp"
+#include "engine/tool_broker.hpp"
 
 #include <optional>
+
+#include <fmt/format.h>
 
 namespace cairn::engine {
 namespace {
@@ -15,6 +18,11 @@ struct violation {
   std::string message;
 };
 
+// The sandbox ran into a limit and was killed; the attempt ends with `result`.
+struct limit_hit {
+  attempt_result result;
+};
+
 attempt_result failed(std::string message, std::string type) {
   return {kind::failed, nullptr, {std::move(message), std::move(type)}};
 }
@@ -23,9 +31,15 @@ attempt_result crashed(std::string message) { return {kind::crashed, nullptr, {s
 
 class attempt_driver {
  public:
-  attempt_driver(storage::journal& journal, const storage::run_record& run, int attempt,
+  attempt_driver(storage::journal& journal, const storage::run_record& run, const policy& p, int attempt,
                  const engine_options& options, run_observer& observer)
-      : journal_(journal), run_(run), attempt_(attempt), options_(options), observer_(observer) {}
+      : journal_(journal),
+        run_(run),
+        policy_(p),
+        attempt_(attempt),
+        options_(options),
+        observer_(observer),
+        tools_(journal, run, p, options.llm, [this](const json& event) { observer_.on_emit(event); }) {}
 
   attempt_result drive(runtime::sandbox_backend& backend) {
     auto history = journal_.steps(run_.id);
@@ -40,10 +54,15 @@ class attempt_driver {
     runtime::sandbox_spec spec;
     spec.run_id = run_.id;
     spec.workspace = run_.workspace;
-    spec.limits = options_.limits;
+    spec.limits = policy_.limits;
     spec.log_file = options_.log_dir / (run_.id + ".log");
     auto box = backend.create(spec);
+    for (const auto& warning : box->warnings()) {
+      journal_.append_event(run_.id, "sandbox_warning", {{"message", warning}});
+      observer_.on_warning(warning);
+    }
     process_ = box->exec(run_.agent, {});
+    started_ = std::chrono::steady_clock::now();
     crash_point("after_spawn");
 
     try {
@@ -56,6 +75,8 @@ class attempt_driver {
       return failed(std::string("the agent sent a malformed frame: ") + e.what(), "protocol");
     } catch (const runtime::channel_closed& e) {
       return died(e.truncated() ? "closed its channel in the middle of a frame" : "closed its channel");
+    } catch (const limit_hit& hit) {
+      return hit.result;
     }
   }
 
@@ -80,13 +101,35 @@ class attempt_driver {
     crash_point("after_hello");
 
     for (;;) {
-      auto message = receive(500ms);
+      auto message = receive(200ms);
+      enforce_limits();
       if (!message) {
         if (process_->poll_exit()) return died("ended");
         continue;
       }
       if (auto result = handle(*message)) return *result;
     }
+  }
+
+  // Ends the attempt (limit_hit) when the sandbox ran into a limit of the
+  // policy or outlived its wall-clock time. Checked at most every 200 ms.
+  void enforce_limits() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_limit_check_ < 200ms) return;
+    last_limit_check_ = now;
+    if (auto breach = process_->check_limits()) throw limit_hit{exceeded(breach->message, breach->limit)};
+    if (policy_.wall_time.count() > 0 && now - started_ > policy_.wall_time) {
+      process_->kill();
+      throw limit_hit{exceeded(fmt::format("wall-clock limit exceeded: the attempt ran longer than {} s "
+                                           "(limits.wall_seconds in the policy)",
+                                           policy_.wall_time.count()),
+                               "wall_time")};
+    }
+  }
+
+  attempt_result exceeded(const std::string& message, const std::string& limit) {
+    journal_.append_event(run_.id, "limit_exceeded", {{"limit", limit}, {"message", message}});
+    return failed(message, "limit_exceeded");
   }
 
   // nullopt while the run goes on.
@@ -99,27 +142,48 @@ class attempt_driver {
 
   std::optional<attempt_result> on(const protocol::begin_msg& m) {
     check_seq(m.seq, "begin");
+    if (m.kind == protocol::step_kind::tool) throw violation{"a begin of kind tool: tool calls are sent as tool"};
     begun_at_ms_ = storage::now_ms();
     return std::nullopt;
   }
 
   std::optional<attempt_result> on(const protocol::step_msg& m) {
     check_seq(m.result.seq, "step");
+    if (m.result.kind == protocol::step_kind::tool) throw violation{"a step of kind tool: only the host records those"};
     storage::step_record record;
     record.run_id = run_.id;
     record.result = m.result;
     record.finished_at_ms = storage::now_ms();
     record.started_at_ms = begun_at_ms_.value_or(record.finished_at_ms - m.result.duration_us / 1000);
-    crash_point("before_commit");
-    // The ack goes out only after this returns: the row is durable.
-    journal_.append_step(record);
-    crash_point("after_commit");
+    commit(record);
     process_->io().send(protocol::to_json(protocol::host_message{protocol::ack_msg{m.result.seq}}));
     crash_point("after_ack");
-    ++expected_seq_;
-    begun_at_ms_.reset();
     observer_.on_step(record);
     return std::nullopt;
+  }
+
+  // The host calls the tool, journals the outcome, then answers.
+  std::optional<attempt_result> on(const protocol::tool_msg& m) {
+    check_seq(m.seq, "tool");
+    storage::step_record record;
+    record.run_id = run_.id;
+    record.started_at_ms = storage::now_ms();
+    record.result = tools_.call(m);
+    record.finished_at_ms = storage::now_ms();
+    commit(record);
+    process_->io().send(protocol::to_json(protocol::host_message{protocol::result_msg{record.result}}));
+    crash_point("after_ack");
+    observer_.on_step(record);
+    return std::nullopt;
+  }
+
+  // The answer to the agent goes out only after this returns: the row is durable.
+  void commit(const storage::step_record& record) {
+    crash_point("before_commit");
+    journal_.append_step(record);
+    crash_point("after_commit");
+    ++expected_seq_;
+    begun_at_ms_.reset();
   }
 
   std::optional<attempt_result> on(const protocol::retry_msg& m) {
@@ -186,6 +250,7 @@ class attempt_driver {
   attempt_result died(const std::string& how) {
     auto status = process_->wait_for(options_.exit_grace);
     if (!status) status = process_->kill();
+    if (auto breach = process_->check_limits()) return exceeded(breach->message, breach->limit);
     auto tail = process_->log_tail();
     if (auto why = runtime::diagnose_bwrap_failure(tail)) return failed(*why, "sandbox");
     return crashed("the agent " + how + " without finishing (" + status->describe() + ")" + log_excerpt());
@@ -207,10 +272,13 @@ class attempt_driver {
 
   storage::journal& journal_;
   const storage::run_record& run_;
+  const policy& policy_;
   int attempt_;
   const engine_options& options_;
   run_observer& observer_;
+  tool_broker tools_;
   std::unique_ptr<runtime::agent_process> process_;
+  std::chrono::steady_clock::time_point started_, last_limit_check_;
   std::uint64_t expected_seq_ = 0;
   std::optional<std::int64_t> begun_at_ms_;
 };
@@ -218,9 +286,9 @@ class attempt_driver {
 }  // namespace
 
 attempt_result run_attempt(storage::journal& journal, runtime::sandbox_backend& backend,
-                           const storage::run_record& run, int attempt, const engine_options& options,
-                           run_observer& observer) {
-  attempt_driver driver(journal, run, attempt, options, observer);
+                           const storage::run_record& run, const policy& p, int attempt,
+                           const engine_options& options, run_observer& observer) {
+  attempt_driver driver(journal, run, p, attempt, options, observer);
   return driver.drive(backend);
 }
 

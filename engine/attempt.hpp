@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/engine.hpp"
+#include "engine/policy.hpp"
 
 namespace cairn::engine {
 
@@ -14,13 +15,15 @@ struct attempt_result {
     failed,     // the workflow failed, or broke the protocol: retrying won't help
     crashed,    // the sandbox died or hung without finishing: retry from the journal
   };
+  // failed with error type "limit_exceeded" when the sandbox ran into one of
+  // the policy's limits: the same code would run into it again.
   kind outcome = kind::crashed;
   json output;
   protocol::error_info error;
 };
 
 attempt_result run_attempt(storage::journal& journal, runtime::sandbox_backend& backend,
-                           const storage::run_record& run, int attempt, const engine_options& options,
-                           run_observer& observer);
+                           const storage::run_record& run, const policy& p, int attempt,
+                           const engine_options& options, run_observer& observer);
 
 }  // namespace cairn::engine

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/tools/llm_chat.hpp"
 #include "storage/journal.hpp"
 
 namespace cairn::engine {
@@ -33,11 +34,34 @@ runtime::doctor_check journal_check(const std::filesystem::path& db) {
   return c;
 }
 
+// Informational: a run without llm.chat needs no endpoint. Never shows the key.
+runtime::doctor_check llm_check(const std::filesystem::path& config_file) {
+  runtime::doctor_check c;
+  c.name = "llm endpoint";
+  c.ok = true;
+  try {
+    auto endpoint = llm_endpoint_from_host(config_file);
+    if (!endpoint)
+      c.detail = "not configured: llm.chat calls fail until CAIRN_LLM_BASE_URL is set (or \"llm\" in " +
+                 config_file.string() + ")";
+    else
+      c.detail = fmt::format("{} (model {}, API key {})", endpoint->base_url,
+                             endpoint->model.empty() ? "chosen per call" : endpoint->model,
+                             endpoint->api_key.empty() ? "not set" : "set, kept on the host");
+  } catch (const std::exception& e) {
+    c.ok = false;
+    c.detail = e.what();
+    c.fix = "fix or remove " + config_file.string();
+  }
+  return c;
+}
+
 }  // namespace
 
-std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db) {
+std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db, const std::filesystem::path& config_file) {
   auto checks = runtime::make_bwrap_backend()->check();
   checks.push_back(journal_check(db));
+  checks.push_back(llm_check(config_file));
   return checks;
 }
 

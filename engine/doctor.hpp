@@ -9,6 +9,7 @@
 
 namespace cairn::engine {
 
-std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db);
+// `config_file` is the host config that may name the LLM endpoint.
+std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db, const std::filesystem::path& config_file);
 
 }  // namespace cairn::engine

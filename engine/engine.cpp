@@ -9,6 +9,7 @@
 #include "engine/attempt.hpp"
 #include "engine/crash_point.hpp"
 #include "engine/owner.hpp"
+#include "engine/tool_broker.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -64,6 +65,7 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   run.max_attempts = request.max_attempts;
   run.sandbox = request.sandbox;
   run.workspace = std::filesystem::absolute(request.workspace).lexically_normal().string();
+  run.policy = to_json(request.policy);
   return journal_.create_run(run);
 }
 
@@ -83,9 +85,22 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
 
   auto& sandboxes = backend(run->sandbox);
   std::filesystem::create_directories(options_.log_dir);
+  policy rules;
+  try {
+    rules = parse_policy(run->policy);
+  } catch (const policy_error& e) {
+    journal_.finish_run(run_id, storage::run_status::failed, nullptr,
+                        protocol::error_info{std::string("the run's stored policy is no longer valid here: ") + e.what(),
+                                             "policy"});
+    return *journal_.find_run(run_id);
+  }
   // Crashes counted in this process: a dead host does not use up the agent's attempts.
   int crashes = 0;
   for (;;) {
+    if (auto doubt = find_in_doubt(journal_, run_id)) {
+      journal_.finish_run(run_id, storage::run_status::in_doubt, nullptr, protocol::error_info{doubt->message, "in_doubt"});
+      return *journal_.find_run(run_id);
+    }
     run = journal_.find_run(run_id);
     const int attempt = journal_.begin_attempt(run_id);
     if (run->sandbox == "none")
@@ -95,7 +110,7 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
 
     attempt_result result;
     try {
-      result = run_attempt(journal_, sandboxes, *run, attempt, options_, watch);
+      result = run_attempt(journal_, sandboxes, *run, rules, attempt, options_, watch);
     } catch (const runtime::sandbox_error& e) {
       result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}};
     }
@@ -118,8 +133,46 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
       journal_.finish_run(run_id, storage::run_status::completed, result.output, std::nullopt);
     else
       journal_.finish_run(run_id, storage::run_status::failed, nullptr, result.error);
+    try {
+      sandboxes.release_workspace(run->workspace);
+    } catch (const std::exception& e) {
+      watch.on_warning(fmt::format("run {} ended, but its workspace could not be released: {}", run_id, e.what()));
+    }
     return *journal_.find_run(run_id);
   }
+}
+
+storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq, const settlement& s) {
+  auto run = journal_.find_run(run_id);
+  if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
+  if (run->status == storage::run_status::running && !run->owner.empty() &&
+      check_owner(run->owner) == owner_state::alive)
+    throw engine_error(errc::busy, fmt::format("run {} is being executed by {}; nothing is in doubt while it runs",
+                                               run_id, describe_owner(run->owner)));
+  auto doubt = find_in_doubt(journal_, run_id);
+  if (!doubt)
+    throw engine_error(errc::bad_request, fmt::format("run {} has no tool call in doubt; nothing to settle", run_id));
+  if (doubt->seq != seq)
+    throw engine_error(errc::bad_request, fmt::format("step {} of run {} is not in doubt; the call in doubt is step {} "
+                                                      "(tool '{}')",
+                                                      seq, run_id, doubt->seq, doubt->tool));
+  static constexpr const char* names[] = {"result", "error", "retry"};
+  if (s.outcome != settlement::how::retry) {
+    storage::step_record record;
+    record.run_id = run_id;
+    record.result.seq = seq;
+    record.result.name = doubt->tool;
+    record.result.kind = protocol::step_kind::tool;
+    record.result.ok = s.outcome == settlement::how::result;
+    if (record.result.ok) record.result.output = s.result;
+    else record.result.error = {s.error, "settled"};
+    record.started_at_ms = doubt->started_at_ms;
+    record.finished_at_ms = storage::now_ms();
+    journal_.append_step(record);
+  }
+  journal_.append_event(run_id, "tool_settled", {{"how", names[static_cast<int>(s.outcome)]}}, seq);
+  journal_.reset_attempts(run_id);
+  return *journal_.find_run(run_id);
 }
 
 runtime::sandbox_backend& engine::backend(const std::string& name) {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/policy.hpp"
+#include "engine/tools/llm_chat.hpp"
 #include "runtime/sandbox.hpp"
 #include "storage/journal.hpp"
 
@@ -44,7 +46,7 @@ struct engine_options {
   std::chrono::milliseconds retry_backoff{200};  // after the n-th crash: backoff * 2^(n-1)
   std::chrono::milliseconds max_backoff{10'000};
   std::chrono::milliseconds exit_grace{2'000};   // after done/fail, for the agent to exit
-  runtime::resource_limits limits;
+  std::optional<llm_endpoint> llm;  // where llm.chat calls go; see llm_endpoint_from_host
   backend_factory backends = default_backends();
 };
 
@@ -67,6 +69,15 @@ struct run_request {
   std::filesystem::path workspace;  // empty: WORKSPACE_ROOT/RUN_ID is up to the caller
   std::string sandbox = "bwrap";
   int max_attempts = 3;
+  engine::policy policy = default_policy();
+};
+
+// What `cairn settle` records for a tool call in doubt.
+struct settlement {
+  enum class how { result, error, retry };
+  how outcome = how::retry;
+  json result;        // for how::result: what the call returned
+  std::string error;  // for how::error: why it failed
 };
 
 class engine {
@@ -81,7 +92,15 @@ class engine {
   // returns the final record. A run owned by a live process is refused
   // (errc::busy); one owned by a dead process is taken over. A failed run is
   // given a fresh set of attempts. A completed run is returned as it is.
+  // A run whose next step is an at-most-once tool call that was started but
+  // never recorded stops in_doubt instead (see settle).
   storage::run_record execute(const std::string& run_id, run_observer* observer = nullptr);
+
+  // Records the outcome of the in-doubt call at `seq` (or that it is to be
+  // made again) and makes the run pending, ready for execute. Refused
+  // (bad_request) unless that call is the one in doubt; busy while a live
+  // process executes the run.
+  storage::run_record settle(const std::string& run_id, std::uint64_t seq, const settlement& s);
 
   // Runs left unfinished by host processes that have died, oldest first,
   // plus pending runs nobody has started.

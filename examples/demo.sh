@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# `make demo`: runs real agents in bwrap sandboxes, crashes one, kills the host
-# process of another with SIGKILL mid-run, and resumes it from the journal.
+# `make demo`: runs real agents in bwrap sandboxes. A research agent fetches
+# its sources and asks a model through the host (tools under its policy; a
+# local OpenAI-compatible mock stands in for the LLM, so no network or API key
+# is needed); a flaky agent crashes and is retried; the host process of a run
+# is killed with SIGKILL mid-run and the run resumed from the journal.
 set -euo pipefail
 
 build="${1:-build}"
 cairn="$build/cli/cairn"
+here="$(cd "$(dirname "$0")" && pwd)"
 # True when every folder from / down to $1 may be entered by other users.
 others_may_enter() {
   local d="$1" perms
@@ -32,11 +36,32 @@ show() { printf '$ %s\n' "$*"; "$@"; }
 step "Can this machine sandbox agents?"
 show "$cairn" doctor
 
-step "A research agent: plans, runs commands in its sandbox, writes a report into /workspace"
-show "$cairn" run "$build/examples/research_agent" --input '{"topic":"sqlite wal"}' --id "research-$tag"
+step "A local OpenAI-compatible server stands in for the LLM and the web (loopback only)"
+scratch="$(mktemp -d)"
+mock_pid=""
+cleanup() {
+  [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+key="demo-key-$RANDOM$RANDOM"
+"$build/examples/mock_llm/cairn-mock-llm" --port 0 --port-file "$scratch/port" --require-key "$key" \
+  --script "$here/mock_llm/research_script.json" --pages "$here/mock_llm/pages" >"$scratch/mock.log" 2>&1 &
+mock_pid=$!
+for _ in $(seq 1 100); do [ -s "$scratch/port" ] && break; sleep 0.1; done
+[ -s "$scratch/port" ] || { cat "$scratch/mock.log"; echo "demo: the mock LLM server did not start" >&2; exit 1; }
+port="$(cat "$scratch/port")"
+# The key lives in the host's environment only; the sandbox never sees it.
+export CAIRN_LLM_BASE_URL="http://127.0.0.1:$port/v1" CAIRN_LLM_API_KEY="$key" CAIRN_LLM_MODEL="mock-1"
+echo "CAIRN_LLM_BASE_URL=$CAIRN_LLM_BASE_URL (for a real model: set CAIRN_LLM_BASE_URL, CAIRN_LLM_API_KEY, CAIRN_LLM_MODEL)"
+
+step "A research agent: fetches sources and asks the model through the host, under its policy"
+sources="[\"http://127.0.0.1:$port/pages/wal.html\",\"http://127.0.0.1:$port/pages/durability.html\",\"https://example.com/\"]"
+show "$cairn" run "$build/examples/research_agent" --policy "$here/research_agent.policy.json" \
+  --input "{\"topic\":\"SQLite WAL for durable agents\",\"sources\":$sources}" --id "research-$tag"
 show "$cairn" show "research-$tag"
 echo "--- the report it wrote, collected from its workspace on the host:"
-head -n 12 "$CAIRN_HOME/workspaces/research-$tag/report.md"
+head -n 16 "$CAIRN_HOME/workspaces/research-$tag/report.md"
 
 step "A flaky agent: its first attempt aborts mid-run; cairn retries it from the journal"
 show "$cairn" run "$build/examples/flaky_agent" --id "flaky-$tag"
@@ -45,8 +70,8 @@ cat "$CAIRN_HOME/workspaces/flaky-$tag/progress.log"
 
 step "Kill -9 the host process mid-run, then resume"
 out="$(mktemp)"
-"$cairn" run "$build/examples/research_agent" --input '{"topic":"durable agent workflows","pace_ms":400}' \
-  --id "killed-$tag" >"$out" 2>&1 &
+"$cairn" run "$build/examples/research_agent" --policy "$here/research_agent.policy.json" \
+  --input "{\"topic\":\"SQLite WAL\",\"sources\":$sources,\"pace_ms\":400}" --id "killed-$tag" >"$out" 2>&1 &
 host=$!
 for _ in $(seq 1 100); do
   [ "$(grep -c ' ok ' "$out" || true)" -ge 2 ] && break

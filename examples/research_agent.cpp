@@ -1,16 +1,19 @@
-// A research agent: plans, gathers material by running commands inside its
-// sandbox, drafts, and writes a report into its workspace (the working
-// directory, /workspace in the sandbox). Its "model" is a
-// deterministic local function (local_model below) so the example runs
-// anywhere; every step is journaled, so a crash at any point resumes here
-// without redoing finished work.
+// A research agent. Everything that leaves its sandbox goes through the host,
+// under the policy in research_agent.policy.json:
+//   - it fetches its sources with the http.fetch tool (the sandbox itself has
+//     no network; the policy lists the hosts it may reach),
+//   - it thinks with the llm.chat tool (the host holds the API key and talks
+//     to the model; tokens stream to `cairn run` live),
+// and it does its own work (cleaning pages, taking notes, writing the report)
+// inside the sandbox, in /workspace. Every step and every tool call is
+// journaled: after a crash the run resumes here, and no page is fetched and
+// no model call is made twice.
 //
-// input: {"topic": "sqlite wal", "pace_ms": 0}
-#include <array>
+// input: {"topic": "SQLite WAL", "sources": ["https://...", ...], "pace_ms": 0}
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -21,98 +24,95 @@ namespace {
 using cairn::json;
 namespace fs = std::filesystem;
 
-// Runs a shell command in the sandbox and returns its output (at most 64 KiB).
-std::string sh(const std::string& command) {
+// One chat turn through the host's llm.chat tool; returns the reply text.
+std::string ask(cairn::context& ctx, const std::string& system, const std::string& prompt, int max_tokens = 400) {
+  json reply = ctx.tool("llm.chat", {{"messages",
+                                      {{{"role", "system"}, {"content", system}},
+                                       {{"role", "user"}, {"content", prompt}}}},
+                                     {"max_tokens", max_tokens}});
+  return reply.value("content", "");
+}
+
+// The readable text of an HTML page: tags and scripts out, whitespace folded.
+std::string text_of(const std::string& html) {
+  static const std::regex scripts("<(script|style)[^>]*>[\\s\\S]*?</\\1>", std::regex::icase);
+  static const std::regex tags("<[^>]+>");
+  static const std::regex space("\\s+");
+  std::string text = std::regex_replace(html, scripts, " ");
+  text = std::regex_replace(text, tags, " ");
+  return std::regex_replace(text, space, " ");
+}
+
+std::string slug(const std::string& s) {
   std::string out;
-  FILE* p = popen(command.c_str(), "r");
-  if (!p) throw std::runtime_error("cannot run: " + command);
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0 && out.size() < (64u << 10)) out.append(buf.data(), n);
-  pclose(p);
-  return out;
+  for (char c : s)
+    if (std::isalnum(static_cast<unsigned char>(c))) out += static_cast<char>(std::tolower(c));
+    else if (!out.empty() && out.back() != '-') out += '-';
+  return out.substr(0, 40);
 }
-
-std::vector<std::string> words_of(const std::string& text) {
-  std::vector<std::string> words;
-  std::istringstream in(text);
-  for (std::string w; in >> w;)
-    if (w.size() > 1) words.push_back(w);
-  return words;
-}
-
-// Stands in for an LLM: the same prompt always gives the same answer.
-struct local_model {
-  static json plan(const std::string& topic) {
-    json items = json::array();
-    for (const auto& w : words_of(topic)) items.push_back(w);
-    items.push_back("overview");
-    return {{"topic", topic}, {"items", items},
-            {"questions", {"What is " + topic + "?", "Where is it documented on this system?"}}};
-  }
-  static std::string draft(const json& plan, const json& notes, const std::string& date) {
-    std::ostringstream r;
-    r << "# Research report: " << plan["topic"].get<std::string>() << "\n\n_" << date << "_\n\n";
-    for (const auto& q : plan["questions"]) r << "- " << q.get<std::string>() << "\n";
-    r << "\n";
-    for (const auto& n : notes) {
-      r << "## " << n["item"].get<std::string>() << "\n\n";
-      r << n["matches"].size() << " documentation files mention it";
-      if (!n["matches"].empty()) r << ", e.g.:\n";
-      else r << ".\n";
-      for (const auto& m : n["matches"]) r << "  - " << m.get<std::string>() << "\n";
-      r << "\n";
-    }
-    return r.str();
-  }
-};
 
 void pace(const json& input) {
   auto ms = input.value("pace_ms", 0);
   if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
+constexpr const char* researcher = "You are a careful research assistant. Be brief and concrete.";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   return cairn::main(argc, argv, [](cairn::context& ctx, const json& input) -> json {
-    const std::string topic = input.value("topic", "sqlite wal");
-    auto plan = ctx.step("plan", [&] {
-      pace(input);
-      return local_model::plan(topic);
-    });
+    const std::string topic = input.value("topic", "SQLite WAL");
+    const json sources = input.value("sources", json::array());
+
+    std::string plan = ask(ctx, researcher, "Plan a short research note on: " + topic +
+                                                ". List the three questions it must answer.");
 
     json notes = json::array();
-    for (const auto& item : plan["items"]) {
-      const std::string word = item.get<std::string>();
-      notes.push_back(ctx.step("gather " + word, [&] {
+    for (const auto& source : sources) {
+      const std::string url = source.get<std::string>();
+      json page;
+      try {
+        page = ctx.tool("http.fetch", {{"url", url}});
+      } catch (const cairn::tool_error& e) {
+        // Refused by the policy, or unreachable: the note says so and the run goes on.
+        notes.push_back({{"source", url}, {"skipped", e.type() + ": " + e.what()}});
+        continue;
+      }
+      auto cleaned = ctx.step("read " + url, [&] {
         pace(input);
-        // Only [a-z0-9] reach the shell.
-        std::string safe;
-        for (char c : word)
-          if (std::isalnum(static_cast<unsigned char>(c))) safe += static_cast<char>(std::tolower(c));
-        std::string found = sh("ls /usr/share/doc 2>/dev/null | grep -i -- '" + safe + "' | head -n 5");
-        fs::create_directories("notes");
-        std::ofstream("notes/" + safe + ".txt") << found;
-        json matches = json::array();
-        for (const auto& m : words_of(found)) matches.push_back("/usr/share/doc/" + m);
-        return json{{"item", word}, {"matches", matches}};
-      }));
+        std::string text = text_of(page.value("body", ""));
+        fs::create_directories("sources");
+        std::ofstream("sources/" + slug(url) + ".txt") << text;
+        return json{{"chars", text.size()}, {"excerpt", text.substr(0, 1500)}};
+      });
+      std::string summary = ask(ctx, researcher, "Summarize this source for a note on " + topic + " in two "
+                                                 "sentences:\n\n" + cleaned["excerpt"].get<std::string>());
+      notes.push_back({{"source", url}, {"status", page["status"]}, {"summary", summary}});
     }
 
     auto when = std::chrono::system_clock::to_time_t(ctx.now());
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&when));
 
-    auto draft = ctx.step("draft", [&] {
-      pace(input);
-      return local_model::draft(plan, notes, date);
-    });
+    std::string conclusion = ask(ctx, researcher, "Write the conclusion of a research note on " + topic +
+                                                      " from these notes:\n" + notes.dump());
 
     return ctx.step("write report", [&] {
-      std::ofstream("report.md") << draft.get<std::string>();
-      auto words = words_of(draft.get<std::string>()).size();
-      return json{{"report", "/workspace/report.md"}, {"words", words}, {"sections", notes.size()}};
+      pace(input);
+      std::ostringstream r;
+      r << "# " << topic << "\n\n_" << date << "_\n\n## Plan\n\n" << plan << "\n\n## Sources\n\n";
+      for (const auto& n : notes) {
+        r << "- " << n["source"].get<std::string>() << ": ";
+        r << (n.contains("summary") ? n["summary"].get<std::string>() : "(" + n["skipped"].get<std::string>() + ")")
+          << "\n";
+      }
+      r << "\n## Conclusion\n\n" << conclusion << "\n";
+      std::ofstream("report.md") << r.str();
+      int read = 0;
+      for (const auto& n : notes) read += n.contains("summary") ? 1 : 0;
+      return json{{"report", "/workspace/report.md"}, {"sources_read", read},
+                  {"sources_skipped", static_cast<int>(notes.size()) - read}};
     });
   });
 }

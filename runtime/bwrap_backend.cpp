@@ -2,7 +2,9 @@
 // Per exec, bwrap reads its options from a memfd (--args, so host paths and
 // env values stay off every command line) and reports the host pid of the
 // sandbox's pid 1 on an info pipe (--info-fd); holding a pidfd of that pid 1
-// is what lets kill() wait until the whole pid namespace is gone.
+// is what lets kill() wait until the whole pid namespace is gone. Besides its
+// processes a sandbox holds a cgroup and its workspace image's mount
+// (sandbox_resources.hpp); bwrap itself starts inside the cgroup.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -15,9 +17,10 @@
 #include <fmt/format.h>
 
 #include "runtime/bwrap_support.hpp"
-#include "runtime/seccomp_filter.hpp"
 #include "runtime/child_process.hpp"
 #include "runtime/host_paths.hpp"
+#include "runtime/sandbox_resources.hpp"
+#include "runtime/seccomp_filter.hpp"
 
 namespace cairn::runtime {
 
@@ -77,13 +80,15 @@ std::optional<pid_t> read_sandbox_init_pid(int fd) {
 
 class bwrap_sandbox final : public sandbox {
  public:
-  bwrap_sandbox(fs::path bwrap, bool disable_userns, sandbox_spec spec, fs::path workspace,
-                std::optional<sandbox_user> user, std::size_t max_frame)
+  bwrap_sandbox(fs::path bwrap, bwrap_features features, sandbox_spec spec, fs::path workspace,
+                std::optional<sandbox_user> user, std::unique_ptr<sandbox_resources> resources,
+                std::size_t max_frame)
       : bwrap_(std::move(bwrap)),
-        disable_userns_(disable_userns),
+        features_(features),
         spec_(std::move(spec)),
         workspace_(std::move(workspace)),
         user_(std::move(user)),
+        resources_(std::move(resources)),
         max_frame_(max_frame) {}
 
   ~bwrap_sandbox() override {
@@ -99,8 +104,9 @@ class bwrap_sandbox final : public sandbox {
     fs::path agent = check_program(program);
     check_agent_args(args);
     unique_fd log = open_log(spec_.log_file);
+    resources_->acquire();  // again, after a destroy()
 
-    std::vector<std::string> options = bwrap_isolation_args(disable_userns_);
+    std::vector<std::string> options = bwrap_isolation_args(features_, spec_.limits.max_tmp_bytes);
     auto env = agent_environment(spec_, {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
                                          {"HOME", "/workspace"},
                                          {"TMPDIR", "/tmp"},
@@ -120,7 +126,7 @@ class bwrap_sandbox final : public sandbox {
       options.insert(options.end(),
                      {"--perms", "0555", "--ro-bind-data", std::to_string(program_fd), sandbox_agent_path});
     }
-    // Last among the mounts: everything but /workspace, /tmp, /proc and /dev turns read-only.
+    // Last among the mounts: everything but /workspace, /tmp, /dev/shm and /proc turns read-only.
     options.insert(options.end(), {"--remount-ro", "/", "--info-fd", std::to_string(info_fd), "--seccomp",
                                    std::to_string(seccomp_fd)});
 
@@ -142,6 +148,11 @@ class bwrap_sandbox final : public sandbox {
     if (program_copy) request.extra_fds.push_back(program_copy.get());
     request.limits = spec_.limits;
     if (user_) request.run_as = spawn_identity{user_->uid, user_->gid};
+    auto cgroup = resources_->cgroup();
+    std::vector<unique_fd> join = cgroup ? cgroup->join_fds() : std::vector<unique_fd>{};
+    for (const auto& fd : join) request.join_cgroups.push_back(fd.get());
+    // Before the spawn: counters start from what the cgroup held until now.
+    auto watch = std::make_unique<limit_watch>(spec_.limits, cgroup, resources_->workspace());
 
     auto handle = std::make_shared<child_handle>();
     spawned_child child = spawn_child(request);
@@ -149,8 +160,8 @@ class bwrap_sandbox final : public sandbox {
     handle->pidfd = std::move(child.pidfd);
     handle->exit_codes_carry_signals = true;
     tracker_.track(handle);
-    auto process =
-        std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file);
+    auto process = std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file,
+                                                   std::move(watch));
 
     info_write.reset();
     if (auto init = read_sandbox_init_pid(info_read.get())) {
@@ -160,14 +171,27 @@ class bwrap_sandbox final : public sandbox {
     return process;
   }
 
-  void destroy() override { tracker_.kill_all(); }
+  void destroy() override {
+    tracker_.kill_all();
+    resources_->release();
+  }
+
+  std::vector<std::string> warnings() const override {
+    auto warnings = resources_->warnings();
+    if (!features_.tmpfs_size)
+      warnings.push_back(
+          "/tmp and /dev/shm have no size of their own (bubblewrap is older than 0.7.0, or setuid): only "
+          "the memory limit bounds them; install bubblewrap 0.7.0 or newer, not setuid");
+    return warnings;
+  }
 
  private:
   fs::path bwrap_;
-  bool disable_userns_;
+  bwrap_features features_;
   sandbox_spec spec_;
   fs::path workspace_;
   std::optional<sandbox_user> user_;
+  std::unique_ptr<sandbox_resources> resources_;
   std::size_t max_frame_;
   child_tracker tracker_;
 };
@@ -185,8 +209,8 @@ class bwrap_backend final : public sandbox_backend {
     if (spec.log_file.empty())
       throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
     fs::path workspace = prepare_workspace(spec.workspace);
+    bwrap_features features = features_of(*bwrap);  // first: sweeps what dead hosts left
     if (user) {
-      chown_tree(workspace, user->uid, user->gid);
       if (auto blocked = first_unsearchable_dir(workspace, user->uid, user->gid))
         throw sandbox_error(
             sandbox_errc::bad_spec,
@@ -194,27 +218,34 @@ class bwrap_backend final : public sandbox_backend {
                         "workspaces under folders that others may enter (chmod o+x {})",
                         workspace.string(), user->uid, blocked->string(), blocked->string()));
     }
+    auto resources = std::make_unique<sandbox_resources>(spec, workspace, user);
+    resources->acquire();
     std::size_t max_frame = options_.max_frame ? options_.max_frame : protocol::default_max_frame;
-    return std::make_unique<bwrap_sandbox>(*bwrap, disable_userns(*bwrap), spec, workspace, user, max_frame);
+    return std::make_unique<bwrap_sandbox>(*bwrap, features, spec, workspace, user, std::move(resources),
+                                           max_frame);
   }
 
   std::vector<doctor_check> check() const override { return bwrap_checks(options_); }
 
+  void release_workspace(const fs::path& workspace) override { release_workspace_image(workspace); }
+
  private:
-  // Once per backend: `bwrap --version` costs a process, the sweep a /proc scan.
-  bool disable_userns(const fs::path& bwrap) {
+  // Once per backend: `bwrap --version` costs a process, the sweeps a scan
+  // of /proc, of the cgroup folders and of the mounts.
+  bwrap_features features_of(const fs::path& bwrap) {
     std::lock_guard lock(mutex_);
-    if (!disable_userns_) {
+    if (!features_) {
       kill_orphaned_sandboxes();
-      auto version = bwrap_version(bwrap);
-      disable_userns_ = version && supports_disable_userns(*version);
+      sweep_orphaned_cgroups(detect_cgroups());
+      if (::geteuid() == 0) sweep_orphaned_workspace_mounts();
+      features_ = detect_bwrap_features(bwrap);
     }
-    return *disable_userns_;
+    return *features_;
   }
 
   bwrap_options options_;
   std::mutex mutex_;
-  std::optional<bool> disable_userns_;
+  std::optional<bwrap_features> features_;
 };
 
 }  // namespace

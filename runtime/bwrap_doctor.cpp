@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "runtime/bwrap_support.hpp"
+#include "runtime/cgroup.hpp"
+#include "runtime/workspace_quota.hpp"
 
 namespace cairn::runtime {
 namespace {
@@ -45,8 +47,10 @@ doctor_check check_installed(const std::optional<fs::path>& bwrap) {
   }
   c.ok = true;
   c.detail = fmt::format("{} (bubblewrap {})", bwrap->string(), *version);
-  if (!supports_disable_userns(*version))
+  bwrap_features features = bwrap_features_of(*version);
+  if (!features.disable_userns)
     c.detail += "; older than 0.8.0, so sandboxes may create nested user namespaces";
+  if (!features.tmpfs_size) c.detail += "; older than 0.7.0, so /tmp and /dev/shm have no size of their own";
   return c;
 }
 
@@ -85,9 +89,8 @@ doctor_check check_sandbox_user(const sandbox_user& user) {
 
 doctor_check check_sandbox_starts(const fs::path& bwrap, const std::optional<sandbox_user>& user) {
   doctor_check c{"sandbox starts", false, "", ""};
-  auto version = bwrap_version(bwrap);
   std::vector<std::string> argv = {bwrap.string()};
-  auto flags = bwrap_isolation_args(version && supports_disable_userns(*version));
+  auto flags = bwrap_isolation_args(detect_bwrap_features(bwrap), resource_limits{}.max_tmp_bytes);
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.insert(argv.end(), {"--", "/usr/bin/true"});
   std::optional<spawn_identity> run_as;
@@ -111,6 +114,18 @@ doctor_check check_sandbox_starts(const fs::path& bwrap, const std::optional<san
   return c;
 }
 
+doctor_check check_totals() {
+  const cgroup_support& cgroups = detect_cgroups();
+  doctor_check c{"resource totals", cgroups.mode != cgroup_mode::none, cgroups.detail, cgroups.fix};
+  if (c.ok) c.detail += " (memory, processes and CPU time are bounded for each sandbox as a whole)";
+  return c;
+}
+
+doctor_check check_quota() {
+  quota_support quota = detect_workspace_quota();
+  return {"workspace quota", quota.available, quota.detail, quota.fix};
+}
+
 }  // namespace
 
 std::vector<doctor_check> bwrap_checks(const bwrap_options& options) {
@@ -128,6 +143,8 @@ std::vector<doctor_check> bwrap_checks(const bwrap_options& options) {
     return checks;
   }
   if (bwrap) checks.push_back(check_sandbox_starts(*bwrap, user));
+  checks.push_back(check_totals());
+  checks.push_back(check_quota());
   return checks;
 }
 

@@ -139,18 +139,26 @@ std::optional<std::string> bwrap_version(const fs::path& bwrap) {
   return version;
 }
 
-bool supports_disable_userns(const std::string& version) {
+bwrap_features bwrap_features_of(const std::string& version) {
   unsigned major = 0, minor = 0;
   auto end = version.data() + version.size();
   auto [dot, ec] = std::from_chars(version.data(), end, major);
-  if (ec != std::errc() || dot == end || *dot != '.') return false;
+  if (ec != std::errc() || dot == end || *dot != '.') return {};
   std::from_chars(dot + 1, end, minor);
-  return major > 0 || minor >= 8;
+  return {major > 0 || minor >= 8, major > 0 || minor >= 7};
 }
 
-std::vector<std::string> bwrap_isolation_args(bool disable_userns) {
+bwrap_features detect_bwrap_features(const fs::path& bwrap) {
+  auto version = bwrap_version(bwrap);
+  bwrap_features features = version ? bwrap_features_of(*version) : bwrap_features{};
+  struct stat st {};
+  if (::stat(bwrap.c_str(), &st) == 0 && (st.st_mode & S_ISUID)) features.tmpfs_size = false;
+  return features;
+}
+
+std::vector<std::string> bwrap_isolation_args(const bwrap_features& features, std::uint64_t tmp_bytes) {
   std::vector<std::string> args = {"--unshare-all", "--unshare-user"};
-  if (disable_userns) args.push_back("--disable-userns");
+  if (features.disable_userns) args.push_back("--disable-userns");
   args.insert(args.end(), {"--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
                            "--ro-bind", "/usr", "/usr"});
   // Merged-usr systems (Debian 12) have /bin -> usr/bin: recreate the link.
@@ -162,8 +170,13 @@ std::vector<std::string> bwrap_isolation_args(bool disable_userns) {
       args.insert(args.end(), {"--ro-bind-try", dir, dir});
   }
   args.insert(args.end(), {"--ro-bind-try", "/etc/alternatives", "/etc/alternatives", "--ro-bind-try",
-                           "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev",
-                           "--tmpfs", "/tmp", "--hostname", "cairn"});
+                           "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev"});
+  for (const char* tmpfs : {"/dev/shm", "/tmp"}) {
+    if (features.tmpfs_size) args.insert(args.end(), {"--size", std::to_string(tmp_bytes)});
+    args.insert(args.end(), {"--tmpfs", tmpfs});
+  }
+  // --dev makes /dev a tmpfs the sandbox could fill: only /dev/shm stays writable.
+  args.insert(args.end(), {"--remount-ro", "/dev", "--hostname", "cairn"});
   return args;
 }
 
@@ -182,7 +195,7 @@ std::vector<userns_blocker> userns_blockers() {
 }
 
 captured_run run_captured(const std::vector<std::string>& argv, std::optional<spawn_identity> run_as,
-                          std::chrono::milliseconds timeout) {
+                          std::chrono::milliseconds timeout, const resource_limits& limits) {
   unique_fd output(::memfd_create("cairn-captured-output", MFD_CLOEXEC));
   if (!output)
     throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("memfd_create: {}", std::strerror(errno)));
@@ -192,6 +205,7 @@ captured_run run_captured(const std::vector<std::string>& argv, std::optional<sp
   request.cwd = "/";
   request.log_fd = output.get();
   request.run_as = run_as;
+  request.limits = limits;
   spawned_child child = spawn_child(request);
 
   captured_run run;

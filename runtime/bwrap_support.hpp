@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -30,14 +31,22 @@ inline constexpr int bwrap_args_fd = 4;
 // "0.8.0" from `bwrap --version`; nullopt when it does not answer.
 std::optional<std::string> bwrap_version(const std::filesystem::path& bwrap);
 
-// --disable-userns (no nested user namespaces) arrived in bubblewrap 0.8.0.
-bool supports_disable_userns(const std::string& version);
+// What the installed bubblewrap can do, from its version.
+struct bwrap_features {
+  bool disable_userns = false;  // --disable-userns (no nested user namespaces): 0.8.0
+  bool tmpfs_size = false;      // --size before --tmpfs: 0.7.0
+};
+bwrap_features bwrap_features_of(const std::string& version);
+// Of the bwrap at `bwrap`: by its version, less --size when it is setuid
+// (which refuses it). Runs `bwrap --version`.
+bwrap_features detect_bwrap_features(const std::filesystem::path& bwrap);
 
 // The flags every cairn sandbox gets, before the per-run env and mounts:
 // all namespaces, no capabilities, an empty environment, a read-only /usr
-// (and the merged-usr links), private /proc, /dev and /tmp. Nothing of the
-// host's /etc but the loader cache and the alternatives links.
-std::vector<std::string> bwrap_isolation_args(bool disable_userns);
+// (and the merged-usr links), private /proc and a read-only /dev, /tmp and
+// /dev/shm as tmpfs of `tmp_bytes` each (when bwrap can size them). Nothing
+// of the host's /etc but the loader cache and the alternatives links.
+std::vector<std::string> bwrap_isolation_args(const bwrap_features& features, std::uint64_t tmp_bytes);
 
 // A kernel setting that keeps unprivileged user namespaces from working.
 struct userns_blocker {
@@ -50,9 +59,9 @@ struct captured_run {
   std::optional<exit_status> status;  // nullopt: killed after the timeout
   std::string output;                 // stdout and stderr together
 };
-// Runs `argv` (argv[0] an absolute path) to completion, with default limits.
+// Runs `argv` (argv[0] an absolute path) to completion under `limits`.
 // Throws sandbox_error(spawn_failed) when it cannot start.
 captured_run run_captured(const std::vector<std::string>& argv, std::optional<spawn_identity> run_as,
-                          std::chrono::milliseconds timeout);
+                          std::chrono::milliseconds timeout, const resource_limits& limits = {});
 
 }  // namespace cairn::runtime

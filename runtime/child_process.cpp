@@ -132,8 +132,12 @@ void child_tracker::kill_all() {
 }
 
 child_process::child_process(std::shared_ptr<child_handle> handle, unique_fd channel_fd,
-                             std::size_t max_frame, std::filesystem::path log_file)
-    : handle_(std::move(handle)), channel_(channel_fd.release(), max_frame), log_file_(std::move(log_file)) {}
+                             std::size_t max_frame, std::filesystem::path log_file,
+                             std::unique_ptr<limit_watch> limits)
+    : handle_(std::move(handle)),
+      channel_(channel_fd.release(), max_frame),
+      log_file_(std::move(log_file)),
+      limits_(std::move(limits)) {}
 
 child_process::~child_process() {
   try {
@@ -185,6 +189,13 @@ std::string child_process::log_tail(std::size_t max_bytes) const {
   ssize_t got = ::pread(fd.get(), tail.data(), n, static_cast<off_t>(size - n));
   tail.resize(got > 0 ? static_cast<std::size_t>(got) : 0);
   return tail;
+}
+
+std::optional<limit_breach> child_process::check_limits() {
+  auto status = poll_exit();
+  auto breach = limits_->check(status);
+  if (breach && !status) kill();
+  return breach;
 }
 
 }  // namespace cairn::runtime

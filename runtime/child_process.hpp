@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "runtime/limit_watch.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/spawn.hpp"
 #include "runtime/unique_fd.hpp"
@@ -41,7 +42,7 @@ struct child_handle {
 class child_process final : public agent_process {
  public:
   child_process(std::shared_ptr<child_handle> handle, unique_fd channel_fd, std::size_t max_frame,
-                std::filesystem::path log_file);
+                std::filesystem::path log_file, std::unique_ptr<limit_watch> limits);
   ~child_process() override;
 
   channel& io() override { return channel_; }
@@ -50,11 +51,13 @@ class child_process final : public agent_process {
   exit_status kill() override;
   std::optional<exit_status> wait_for(std::chrono::milliseconds timeout) override;
   std::string log_tail(std::size_t max_bytes) const override;
+  std::optional<limit_breach> check_limits() override;
 
  private:
   std::shared_ptr<child_handle> handle_;
   channel channel_;
   std::filesystem::path log_file_;
+  std::unique_ptr<limit_watch> limits_;
 };
 
 // The processes a sandbox has started, for its destroy(). Holds them weakly:

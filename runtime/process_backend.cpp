@@ -48,10 +48,20 @@ class process_sandbox final : public sandbox {
     handle->pid = child.pid;
     handle->pidfd = std::move(child.pidfd);
     tracker_.track(handle);
-    return std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file);
+    // No cgroup, no quota image: only deaths by an rlimit's signal tell.
+    return std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file,
+                                           std::make_unique<limit_watch>(spec_.limits, nullptr, nullptr));
   }
 
   void destroy() override { tracker_.kill_all(); }
+
+  std::vector<std::string> warnings() const override {
+    return {"resource totals are per process only (--sandbox none has no cgroup): memory, processes and CPU "
+            "time are bounded for each process by rlimits",
+            fmt::format("workspace {} has no size quota (--sandbox none): files are bounded one by one "
+                        "(limits.file_mb)",
+                        workspace_.string())};
+  }
 
  private:
   sandbox_spec spec_;
@@ -79,6 +89,9 @@ class process_backend final : public sandbox_backend {
              "write everything this user can, and use the network",
              ""}};
   }
+
+  // The workspace always is a plain folder.
+  void release_workspace(const fs::path&) override {}
 
  private:
   std::size_t max_frame_;

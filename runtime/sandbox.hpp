@@ -26,6 +26,7 @@ enum class sandbox_errc {
   userns_denied,    // the kernel refuses unprivileged user namespaces
   spawn_failed,     // fork/exec or the sandbox set-up failed
   bad_spec,         // the program or workspace cannot be used
+  workspace_failed, // the workspace's quota image could not be made, mounted, filled or released
 };
 
 class sandbox_error : public std::runtime_error {
@@ -42,19 +43,27 @@ class sandbox_error : public std::runtime_error {
 // sandbox when the machine allows it (cgroup v2, or v1 memory/pids/cpuacct),
 // else only per process with rlimits; see sandbox_backend::check().
 struct resource_limits {
-  std::uint64_t max_processes = 256;             // cgroup pids.max; RLIMIT_NPROC as a fallback
+  std::uint64_t max_processes = 256;             // cgroup pids.max (threads count); RLIMIT_NPROC as a fallback
   std::uint64_t max_memory_bytes = 2ull << 30;   // cgroup memory limit, tmpfs included; RLIMIT_AS per process
   std::uint64_t max_file_bytes = 1ull << 30;     // RLIMIT_FSIZE
   std::uint64_t max_open_files = 256;            // RLIMIT_NOFILE
-  std::uint64_t max_cpu_seconds = 0;             // total CPU time of the sandbox; 0: unlimited
-  std::uint64_t max_workspace_bytes = 1ull << 30;  // size quota of /workspace
+  // Total CPU time of the sandbox (cgroup), seen by check_limits(); RLIMIT_CPU
+  // of one second more per process as a backstop. 0: unlimited.
+  std::uint64_t max_cpu_seconds = 0;
+  // Size of /workspace: an ext4 image when cairn runs as root (its size is
+  // fixed when the run's first sandbox makes it); else files are bounded one
+  // by one (RLIMIT_FSIZE) only.
+  std::uint64_t max_workspace_bytes = 1ull << 30;
   std::uint64_t max_tmp_bytes = 64ull << 20;     // size of /tmp and /dev/shm (tmpfs) each
 };
 
 // A limit the sandbox ran into; the sandbox has been killed.
 struct limit_breach {
   std::string limit;    // "memory", "processes", "cpu", "workspace", "file_size"
-  std::string message;  // "memory limit exceeded: the sandbox used 512 MiB of 512 MiB"
+  // Names the limit and the policy key that raises it: "memory limit
+  // exceeded: the sandbox reached its 256 MiB limit and the kernel killed a
+  // process; raise limits.memory_mb"
+  std::string message;
 };
 
 struct sandbox_spec {
@@ -99,7 +108,11 @@ class agent_process {
   // Whether the sandbox has run into one of its limits. Cheap enough to call
   // every few hundred milliseconds; on a breach the sandbox is killed first
   // (a CPU limit is only seen by asking). Also meaningful after it exited:
-  // then it says why (e.g. killed by the OOM killer).
+  // then it says why (e.g. killed by the OOM killer). Once found, the same
+  // breach is returned on every later call. Seen: with a cgroup, the OOM
+  // killer ("memory"), a fork refused at pids.max ("processes"), the CPU
+  // total ("cpu"); with a quota image, a full workspace ("workspace"); and
+  // the agent killed by SIGXFSZ ("file_size") or SIGXCPU ("cpu").
   virtual std::optional<limit_breach> check_limits() = 0;
 };
 
@@ -118,8 +131,15 @@ class sandbox {
   // outlives the run. The host must not set SIGCHLD to SIG_IGN.
   virtual std::unique_ptr<agent_process> exec(const std::filesystem::path& program,
                                               const std::vector<std::string>& args) = 0;
-  // Kills whatever still runs in it. Idempotent; also done by the destructor.
+  // Kills whatever still runs in it, then gives back what it held: its
+  // cgroup is removed and its workspace image unmounted. Idempotent; also
+  // done by the destructor. A later exec() takes them again.
   virtual void destroy() = 0;
+  // What this sandbox cannot enforce on this machine, one sentence each with
+  // the fix, for the run's log: "resource totals are per process only: ...",
+  // "workspace ... has no size quota: ...", a kept image of another size.
+  // Known from create() on; empty when every limit holds as asked.
+  virtual std::vector<std::string> warnings() const = 0;
 };
 
 // Can this machine run the backend? Each problem comes with its fix.
@@ -135,8 +155,13 @@ class sandbox_backend {
   virtual ~sandbox_backend() = default;
   virtual std::string name() const = 0;
   // Creates the workspace if missing (under root, hands it to the sandbox
-  // uid). Throws sandbox_error: bwrap_missing, or bad_spec (no log file; the
-  // workspace cannot be created or reached by the sandbox uid).
+  // uid). bwrap under root: the files live in an image `<workspace>.img`
+  // beside it, mounted at the folder while a sandbox lives (files already in
+  // the folder move into it), until release_workspace(). Throws
+  // sandbox_error: bwrap_missing, bad_spec (no log file; the workspace
+  // cannot be created or reached by the sandbox uid, another process uses
+  // it, its files do not fit the quota), workspace_failed (its image exists
+  // but cannot be mounted).
   virtual std::unique_ptr<sandbox> create(const sandbox_spec& spec) = 0;
   virtual std::vector<doctor_check> check() const = 0;
   // The run is over: leave its workspace as a plain host folder with the

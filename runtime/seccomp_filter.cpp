@@ -26,7 +26,8 @@ constexpr const char* denied_syscalls[] = {
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
     "reboot", "swapon", "swapoff", "acct", "syslog", "quotactl", "open_by_handle_at", "name_to_handle_at",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm", "lookup_dcookie",
-    "socket", "socketpair", "nfsservctl", "uselib", "vhangup",
+    "socket", "socketpair", "nfsservctl", "uselib", "vhangup", "quotactl_fd", "fanotify_init",
+    "process_madvise",
 };
 
 [[noreturn]] void failed(const std::string& what, int rc) {

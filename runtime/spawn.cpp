@@ -20,9 +20,9 @@ namespace cairn::runtime {
 namespace {
 
 // What the child was doing when it failed; index into step_names.
-enum child_step : int { step_setsid, step_fds, step_chdir, step_rlimit, step_drop_ids, step_exec };
-constexpr const char* step_names[] = {"setsid",    "setting up file descriptors", "chdir",
-                                      "setrlimit", "dropping to the sandbox uid", "exec"};
+enum child_step : int { step_cgroup, step_setsid, step_fds, step_chdir, step_rlimit, step_drop_ids, step_exec };
+constexpr const char* step_names[] = {"joining the sandbox cgroup", "setsid", "setting up file descriptors",
+                                      "chdir", "setrlimit", "dropping to the sandbox uid", "exec"};
 
 struct child_failure {
   int step;
@@ -46,7 +46,7 @@ unique_fd dup_high(int fd) {
 
 struct rlimit_setting {
   int resource;
-  rlim_t value;
+  rlim_t soft, hard;
 };
 
 // Everything the child reads, prepared before fork: after fork only
@@ -57,6 +57,7 @@ struct child_plan {
   const char* cwd = nullptr;
   int devnull = -1, log = -1, channel = -1, error_pipe = -1;
   std::vector<int> extras;
+  std::vector<int> cgroups;
   std::vector<rlimit_setting> limits;
   std::optional<spawn_identity> run_as;
   pid_t parent = 0;
@@ -70,6 +71,9 @@ struct child_plan {
 
 [[noreturn]] void run_child(const child_plan& plan) {
   int err = plan.error_pipe;
+  // "0" moves the writer itself, in v1 and v2 alike.
+  for (int fd : plan.cgroups)
+    if (::write(fd, "0", 1) != 1) fail_child(err, step_cgroup);
   if (::setsid() < 0) fail_child(err, step_setsid);
 
   int last = first_extra_target + static_cast<int>(plan.extras.size());
@@ -90,7 +94,7 @@ struct child_plan {
   if (plan.cwd && ::chdir(plan.cwd) < 0) fail_child(err, step_chdir);
   for (const auto& limit : plan.limits) {
     struct rlimit value {
-      limit.value, limit.value
+      limit.soft, limit.hard
     };
     if (::setrlimit(limit.resource, &value) < 0) fail_child(err, step_rlimit);
   }
@@ -115,6 +119,21 @@ struct child_plan {
 
   ::execve(plan.argv[0], plan.argv.data(), plan.envp.data());
   fail_child(err, step_exec);
+}
+
+// Per process: RLIMIT_AS (a cgroup, when there is one, bounds the total),
+// RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC without a cgroup, and with a CPU
+// limit RLIMIT_CPU as a backstop to the cgroup's total: SIGXCPU one second
+// after it, SIGKILL one more second later.
+std::vector<rlimit_setting> rlimits_for(const spawn_request& request) {
+  const resource_limits& l = request.limits;
+  std::vector<rlimit_setting> limits = {{RLIMIT_AS, l.max_memory_bytes, l.max_memory_bytes},
+                                        {RLIMIT_FSIZE, l.max_file_bytes, l.max_file_bytes},
+                                        {RLIMIT_NOFILE, l.max_open_files, l.max_open_files},
+                                        {RLIMIT_CORE, 0, 0}};
+  if (request.join_cgroups.empty()) limits.push_back({RLIMIT_NPROC, l.max_processes, l.max_processes});
+  if (l.max_cpu_seconds > 0) limits.push_back({RLIMIT_CPU, l.max_cpu_seconds + 1, l.max_cpu_seconds + 2});
+  return limits;
 }
 
 std::vector<char*> c_strings(const std::vector<std::string>& strings) {
@@ -144,7 +163,8 @@ bool wait_pidfd(int pidfd, std::chrono::milliseconds timeout) {
 }
 
 spawned_child spawn_child(const spawn_request& request) {
-  if (request.argv.empty() || request.log_fd < 0 || request.extra_fds.size() > max_extra_fds)
+  if (request.argv.empty() || request.log_fd < 0 || request.extra_fds.size() > max_extra_fds ||
+      request.join_cgroups.size() > max_extra_fds)
     throw sandbox_error(sandbox_errc::spawn_failed, "spawn_child: invalid request");
 
   int pair[2];
@@ -170,11 +190,8 @@ spawned_child spawn_child(const spawn_request& request) {
   plan.channel = high(child_end.get());
   plan.error_pipe = high(error_write.get());
   for (int fd : request.extra_fds) plan.extras.push_back(high(fd));
-  plan.limits = {{RLIMIT_NPROC, request.limits.max_processes},
-                 {RLIMIT_AS, request.limits.max_memory_bytes},
-                 {RLIMIT_FSIZE, request.limits.max_file_bytes},
-                 {RLIMIT_NOFILE, request.limits.max_open_files},
-                 {RLIMIT_CORE, 0}};
+  for (int fd : request.join_cgroups) plan.cgroups.push_back(high(fd));
+  plan.limits = rlimits_for(request);
   plan.run_as = request.run_as;
   plan.parent = ::getpid();
 

@@ -5,8 +5,10 @@
 // that spawned it dies (PR_SET_PDEATHSIG); fd 0 = /dev/null, fds 1 and 2 =
 // `log_fd`, fd 3 = its end of a new socketpair (the channel), fds 4, 5, ... =
 // `extra_fds` in order, nothing else; default signal dispositions and an empty
-// signal mask; the rlimits of `limits` plus RLIMIT_CORE 0; optionally an
-// unprivileged uid/gid (no supplementary groups); exactly `env` as environment.
+// signal mask; membership of the cgroups in `join_cgroups`, joined before
+// anything else so that nothing it starts escapes them; rlimits from
+// `limits` (see spawn.cpp) plus RLIMIT_CORE 0; optionally an unprivileged
+// uid/gid (no supplementary groups); exactly `env` as environment.
 #pragma once
 
 #include <sys/types.h>
@@ -32,6 +34,10 @@ struct spawn_request {
   std::filesystem::path cwd;      // empty: inherit the host's
   int log_fd = -1;                // stdout and stderr; stays owned by the caller
   std::vector<int> extra_fds;     // stay owned by the caller; at most 8
+  // cgroup.procs files open for writing (sandbox_cgroup::join_fds); stay
+  // owned by the caller. Nonempty: the cgroup counts processes, so
+  // RLIMIT_NPROC (which counts all of the uid's, across sandboxes) is not set.
+  std::vector<int> join_cgroups;
   resource_limits limits;
   std::optional<spawn_identity> run_as;  // requires root
 };

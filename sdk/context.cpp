@@ -30,7 +30,7 @@ std::chrono::milliseconds delay_after(const retry_policy& p, int attempt) {
 // Clears session::in_step however the step ends.
 struct step_guard {
   explicit step_guard(session& s) : s_(s) {
-    if (s_.in_step) throw std::logic_error("ctx.step cannot be called inside another step");
+    if (s_.in_step) throw std::logic_error("ctx.step and ctx.tool cannot be called inside a step");
     s_.in_step = true;
   }
   ~step_guard() { s_.in_step = false; }
@@ -88,6 +88,14 @@ json run_journaled(session& s, std::string_view name, protocol::step_kind kind,
 
 json context::run_step(std::string_view name, const std::function<json()>& fn, const retry_policy& policy) {
   return run_journaled(session_, name, protocol::step_kind::step, fn, policy);
+}
+
+json context::tool(std::string_view name, const json& args) {
+  step_guard guard(session_);
+  auto r = session_.replay_next(name, protocol::step_kind::tool);
+  if (!r) r = session_.call_tool(protocol::tool_msg{session_.take_seq(), std::string(name), args});
+  if (r->ok) return r->output;
+  throw tool_error(r->name, r->error.type, r->error.message);
 }
 
 std::chrono::system_clock::time_point context::now() {

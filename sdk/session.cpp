@@ -74,6 +74,15 @@ void session::send_and_wait_ack(const protocol::agent_message& m, std::uint64_t 
     throw host_gone("expected the host's ack for step " + std::to_string(seq));
 }
 
+protocol::step_result session::call_tool(const protocol::tool_msg& m) {
+  send(m);
+  auto reply = receive();
+  auto* result = std::get_if<protocol::result_msg>(&reply);
+  if (!result || result->result.seq != m.seq)
+    throw host_gone("expected the host's result for tool call " + std::to_string(m.seq));
+  return std::move(result->result);
+}
+
 std::optional<protocol::step_result> session::replay_next(std::string_view name,
                                                          protocol::step_kind kind) {
   if (nondeterminism_) throw nondeterminism{*nondeterminism_};

@@ -52,6 +52,8 @@ class session {
   void close_channel();
   // Sends and blocks until the host acknowledges `seq` (it is then durable).
   void send_and_wait_ack(const protocol::agent_message& m, std::uint64_t seq);
+  // Sends the call and blocks until the host's journaled result for it.
+  protocol::step_result call_tool(const protocol::tool_msg& m);
 
   const std::optional<std::string>& nondeterminism_error() const { return nondeterminism_; }
   bool in_step = false;

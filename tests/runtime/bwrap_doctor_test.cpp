@@ -25,12 +25,35 @@ TEST_CASE("diagnose_bwrap_failure names the cause and the fix") {
 TEST_CASE("the bwrap doctor passes on this machine") {
   for (const auto& check : make_bwrap_backend()->check()) {
     INFO(check.name << ": " << check.detail << " / fix: " << check.fix);
+    // Totals and the workspace size need root (as in CI); without, they are reported with a fix.
+    bool needs_root = check.name == "resource totals" || check.name == "workspace quota";
+    if (needs_root && ::geteuid() != 0) continue;
     CHECK(check.ok);
   }
   auto checks = make_bwrap_backend()->check();
   auto starts =
       std::find_if(checks.begin(), checks.end(), [](const auto& c) { return c.name == "sandbox starts"; });
   REQUIRE(starts != checks.end());
+}
+
+TEST_CASE("the bwrap doctor reports how totals and the workspace size are enforced") {
+  auto checks = make_bwrap_backend()->check();
+  auto find = [&](const char* name) {
+    auto it = std::find_if(checks.begin(), checks.end(), [&](const auto& c) { return c.name == name; });
+    REQUIRE(it != checks.end());
+    return *it;
+  };
+  doctor_check totals = find("resource totals");
+  INFO(totals.detail);
+  if (totals.ok)
+    CHECK_THAT(totals.detail, Catch::StartsWith("cgroup v1: memory, pids, cpuacct") ||
+                                  Catch::StartsWith("cgroup v2: memory, pids"));
+  else
+    CHECK_THAT(totals.detail, Catch::StartsWith("none: totals are per process only"));
+  doctor_check quota = find("workspace quota");
+  INFO(quota.detail);
+  CHECK_THAT(quota.detail, Catch::StartsWith(quota.ok ? "ext4 image per run" : "unavailable: "));
+  CHECK(quota.ok == (::geteuid() == 0 && fs::exists("/dev/loop-control")));
 }
 
 TEST_CASE("the bwrap doctor reports a missing bwrap with its fix") {

@@ -8,10 +8,16 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sched.h>
+#include <linux/keyctl.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -86,19 +92,31 @@ json find_needle(const std::string& needle) {
   return places;
 }
 
-json status() {
-  std::string cap_eff;
-  std::istringstream lines(slurp("/proc/self/status"));
+// "CapEff:\t0000000000000000" -> "0000000000000000"
+std::string status_field(const std::string& status, const std::string& key) {
+  std::istringstream lines(status);
   for (std::string line; std::getline(lines, line);)
-    if (line.rfind("CapEff:", 0) == 0) cap_eff = line.substr(line.find_first_not_of(" \t", 7));
+    if (line.rfind(key + ":", 0) == 0) return line.substr(line.find_first_not_of(" \t", key.size() + 1));
+  return "";
+}
+
+json status() {
+  std::string proc_status = slurp("/proc/self/status");
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   char cwd[4096] = {};
   if (!::getcwd(cwd, sizeof cwd)) cwd[0] = '\0';
   json env = json::array();
   for (char** e = environ; *e; ++e) env.push_back(*e);
-  return {{"uid", ::getuid()}, {"euid", ::geteuid()},
-          {"gid", ::getgid()}, {"cap_eff", cap_eff},
+  return {{"uid", ::getuid()},
+          {"euid", ::geteuid()},
+          {"gid", ::getgid()},
+          {"cap_eff", status_field(proc_status, "CapEff")},
+          {"cap_prm", status_field(proc_status, "CapPrm")},
+          {"cap_bnd", status_field(proc_status, "CapBnd")},
+          {"cap_amb", status_field(proc_status, "CapAmb")},
+          {"no_new_privs", status_field(proc_status, "NoNewPrivs")},
+          {"seccomp", status_field(proc_status, "Seccomp")},
           {"hostname", host},  {"cwd", cwd},
           {"env", env},        {"fds", list_dir("/proc/self/fd", false, 0)}};
 }
@@ -131,28 +149,129 @@ json forbidden_syscalls() {
   out["socket_unix"] = attempt(::socket(AF_UNIX, SOCK_STREAM, 0));
   out["socket_netlink"] = attempt(::socket(AF_NETLINK, SOCK_RAW, 0));
   out["socket_packet"] = attempt(::socket(AF_PACKET, SOCK_RAW, 0));
+  out["socket_raw"] = attempt(::socket(AF_INET, SOCK_RAW, IPPROTO_ICMP));
+  out["socket_inet6"] = attempt(::socket(AF_INET6, SOCK_DGRAM, 0));
+  out["socket_vsock"] = attempt(::socket(40 /* AF_VSOCK */, SOCK_STREAM, 0));
   int pair[2];
   out["socketpair"] = attempt(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair));
   out["ptrace_attach"] = attempt(::syscall(SYS_ptrace, PTRACE_ATTACH, 1, 0, 0));
   out["process_vm_readv"] = attempt(::syscall(SYS_process_vm_readv, 1, nullptr, 0, nullptr, 0, 0));
+  out["process_vm_writev"] = attempt(::syscall(SYS_process_vm_writev, 1, nullptr, 0, nullptr, 0, 0));
   out["mount"] = attempt(::syscall(SYS_mount, "none", "/tmp", "tmpfs", 0, nullptr));
+  out["mount_bind_remount"] = attempt(::syscall(SYS_mount, "/", "/", nullptr, MS_REMOUNT | MS_BIND, nullptr));
+  out["umount2"] = attempt(::syscall(SYS_umount2, "/workspace", MNT_DETACH));
+  out["pivot_root"] = attempt(::syscall(SYS_pivot_root, "/tmp", "/tmp"));
+  out["open_tree"] = attempt(::syscall(SYS_open_tree, AT_FDCWD, "/usr", 1 /* OPEN_TREE_CLONE */));
+  out["fsopen"] = attempt(::syscall(SYS_fsopen, "tmpfs", 0));
   out["unshare_user"] = attempt(::syscall(SYS_unshare, CLONE_NEWUSER));
+  out["unshare_mount"] = attempt(::syscall(SYS_unshare, CLONE_NEWNS));
+  out["unshare_net"] = attempt(::syscall(SYS_unshare, CLONE_NEWNET));
   long cloned = ::syscall(SYS_clone, CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0);
   if (cloned == 0) ::_exit(0);  // the child of a clone that should not have worked
   out["clone_newns"] = attempt(cloned);
   out["setns"] = attempt(::syscall(SYS_setns, 0, 0));
   out["chroot"] = attempt(::syscall(SYS_chroot, "/tmp"));
-  out["keyctl"] = attempt(::syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */, -3, 0));
-  out["add_key"] = attempt(::syscall(SYS_add_key, "user", "cairn", "x", 1, -3));
+  out["keyctl"] = attempt(::syscall(SYS_keyctl, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0));
+  out["keyctl_join"] = attempt(::syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, nullptr));
+  out["add_key"] = attempt(::syscall(SYS_add_key, "user", "cairn", "x", 1, KEY_SPEC_SESSION_KEYRING));
+  out["request_key"] = attempt(::syscall(SYS_request_key, "user", "cairn", nullptr, KEY_SPEC_SESSION_KEYRING));
   out["bpf"] = attempt(::syscall(SYS_bpf, 0, nullptr, 0));
   out["perf_event_open"] = attempt(::syscall(SYS_perf_event_open, nullptr, 0, -1, -1, 0));
   out["userfaultfd"] = attempt(::syscall(SYS_userfaultfd, 0));
   out["io_uring_setup"] = attempt(::syscall(SYS_io_uring_setup, 1, nullptr));
+  out["io_uring_enter"] = attempt(::syscall(SYS_io_uring_enter, 0, 0, 0, 0, nullptr, 0));
   out["init_module"] = attempt(::syscall(SYS_init_module, nullptr, 0, ""));
+  out["finit_module"] = attempt(::syscall(SYS_finit_module, 0, "", 0));
+  out["delete_module"] = attempt(::syscall(SYS_delete_module, "loop", 0));
   out["kexec_load"] = attempt(::syscall(SYS_kexec_load, 0, 0, nullptr, 0));
+  out["kexec_file_load"] = attempt(::syscall(SYS_kexec_file_load, -1, -1, 0, "", 0));
+  out["pidfd_getfd"] = attempt(::syscall(SYS_pidfd_getfd, 0, 0, 0));
+  out["open_by_handle_at"] = attempt(::syscall(SYS_open_by_handle_at, AT_FDCWD, nullptr, 0));
   char c = 'x';
   out["tiocsti"] = attempt(::ioctl(channel_fd, TIOCSTI, &c));
+  char linux_request = 12;  // TIOCL_GETKMSGREDIRECT
+  out["tioclinux"] = attempt(::ioctl(channel_fd, TIOCLINUX, &linux_request));
   return out;
+}
+
+// Every directory where a file can be created and every regular file that
+// opens for writing, under `dir`; /proc and /sys are not walked.
+void find_writable(const std::string& dir, json& found, int depth) {
+  if (depth > 24 || dir == "/proc" || dir == "/sys") return;
+  std::string probe_file = (dir == "/" ? "" : dir) + "/.cairn-writable-probe";
+  int fd = ::open(probe_file.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(probe_file.c_str());
+    found.push_back(dir);
+  }
+  for (const auto& name : list_dir(dir.c_str(), false)) {
+    std::string path = (dir == "/" ? "" : dir) + "/" + name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) < 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      find_writable(path, found, depth + 1);
+    } else if (S_ISREG(st.st_mode)) {
+      int w = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK);
+      if (w >= 0) {
+        ::close(w);
+        found.push_back(path);
+      }
+    }
+  }
+}
+
+// Writes 64 KiB blocks to `path` until a write fails.
+json fill(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return {{"written", 0}, {"error", error_text()}};
+  std::string block(64 << 10, 'x');
+  std::uint64_t written = 0;
+  for (;;) {
+    ssize_t n = ::write(fd, block.data(), block.size());
+    if (n <= 0) break;
+    written += static_cast<std::uint64_t>(n);
+  }
+  json result = {{"written", written}, {"error", error_text()}};
+  ::close(fd);
+  return result;
+}
+
+// Forks until refused, then keeps trying: the host must end it.
+[[noreturn]] void fork_bomb() {
+  report("forkbomb", true, nullptr);
+  for (;;) {
+    pid_t child = ::fork();
+    if (child == 0)
+      for (;;) ::pause();
+  }
+}
+
+// `count` processes, each allocating and touching `bytes`, then waiting.
+[[noreturn]] void memory_bomb(int count, std::size_t bytes) {
+  report("memhog", true, nullptr);
+  for (int i = 0; i < count; ++i) {
+    if (::fork() != 0) continue;
+    char* p = static_cast<char*>(std::malloc(bytes));
+    for (std::size_t off = 0; p && off < bytes; off += 4096) p[off] = 1;
+    for (;;) ::pause();
+  }
+  for (;;) ::pause();
+}
+
+// Runs `program status` in a child, which reports on the channel itself;
+// reports only when that fails.
+int exec_and_report(const std::string& program) {
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::execl(program.c_str(), program.c_str(), "status", nullptr);
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    report("exec", false, {{"status", status}});
+  return 0;
 }
 
 [[noreturn]] void grandchild(const std::string& token) {
@@ -223,6 +342,49 @@ int main(int argc, char** argv) {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     bool ok = s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
     report(action, ok, ok ? "connected" : error_text());
+  } else if (action == "connect_unix") {
+    int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, arg(1).c_str(), sizeof addr.sun_path - 1);
+    bool ok = s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    report(action, ok, ok ? "connected" : error_text());
+  } else if (action == "symlink") {
+    bool ok = ::symlink(arg(1).c_str(), arg(2).c_str()) == 0;
+    report(action, ok, ok ? "linked" : error_text());
+  } else if (action == "link") {
+    bool ok = ::link(arg(1).c_str(), arg(2).c_str()) == 0;
+    report(action, ok, ok ? "linked" : error_text());
+  } else if (action == "mknod") {
+    json out;
+    bool ok_any = false;
+    for (auto [name, mode] : {std::pair{"char", S_IFCHR}, std::pair{"block", S_IFBLK}}) {
+      std::string path = arg(1) + "-" + name;
+      bool ok = ::mknod(path.c_str(), mode | 0666, makedev(1, 3)) == 0;
+      ok_any = ok_any || ok;
+      out[name] = ok ? "created" : error_text();
+    }
+    report(action, ok_any, out);
+  } else if (action == "kill") {
+    pid_t target = std::atoi(arg(1).c_str());
+    // SIGCONT: harmless to the host should it arrive.
+    bool ok = ::kill(target, SIGCONT) == 0;
+    report(action, ok, ok ? "signalled" : error_text());
+  } else if (action == "exec") {
+    return exec_and_report(arg(1));
+  } else if (action == "writable") {
+    json found = json::array();
+    find_writable("/", found, 0);
+    report(action, true, found);
+  } else if (action == "fill") {
+    report(action, true, fill(arg(1)));
+  } else if (action == "forkbomb") {
+    fork_bomb();
+  } else if (action == "memhog") {
+    memory_bomb(std::atoi(arg(1).c_str()), std::strtoull(arg(2).c_str(), nullptr, 10));
+  } else if (action == "spin") {
+    report(action, true, nullptr);
+    for (;;) asm volatile("" ::: "memory");  // a loop the compiler must keep
   } else if (action == "syscalls") {
     report(action, true, forbidden_syscalls());
   } else if (action == "interfaces") {

@@ -79,6 +79,38 @@ TEST_CASE("process backend: rlimits apply") {
   CHECK(run_probe(*box, {"alloc", std::to_string(1u << 30)})["ok"] == false);
 }
 
+TEST_CASE("process backend: deaths by an rlimit's signal are limit breaches") {
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  spec.limits.max_file_bytes = 1u << 20;
+  auto backend = make_process_backend();
+  auto box = backend->create(spec);
+  auto process = box->exec(SANDBOX_PROBE, {"fill", (dir.path / "big").string()});
+  auto status = process->wait_for(10s);
+  REQUIRE(status);
+  CHECK(status->signal == SIGXFSZ);
+  auto breach = process->check_limits();
+  REQUIRE(breach);
+  CHECK(breach->limit == "file_size");
+  CHECK_THAT(breach->message, Catch::Contains("limits.file_mb"));
+
+  process = box->exec(SANDBOX_PROBE, {"status"});
+  REQUIRE(process->wait_for(10s));
+  CHECK_FALSE(process->check_limits());
+}
+
+TEST_CASE("process backend: it warns that nothing is bounded in total, and has no workspace to release") {
+  temp_dir dir;
+  auto backend = make_process_backend();
+  auto warnings = backend->create(make_spec(dir))->warnings();
+  REQUIRE(warnings.size() == 2);
+  CHECK_THAT(warnings[0], Catch::Contains("per process only"));
+  CHECK_THAT(warnings[1], Catch::Contains("no size quota"));
+  std::ofstream(dir.path / "ws" / "kept.txt") << "kept";
+  backend->release_workspace(dir.path / "ws");
+  CHECK(fs::exists(dir.path / "ws" / "kept.txt"));
+}
+
 TEST_CASE("process backend: a program that cannot be exec'd is a spawn_failed with the reason") {
   temp_dir dir;
   fs::path garbage = dir.path / "not-a-program";

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -39,11 +40,15 @@ struct temp_dir {
   }
 };
 
+// Small quotas keep the tests fast: a 16 MiB workspace image (the least a
+// policy allows) and 8 MiB tmpfs.
 inline sandbox_spec make_spec(const temp_dir& dir) {
   sandbox_spec spec;
   spec.run_id = "run-test-1";
   spec.workspace = dir.path / "ws";
   spec.log_file = dir.path / "agent.log";
+  spec.limits.max_workspace_bytes = 16u << 20;
+  spec.limits.max_tmp_bytes = 8u << 20;
   return spec;
 }
 
@@ -77,6 +82,16 @@ inline json run_probe(sandbox& box, const std::vector<std::string>& args,
   INFO("log: " << process->log_tail());
   CHECK(status->describe() == "exited with code 0");
   return report;
+}
+
+// Polls check_limits() until it reports a breach or `limit` passes.
+inline std::optional<limit_breach> wait_for_breach(agent_process& process, std::chrono::milliseconds limit = 10s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (auto breach = process.check_limits()) return breach;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(20ms);
+  }
 }
 
 // Host processes whose command line contains `token`.

@@ -62,6 +62,22 @@ class step_failed : public std::runtime_error {
   std::string step_, type_, cause_;
 };
 
+// A tool call did not succeed: the host refused it (not granted by the run's
+// policy, or arguments outside the grant), or the tool failed. Journaled like
+// a result: on replay the same error is thrown again. Catch it to go on.
+class tool_error : public std::runtime_error {
+ public:
+  tool_error(std::string tool, std::string type, const std::string& message)
+      : std::runtime_error(message), tool_(std::move(tool)), type_(std::move(type)) {}
+  const std::string& tool() const { return tool_; }
+  // "refused", "timeout", "too_large", "bad_output", "unavailable", "failed",
+  // or "settled" (recorded by `cairn settle --error`).
+  const std::string& type() const { return type_; }
+
+ private:
+  std::string tool_, type_;
+};
+
 class session;
 
 class context {
@@ -82,6 +98,14 @@ class context {
       }
     }, policy);
   }
+
+  // Asks the host to call tool `name` (granted by the run's policy) with
+  // `args`. The host checks the policy, runs the tool outside the sandbox and
+  // journals the result before returning it; on replay the journaled result
+  // is returned and the tool is not called again. Throws tool_error.
+  //   auto page = ctx.tool("http.fetch", {{"url", "https://example.com/"}});
+  //   auto reply = ctx.tool("llm.chat", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
+  json tool(std::string_view name, const json& args = json::object());
 
   // The wall clock, journaled: replay sees the time of the first execution.
   std::chrono::system_clock::time_point now();

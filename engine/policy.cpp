@@ -1,0 +1,315 @@
+#include "engine/policy.hpp"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace cairn::engine {
+namespace {
+
+constexpr std::uint64_t mib = 1ull << 20;
+constexpr const char* builtin_fetch = "http.fetch";
+constexpr const char* builtin_llm = "llm.chat";
+
+std::string join_key(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+// Reads one JSON object strictly: every key must be taken by a getter before
+// done(), or it is reported as unknown.
+class object_reader {
+ public:
+  object_reader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
+    if (!j_.is_object()) throw policy_error(path_, "must be a JSON object");
+  }
+
+  bool has(const char* key) const { return j_.contains(key); }
+
+  const json* take(const char* key) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    return it == j_.end() ? nullptr : &*it;
+  }
+
+  std::uint64_t number(const char* key, std::uint64_t fallback, std::uint64_t min, std::uint64_t max,
+                       const char* unit = "") {
+    const json* v = take(key);
+    if (!v) return fallback;
+    if (!v->is_number_integer() || (v->is_number_integer() && !v->is_number_unsigned() && v->get<std::int64_t>() < 0))
+      throw policy_error(key_of(key), "must be a whole number");
+    auto n = v->get<std::uint64_t>();
+    if (n < min || n > max)
+      throw policy_error(key_of(key), fmt::format("{}{} is impossible: it must be between {} and {}{}", n, unit, min,
+                                                  max, unit));
+    return n;
+  }
+
+  bool boolean(const char* key, bool fallback) {
+    const json* v = take(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) throw policy_error(key_of(key), "must be true or false");
+    return v->get<bool>();
+  }
+
+  std::string string(const char* key, const std::string& fallback) {
+    const json* v = take(key);
+    if (!v) return fallback;
+    if (!v->is_string()) throw policy_error(key_of(key), "must be a string");
+    return v->get<std::string>();
+  }
+
+  std::vector<std::string> strings(const char* key, std::vector<std::string> fallback, bool required = false) {
+    const json* v = take(key);
+    if (!v) {
+      if (required) throw policy_error(key_of(key), "is required");
+      return fallback;
+    }
+    if (!v->is_array()) throw policy_error(key_of(key), "must be an array of strings");
+    std::vector<std::string> out;
+    for (const auto& e : *v) {
+      if (!e.is_string() || e.get_ref<const std::string&>().empty())
+        throw policy_error(key_of(key), "must be an array of non-empty strings");
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  }
+
+  void done() const {
+    for (const auto& [key, value] : j_.items())
+      if (!seen_.count(key))
+        throw policy_error(key_of(key), "is not a policy key" + known_keys());
+  }
+
+  std::string key_of(const std::string& key) const { return join_key(path_, key); }
+
+ private:
+  std::string known_keys() const {
+    if (seen_.empty()) return "";
+    std::string list;
+    for (const auto& k : seen_) list += (list.empty() ? "" : ", ") + k;
+    return " (known here: " + list + ")";
+  }
+
+  const json& j_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+std::uint64_t physical_memory() {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(size) : 1ull << 40;
+}
+
+runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wall) {
+  runtime::resource_limits d = default_policy().limits;
+  runtime::resource_limits l;
+  const std::uint64_t ram_mib = physical_memory() / mib;
+  l.max_memory_bytes = r.number("memory_mb", d.max_memory_bytes / mib, 32, ram_mib, " MiB") * mib;
+  l.max_processes = r.number("processes", d.max_processes, 8, 1'000'000);
+  l.max_cpu_seconds = r.number("cpu_seconds", d.max_cpu_seconds, 0, 365ull * 24 * 3600, " s");
+  wall = std::chrono::seconds(r.number("wall_seconds", default_policy().wall_time.count(), 0, 365ull * 24 * 3600, " s"));
+  l.max_open_files = r.number("open_files", d.max_open_files, 16, 1 << 20);
+  l.max_workspace_bytes = r.number("workspace_mb", d.max_workspace_bytes / mib, 16, 1ull << 24, " MiB") * mib;
+  l.max_file_bytes = r.number("file_mb", d.max_file_bytes / mib, 1, 1ull << 24, " MiB") * mib;
+  l.max_tmp_bytes = r.number("tmp_mb", d.max_tmp_bytes / mib, 1, 1ull << 24, " MiB") * mib;
+  if (l.max_tmp_bytes > l.max_memory_bytes)
+    throw policy_error(r.key_of("tmp_mb"), fmt::format("{} MiB is impossible: /tmp is memory and must fit in "
+                                                       "memory_mb ({} MiB)",
+                                                       l.max_tmp_bytes / mib, l.max_memory_bytes / mib));
+  r.done();
+  return l;
+}
+
+void check_host_pattern(const std::string& key, const std::string& host) {
+  static const std::regex pattern(R"(^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$)");
+  if (!std::regex_match(host, pattern))
+    throw policy_error(key, fmt::format("'{}' is not a host pattern: use 'example.com', 'example.com:8443', "
+                                        "'*.example.com' or '127.0.0.1:8080' (no scheme, no path)",
+                                        host));
+}
+
+http_fetch_grant parse_fetch(object_reader& r) {
+  http_fetch_grant d, g;
+  g.hosts = r.strings("hosts", {}, true);
+  if (g.hosts.empty()) throw policy_error(r.key_of("hosts"), "must name at least one host");
+  for (const auto& h : g.hosts) check_host_pattern(r.key_of("hosts"), h);
+  g.methods = r.strings("methods", d.methods);
+  static const std::set<std::string> methods = {"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"};
+  for (const auto& m : g.methods)
+    if (!methods.count(m))
+      throw policy_error(r.key_of("methods"), "'" + m + "' is not one of GET, HEAD, OPTIONS, POST, PUT, PATCH, DELETE");
+  g.max_response_bytes = r.number("max_bytes", d.max_response_bytes, 1, 1ull << 30);
+  g.timeout = std::chrono::milliseconds(r.number("timeout_ms", d.timeout.count(), 1, 3'600'000, " ms"));
+  g.max_redirects = static_cast<int>(r.number("max_redirects", d.max_redirects, 0, 20));
+  r.done();
+  return g;
+}
+
+llm_chat_grant parse_llm(object_reader& r) {
+  llm_chat_grant d, g;
+  g.models = r.strings("models", d.models);
+  g.max_tokens = static_cast<int>(r.number("max_tokens", d.max_tokens, 1, 10'000'000));
+  g.timeout = std::chrono::milliseconds(r.number("timeout_ms", d.timeout.count(), 1, 3'600'000, " ms"));
+  g.stream = r.boolean("stream", d.stream);
+  g.max_response_bytes = r.number("max_bytes", d.max_response_bytes, 1, 1ull << 30);
+  r.done();
+  return g;
+}
+
+idempotency parse_idempotency(const std::string& key, const json* v) {
+  if (!v) throw policy_error(key, "is required: declare the tool \"idempotent\" (safe to repeat with the same "
+                                  "idempotency key after a crash) or \"at_most_once\"");
+  if (v->is_string() && *v == "idempotent") return idempotency::idempotent;
+  if (v->is_string() && *v == "at_most_once") return idempotency::at_most_once;
+  throw policy_error(key, "must be \"idempotent\" or \"at_most_once\"");
+}
+
+command_tool_spec parse_command(object_reader& r) {
+  command_tool_spec d, c;
+  c.command = r.strings("command", {}, true);
+  if (c.command.empty()) throw policy_error(r.key_of("command"), "must hold the program and its arguments");
+  const std::filesystem::path program = c.command[0];
+  if (!program.is_absolute())
+    throw policy_error(r.key_of("command"), "'" + c.command[0] + "' must be an absolute path");
+  if (access(program.c_str(), X_OK) != 0)
+    throw policy_error(r.key_of("command"), "'" + c.command[0] + "' is not an executable file on this host");
+  if (const json* input = r.take("input")) {
+    if (!input->is_object()) throw policy_error(r.key_of("input"), "must map argument names to types");
+    static const std::set<std::string> types = {"string", "number", "integer", "boolean", "object", "array", "any"};
+    for (const auto& [name, type] : input->items()) {
+      if (!type.is_string() || !types.count(type.get<std::string>()))
+        throw policy_error(r.key_of("input") + "." + name,
+                           "must be one of string, number, integer, boolean, object, array, any");
+      if (name.empty() || name == "?") throw policy_error(r.key_of("input"), "an argument name is empty");
+      c.input[name] = type.get<std::string>();
+    }
+  }
+  c.timeout = std::chrono::milliseconds(r.number("timeout_ms", d.timeout.count(), 1, 3'600'000, " ms"));
+  c.kind = parse_idempotency(r.key_of("idempotency"), r.take("idempotency"));
+  c.max_output_bytes = r.number("max_output_bytes", d.max_output_bytes, 1, 1ull << 30);
+  r.done();
+  return c;
+}
+
+void check_tool_name(const std::string& key, const std::string& name) {
+  static const std::regex pattern(R"(^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$)");
+  if (!std::regex_match(name, pattern) || name.size() > 128)
+    throw policy_error(key, "a tool name is lowercase letters, digits and '_', dot-separated (like send_email "
+                            "or crm.lookup)");
+}
+
+json strings_json(const std::vector<std::string>& v) { return json(v); }
+
+}  // namespace
+
+policy default_policy() {
+  policy p;
+  p.limits.max_memory_bytes = 1024 * mib;
+  p.limits.max_processes = 256;
+  p.limits.max_cpu_seconds = 1800;
+  p.limits.max_open_files = 256;
+  p.limits.max_workspace_bytes = 1024 * mib;
+  p.limits.max_file_bytes = 1024 * mib;
+  p.limits.max_tmp_bytes = 64 * mib;
+  p.wall_time = std::chrono::seconds(3600);
+  return p;
+}
+
+bool policy::grants(const std::string& tool) const {
+  if (tool == builtin_fetch) return http_fetch.has_value();
+  if (tool == builtin_llm) return llm_chat.has_value();
+  return commands.count(tool) > 0;
+}
+
+std::vector<std::string> policy::tool_names() const {
+  std::vector<std::string> names;
+  if (http_fetch) names.push_back(builtin_fetch);
+  if (llm_chat) names.push_back(builtin_llm);
+  for (const auto& [name, spec] : commands) names.push_back(name);
+  return names;
+}
+
+policy parse_policy(const json& j) {
+  policy p = default_policy();
+  object_reader root(j, "");
+  p.network = root.string("network", "none");
+  if (p.network != "none")
+    throw policy_error("network", "only \"none\" is supported: a sandbox has no network. Reach the outside "
+                                  "through the http.fetch tool, which the host makes within this policy");
+  if (const json* limits = root.take("limits")) {
+    object_reader r(*limits, "limits");
+    p.limits = parse_limits(r, p.wall_time);
+  }
+  if (const json* tools = root.take("tools")) {
+    if (!tools->is_object()) throw policy_error("tools", "must map tool names to their grants");
+    for (const auto& [name, grant] : tools->items()) {
+      const std::string key = "tools." + name;
+      check_tool_name(key, name);
+      object_reader r(grant, key);
+      if (name == builtin_fetch) p.http_fetch = parse_fetch(r);
+      else if (name == builtin_llm) p.llm_chat = parse_llm(r);
+      else if (!r.has("command"))
+        throw policy_error(key, "is neither a built-in tool (http.fetch, llm.chat) nor a user tool with a "
+                                "\"command\"");
+      else p.commands[name] = parse_command(r);
+    }
+  }
+  root.done();
+  return p;
+}
+
+policy load_policy_file(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw policy_error("", fmt::format("cannot read policy file {}", file.string()));
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) throw policy_error("", fmt::format("policy file {} is not valid JSON", file.string()));
+  try {
+    return parse_policy(j);
+  } catch (const policy_error& e) {
+    throw policy_error(e.key(), fmt::format("policy file {}: {}", file.string(), e.what()));
+  }
+}
+
+json to_json(const policy& p) {
+  const auto& l = p.limits;
+  json tools = json::object();
+  if (p.http_fetch) {
+    const auto& g = *p.http_fetch;
+    tools[builtin_fetch] = {{"hosts", strings_json(g.hosts)},
+                            {"methods", strings_json(g.methods)},
+                            {"max_bytes", g.max_response_bytes},
+                            {"timeout_ms", g.timeout.count()},
+                            {"max_redirects", g.max_redirects}};
+  }
+  if (p.llm_chat) {
+    const auto& g = *p.llm_chat;
+    tools[builtin_llm] = {{"models", strings_json(g.models)},
+                          {"max_tokens", g.max_tokens},
+                          {"timeout_ms", g.timeout.count()},
+                          {"stream", g.stream},
+                          {"max_bytes", g.max_response_bytes}};
+  }
+  for (const auto& [name, c] : p.commands)
+    tools[name] = {{"command", strings_json(c.command)},
+                   {"input", c.input},
+                   {"timeout_ms", c.timeout.count()},
+                   {"idempotency", to_string(c.kind)},
+                   {"max_output_bytes", c.max_output_bytes}};
+  return {{"network", p.network},
+          {"limits",
+           {{"memory_mb", l.max_memory_bytes / mib},
+            {"processes", l.max_processes},
+            {"cpu_seconds", l.max_cpu_seconds},
+            {"wall_seconds", p.wall_time.count()},
+            {"open_files", l.max_open_files},
+            {"workspace_mb", l.max_workspace_bytes / mib},
+            {"file_mb", l.max_file_bytes / mib},
+            {"tmp_mb", l.max_tmp_bytes / mib}}},
+          {"tools", std::move(tools)}};
+}
+
+}  // namespace cairn::engine

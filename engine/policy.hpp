@@ -1,0 +1,70 @@
+// What a run may do: the tools it may call and within what constraints, the
+// limits of its sandbox, and its network. Given as a JSON file with `cairn run
+// --policy FILE` (the format is in README.md, "Policy"); stored with the run,
+// normalized with every default filled in, so a resumed run is held to the
+// same policy. Without a file a run gets default_policy(): no tools, no
+// network, the default limits.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/tools/http_fetch.hpp"
+#include "engine/tools/llm_chat.hpp"
+#include "engine/tools/tool.hpp"
+#include "runtime/sandbox.hpp"
+
+namespace cairn::engine {
+
+// A policy was rejected before anything ran. key() is the path of the
+// offending key, e.g. "limits.memory_mb" or "tools.send_email.command".
+class policy_error : public std::runtime_error {
+ public:
+  policy_error(std::string key, const std::string& message)
+      : std::runtime_error(key.empty() ? message : key + ": " + message), key_(std::move(key)) {}
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
+};
+
+// A user tool: a host executable that reads the call's arguments as JSON on
+// stdin and writes its result as JSON on stdout (see tools/command_tool.hpp).
+struct command_tool_spec {
+  std::vector<std::string> command;  // argv; command[0] an absolute path
+  // The declared input: argument name -> "string", "number", "integer",
+  // "boolean", "object", "array" or "any"; a name ending in "?" is optional.
+  // A call with any other argument, or a wrong type, is refused.
+  std::map<std::string, std::string> input;
+  std::chrono::milliseconds timeout{30'000};
+  idempotency kind = idempotency::at_most_once;
+  std::size_t max_output_bytes = 1 << 20;
+};
+
+struct policy {
+  std::string network = "none";
+  runtime::resource_limits limits;
+  std::chrono::seconds wall_time{3600};  // per attempt; 0: unlimited
+  std::optional<http_fetch_grant> http_fetch;
+  std::optional<llm_chat_grant> llm_chat;
+  std::map<std::string, command_tool_spec> commands;
+
+  bool grants(const std::string& tool) const;
+  std::vector<std::string> tool_names() const;
+};
+
+policy default_policy();
+// Strict: an unknown key, a wrong type or an impossible value is a
+// policy_error naming the key.
+policy parse_policy(const json& j);
+// parse_policy of a file; errors name the file too.
+policy load_policy_file(const std::filesystem::path& file);
+// Normalized: every field present, parse_policy(to_json(p)) == p.
+json to_json(const policy& p);
+
+}  // namespace cairn::engine

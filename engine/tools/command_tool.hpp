@@ -1,0 +1,32 @@
+// A user tool: a host executable declared in the run's policy. The call's
+// arguments go to its stdin as one JSON value; it prints its result as one
+// JSON value on stdout and exits 0. It runs on the host, outside the sandbox,
+// with the host's environment (that is where credentials live) plus
+//   CAIRN_RUN_ID, CAIRN_TOOL_SEQ, CAIRN_IDEMPOTENCY_KEY ("RUN_ID/SEQ").
+// A non-zero exit fails the call with the end of its stderr; a timeout or
+// oversized output kills its whole process group.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tools/tool.hpp"
+
+namespace cairn::engine {
+
+struct command_tool_options {
+  std::string name;
+  std::vector<std::string> command;          // argv; command[0] absolute
+  std::map<std::string, std::string> input;  // declared arguments, see policy.hpp
+  std::chrono::milliseconds timeout{30'000};
+  idempotency kind = idempotency::at_most_once;
+  std::size_t max_output_bytes = 1 << 20;
+};
+
+std::unique_ptr<tool> make_command_tool(command_tool_options options);
+
+}  // namespace cairn::engine

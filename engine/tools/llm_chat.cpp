@@ -1,0 +1,361 @@
+// llm.chat: arguments, result, events and grant are described in llm_chat.hpp.
+// Wire format: OpenAI's chat completions, streamed as server-sent events
+// ("data: {chunk}\n\n" ... "data: [DONE]\n\n") when the grant streams.
+#include "engine/tools/llm_chat.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "engine/tools/http_client.hpp"
+
+namespace cairn::engine {
+
+namespace {
+
+const std::string tool_name = "llm.chat";
+
+[[noreturn]] void refuse(const std::string& message) { throw tool_error("refused", tool_name + ": " + message); }
+
+[[noreturn]] void bad_output(const std::string& message) {
+  throw tool_error("bad_output", tool_name + ": " + message);
+}
+
+// At most `limit` bytes of `text` as valid UTF-8, for messages.
+std::string clip(std::string_view text, std::size_t limit = 300) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  json clipped = std::string(text.substr(0, limit));
+  auto quoted = clipped.dump(-1, ' ', false, json::error_handler_t::replace);
+  return json::parse(quoted).get<std::string>() + (text.size() > limit ? "..." : "");
+}
+
+// `text` with every occurrence of `secret` (when not empty) replaced.
+std::string redacted(std::string text, const std::string& secret) {
+  if (secret.empty()) return text;
+  for (auto at = text.find(secret); at != std::string::npos; at = text.find(secret, at))
+    text.replace(at, secret.size(), "[redacted]");
+  return text;
+}
+
+void redact(json& value, const std::string& secret) {
+  if (value.is_string())
+    value = redacted(value.get<std::string>(), secret);
+  else if (value.is_structured())
+    for (auto& item : value) redact(item, secret);
+}
+
+std::string error_detail(const std::string& body) {
+  json doc = json::parse(body, nullptr, false);
+  if (doc.is_object() && doc.contains("error")) {
+    const auto& error = doc["error"];
+    if (error.is_string()) return clip(error.get<std::string>());
+    if (error.is_object() && error.contains("message") && error["message"].is_string())
+      return clip(error["message"].get<std::string>());
+  }
+  return body.empty() ? "(no details)" : clip(body);
+}
+
+// Live events are not durable: a failing watcher must not fail the call.
+void emit_token(const tool_call& call, const std::string& text) {
+  try {
+    call.emit({{"type", "token"}, {"tool", tool_name}, {"seq", call.seq}, {"text", text}});
+  } catch (const std::exception&) {
+  }
+}
+
+json parse_completion(const std::string& body, const std::string& requested_model) {
+  json doc = json::parse(body, nullptr, false);
+  if (!doc.is_object()) bad_output("the LLM endpoint did not answer with a JSON object: " + clip(body));
+  if (doc.contains("error"))
+    throw tool_error("failed", tool_name + ": the LLM endpoint reported: " + error_detail(body));
+  const json* message = nullptr;
+  if (doc.contains("choices") && doc["choices"].is_array() && !doc["choices"].empty() &&
+      doc["choices"][0].is_object() && doc["choices"][0].contains("message") &&
+      doc["choices"][0]["message"].is_object())
+    message = &doc["choices"][0]["message"];
+  if (!message) bad_output("the LLM endpoint's answer has no choices[0].message: " + clip(body));
+  const auto& choice = doc["choices"][0];
+  json out = {{"content", message->value("content", json()).is_string() ? (*message)["content"] : json("")},
+              {"role", message->value("role", json()).is_string() ? (*message)["role"] : json("assistant")},
+              {"model", doc.value("model", json()).is_string() ? doc["model"] : json(requested_model)},
+              {"finish_reason", choice.value("finish_reason", json())}};
+  if (doc.contains("usage") && doc["usage"].is_object()) out["usage"] = doc["usage"];
+  if (message->contains("tool_calls") && (*message)["tool_calls"].is_array() && !(*message)["tool_calls"].empty())
+    out["tool_calls"] = (*message)["tool_calls"];
+  return out;
+}
+
+// Assembles a streamed completion from server-sent events, emitting each
+// piece of content as a token event as it arrives. `secret` is removed from
+// every event before it is read.
+class stream_assembler {
+ public:
+  stream_assembler(const tool_call& call, std::string model, std::string secret)
+      : call_(call), secret_(std::move(secret)) {
+    out_["model"] = std::move(model);
+  }
+
+  void feed(std::string_view bytes) {
+    buffer_ += bytes;
+    for (auto end = buffer_.find('\n'); end != std::string::npos; end = buffer_.find('\n')) {
+      std::string line = buffer_.substr(0, end);
+      buffer_.erase(0, end + 1);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty()) {
+        dispatch();
+      } else if (line.starts_with("data:")) {
+        std::string_view value = std::string_view(line).substr(5);
+        if (value.starts_with(' ')) value.remove_prefix(1);
+        if (!data_.empty()) data_ += '\n';
+        data_ += value;
+      }  // other fields (event:, id:, comments) carry nothing here
+    }
+  }
+
+  bool done() const { return done_; }
+
+  json finish() {
+    if (!buffer_.empty()) feed("\n");
+    dispatch();
+    if (!got_chunk_) bad_output("the LLM endpoint's stream held no completion chunk");
+    if (!done_ && out_["finish_reason"].is_null())
+      throw tool_error("unavailable", tool_name + ": the LLM endpoint ended the stream before the reply was complete");
+    out_["content"] = content_;
+    if (!tool_calls_.empty()) out_["tool_calls"] = tool_calls_;
+    return out_;
+  }
+
+ private:
+  void dispatch() {
+    std::string data = redacted(std::move(data_), secret_);
+    data_.clear();
+    if (data.empty() || done_) return;
+    if (data == "[DONE]") {
+      done_ = true;
+      return;
+    }
+    json chunk = json::parse(data, nullptr, false);
+    if (!chunk.is_object()) bad_output("the LLM endpoint streamed something that is not a JSON object: " + clip(data));
+    if (chunk.contains("error"))
+      throw tool_error("failed", tool_name + ": the LLM endpoint reported mid-stream: " + error_detail(data));
+    got_chunk_ = true;
+    if (chunk.value("model", json()).is_string()) out_["model"] = chunk["model"];
+    if (chunk.value("usage", json()).is_object()) out_["usage"] = chunk["usage"];
+    if (!chunk.value("choices", json()).is_array() || chunk["choices"].empty()) return;
+    const auto& choice = chunk["choices"][0];
+    if (!choice.is_object()) bad_output("the LLM endpoint streamed a choice that is not an object: " + clip(data));
+    if (choice.value("finish_reason", json()).is_string()) out_["finish_reason"] = choice["finish_reason"];
+    if (!choice.value("delta", json()).is_object()) return;
+    const auto& delta = choice["delta"];
+    if (delta.value("role", json()).is_string()) out_["role"] = delta["role"];
+    if (delta.value("content", json()).is_string()) token(delta["content"].get<std::string>());
+    if (delta.value("tool_calls", json()).is_array())
+      for (const auto& part : delta["tool_calls"]) add_tool_call(part);
+  }
+
+  void token(const std::string& text) {
+    if (text.empty()) return;
+    content_ += text;
+    emit_token(call_, text);
+  }
+
+  // Tool call deltas arrive in pieces keyed by "index"; strings concatenate.
+  void add_tool_call(const json& part) {
+    if (!part.is_object()) return;
+    auto index = part.value("index", json(0));
+    if (!index.is_number_unsigned() || index.get<std::size_t>() > 255)
+      bad_output("the LLM endpoint streamed a tool call with a bad index: " + clip(part.dump()));
+    while (tool_calls_.size() <= index.get<std::size_t>())
+      tool_calls_.push_back({{"type", "function"}, {"function", {{"name", ""}, {"arguments", ""}}}});
+    auto& call = tool_calls_[index.get<std::size_t>()];
+    for (const char* key : {"id", "type"})
+      if (part.value(key, json()).is_string()) call[key] = part[key];
+    if (!part.value("function", json()).is_object()) return;
+    for (const char* key : {"name", "arguments"})
+      if (part["function"].value(key, json()).is_string())
+        call["function"][key] = call["function"][key].get<std::string>() + part["function"][key].get<std::string>();
+  }
+
+  const tool_call& call_;
+  const std::string secret_;
+  std::string buffer_, data_, content_;
+  json out_ = {{"role", "assistant"}, {"finish_reason", nullptr}};
+  json tool_calls_ = json::array();
+  bool got_chunk_ = false, done_ = false;
+};
+
+class llm_chat final : public tool {
+ public:
+  llm_chat(llm_chat_grant grant, std::optional<llm_endpoint> endpoint)
+      : grant_(std::move(grant)), endpoint_(std::move(endpoint)) {}
+
+  const std::string& name() const override { return tool_name; }
+  idempotency kind(const json&) const override { return idempotency::idempotent; }
+
+  json call(const tool_call& call) override {
+    if (!endpoint_)
+      throw tool_error("unavailable", tool_name + ": no LLM endpoint is configured: set CAIRN_LLM_BASE_URL (and "
+                                                  "CAIRN_LLM_API_KEY) on the host, or the \"llm\" object of "
+                                                  "cairn's config file");
+    // chat() scrubs the key from what the server sends before reading it
+    // (so no clip can cut it in half); this catches anything else.
+    const auto& key = endpoint_->api_key;
+    try {
+      json result = chat(call);
+      if (!key.empty()) redact(result, key);
+      return result;
+    } catch (const tool_error& e) {
+      throw tool_error(e.type(), redacted(e.what(), key));
+    }
+  }
+
+ private:
+  // The request body: the agent's arguments, checked against the grant.
+  json request_body(const json& args) const {
+    if (!args.is_object()) refuse("arguments must be an object like {\"messages\": [...]}");
+    const auto& messages = args.value("messages", json());
+    if (!messages.is_array() || messages.empty())
+      refuse("\"messages\" must be a non-empty array like [{\"role\": \"user\", \"content\": \"...\"}]");
+    for (std::size_t i = 0; i < messages.size(); ++i) {
+      const auto& m = messages[i];
+      if (!m.is_object() || !m.value("role", json()).is_string())
+        refuse(fmt::format("messages[{}] must be an object with a \"role\" string", i));
+      if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null() && !m["content"].is_array())
+        refuse(fmt::format("messages[{}].content must be a string, null or an array of parts", i));
+    }
+
+    json body = args;
+    body.erase("stream");
+    body.erase("stream_options");
+    std::string model = endpoint_->model;
+    if (args.contains("model")) {
+      if (!args["model"].is_string()) refuse("\"model\" must be a string");
+      model = args["model"].get<std::string>();
+    }
+    if (model.empty()) refuse("no model named: pass \"model\", or set CAIRN_LLM_MODEL on the host");
+    if (!grant_.models.empty() && std::find(grant_.models.begin(), grant_.models.end(), model) == grant_.models.end())
+      refuse(fmt::format("the model \"{}\" is not granted (allowed: {})", model, fmt::join(grant_.models, ", ")));
+    body["model"] = model;
+
+    bool capped = false;
+    for (const char* field : {"max_tokens", "max_completion_tokens"}) {
+      if (!args.contains(field)) continue;
+      const auto& value = args[field];
+      if (!value.is_number_integer() || value.get<long long>() < 1)
+        refuse(fmt::format("\"{}\" must be a positive integer", field));
+      if (value.get<long long>() > grant_.max_tokens)
+        refuse(fmt::format("\"{}\" is {}, above the grant's cap of {}", field, value.get<long long>(),
+                           grant_.max_tokens));
+      capped = true;
+    }
+    if (!capped) body["max_tokens"] = grant_.max_tokens;
+    // Each extra choice costs a full completion and only the first is returned.
+    if (args.contains("n") && args["n"] != 1) refuse("\"n\" must be 1: llm.chat returns one choice");
+    if (grant_.stream) {
+      body["stream"] = true;
+      body["stream_options"] = {{"include_usage", true}};
+    }
+    return body;
+  }
+
+  json chat(const tool_call& call) const {
+    json body = request_body(call.args);
+    http::url url;
+    try {
+      url = http::parse_url(endpoint_->base_url + "/chat/completions");
+    } catch (const tool_error& e) {
+      throw tool_error("unavailable", tool_name + ": the host's LLM base URL is not usable: " + e.what());
+    }
+    http::header_list headers = {{"Content-Type", "application/json"},
+                                 {"Accept", grant_.stream ? "text/event-stream" : "application/json"}};
+    const auto& key = endpoint_->api_key;
+    if (!key.empty()) headers.emplace_back("Authorization", "Bearer " + key);
+
+    auto deadline = std::chrono::steady_clock::now() + grant_.timeout;
+    http::exchange exchange({"POST", url, std::move(headers), body.dump()},
+                            {tool_name, deadline, grant_.timeout, grant_.max_response_bytes});
+    int status = exchange.status();
+    if (status < 200 || status >= 300) {
+      auto type = status == 429 || status >= 500 ? "unavailable" : "failed";
+      throw tool_error(type, fmt::format("{}: the LLM endpoint answered {}: {}", tool_name, status,
+                                         error_detail(redacted(exchange.read_all(), key))));
+    }
+    auto model = body["model"].get<std::string>();
+    if (!exchange.header("content-type").value_or("").starts_with("text/event-stream")) {
+      // Not streamed (not asked for, or a server that ignores "stream").
+      json result = parse_completion(redacted(exchange.read_all(), key), model);
+      if (grant_.stream && !result["content"].get<std::string>().empty())
+        emit_token(call, result["content"].get<std::string>());
+      return result;
+    }
+    stream_assembler stream(call, model, key);
+    while (!stream.done()) {
+      auto piece = exchange.read_some();
+      if (!piece) break;
+      stream.feed(*piece);
+    }
+    return stream.finish();
+  }
+
+  llm_chat_grant grant_;
+  std::optional<llm_endpoint> endpoint_;
+};
+
+// Sets `field` from llm[key] when present; throws when it is not a string.
+void set_from(std::string& field, const json& llm, const char* key, const std::string& config_file) {
+  if (!llm.contains(key)) return;
+  if (!llm[key].is_string())
+    throw std::runtime_error(fmt::format("{}: \"llm\".\"{}\" must be a string", config_file, key));
+  field = llm[key].get<std::string>();
+}
+
+}  // namespace
+
+std::optional<llm_endpoint> llm_endpoint_from_host(const std::string& config_file) {
+  llm_endpoint endpoint;
+  std::error_code ec;
+  if (!config_file.empty() && std::filesystem::exists(config_file, ec)) {
+    std::ifstream in(config_file);
+    if (!in) throw std::runtime_error(fmt::format("{} exists but cannot be read", config_file));
+    json config;
+    try {
+      config = json::parse(in);
+    } catch (const json::parse_error& e) {
+      throw std::runtime_error(fmt::format("{} is not valid JSON ({}); fix or remove it", config_file, e.what()));
+    }
+    if (!config.is_object()) throw std::runtime_error(fmt::format("{} must hold a JSON object", config_file));
+    if (config.contains("llm")) {
+      const auto& llm = config["llm"];
+      if (!llm.is_object())
+        throw std::runtime_error(fmt::format("{}: \"llm\" must be an object with base_url, api_key and model",
+                                             config_file));
+      set_from(endpoint.base_url, llm, "base_url", config_file);
+      set_from(endpoint.api_key, llm, "api_key", config_file);
+      set_from(endpoint.model, llm, "model", config_file);
+    }
+  }
+  std::string base_url_source = config_file;
+  if (const char* value = std::getenv("CAIRN_LLM_BASE_URL")) {
+    endpoint.base_url = value;
+    base_url_source = "CAIRN_LLM_BASE_URL";
+  }
+  if (const char* value = std::getenv("CAIRN_LLM_API_KEY")) endpoint.api_key = value;
+  if (const char* value = std::getenv("CAIRN_LLM_MODEL")) endpoint.model = value;
+
+  while (endpoint.base_url.ends_with('/')) endpoint.base_url.pop_back();
+  if (endpoint.base_url.empty()) return std::nullopt;
+  try {
+    http::parse_url(endpoint.base_url);
+  } catch (const tool_error& e) {
+    throw std::runtime_error(fmt::format("the LLM base URL from {} is not usable: {}", base_url_source, e.what()));
+  }
+  return endpoint;
+}
+
+std::unique_ptr<tool> make_llm_chat(llm_chat_grant grant, std::optional<llm_endpoint> endpoint) {
+  return std::make_unique<llm_chat>(std::move(grant), std::move(endpoint));
+}
+
+}  // namespace cairn::engine

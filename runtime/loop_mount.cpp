@@ -1,0 +1,92 @@
+#include "runtime/loop_mount.hpp"
+
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/sandbox.hpp"
+#include "runtime/small_file.hpp"
+
+namespace cairn::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int max_attach_attempts = 10;
+
+[[noreturn]] void failed(const std::string& what) {
+  throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+// False with errno set; EBUSY: another process took the device first.
+bool attach(int device, int backing, const fs::path& image) {
+  loop_config config{};
+  config.fd = static_cast<__u32>(backing);
+  config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+  std::strncpy(reinterpret_cast<char*>(config.info.lo_file_name), image.c_str(), LO_NAME_SIZE - 1);
+  if (::ioctl(device, LOOP_CONFIGURE, &config) == 0) return true;
+  if (errno != EINVAL && errno != ENOTTY) return false;
+  // Kernels before 5.8 know no LOOP_CONFIGURE.
+  if (::ioctl(device, LOOP_SET_FD, backing) < 0) return false;
+  if (::ioctl(device, LOOP_SET_STATUS64, &config.info) == 0) return true;
+  int error = errno;
+  ::ioctl(device, LOOP_CLR_FD, 0);
+  errno = error;
+  return false;
+}
+
+}  // namespace
+
+loop_mount::loop_mount(const fs::path& image, const fs::path& target) : target_(target) {
+  unique_fd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
+  if (!backing) failed("opening " + image.string());
+  unique_fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!control) failed("opening /dev/loop-control");
+  unique_fd device;
+  std::string device_path;
+  for (int attempt = 1;; ++attempt) {
+    int number = ::ioctl(control.get(), LOOP_CTL_GET_FREE);
+    if (number < 0) failed("finding a free loop device");
+    device_path = "/dev/loop" + std::to_string(number);
+    device.reset(::open(device_path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!device) failed("opening " + device_path);
+    if (attach(device.get(), backing.get(), image)) break;
+    if (errno != EBUSY || attempt == max_attach_attempts)
+      failed(fmt::format("attaching {} to {}", image.string(), device_path));
+  }
+  // From here the mount holds the device; once ours is closed and the mount
+  // is gone, LO_FLAGS_AUTOCLEAR detaches it. A failed mount frees it at once.
+  if (::mount(device_path.c_str(), target.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) < 0)
+    failed(fmt::format("mounting {} ({}) at {}", image.string(), device_path, target.string()));
+}
+
+loop_mount::~loop_mount() { unmount_folder(target_); }
+
+bool unmount_folder(const fs::path& folder) {
+  if (::umount2(folder.c_str(), UMOUNT_NOFOLLOW) == 0) return true;
+  // Busy (a process of the sandbox not yet fully gone): detach it now; the
+  // kernel unmounts it, and frees the loop device, when its last user goes.
+  return errno == EBUSY && ::umount2(folder.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0;
+}
+
+bool is_loop_mount_of(const fs::path& folder, const fs::path& image) {
+  struct stat here {}, parent {};
+  if (::stat(folder.c_str(), &here) < 0 || ::stat((folder / "..").c_str(), &parent) < 0) return false;
+  if (here.st_dev == parent.st_dev) return false;
+  auto backing = read_small_file(
+      fmt::format("/sys/dev/block/{}:{}/loop/backing_file", major(here.st_dev), minor(here.st_dev)));
+  if (!backing) return false;
+  while (!backing->empty() && backing->back() == '\n') backing->pop_back();
+  return *backing == image.string();
+}
+
+}  // namespace cairn::runtime

@@ -1,0 +1,35 @@
+// An ext4 image file mounted at a folder through a loop device. Done with
+// the loop ioctls and mount(2) rather than `mount -o loop`: no helper to
+// find, and every failure comes back as an errno naming the step. Internal
+// to runtime/.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+
+namespace cairn::runtime {
+
+class loop_mount {
+ public:
+  // Attaches `image` to a free loop device (freed by the kernel once
+  // unmounted: LO_FLAGS_AUTOCLEAR) and mounts it nosuid,nodev at `target`.
+  // Requires root. Throws sandbox_error(spawn_failed) naming the step.
+  loop_mount(const std::filesystem::path& image, const std::filesystem::path& target);
+  // Unmounts; a mount still busy is detached and goes once its last user does.
+  ~loop_mount();
+  loop_mount(const loop_mount&) = delete;
+  loop_mount& operator=(const loop_mount&) = delete;
+
+ private:
+  std::filesystem::path target_;
+};
+
+// Whether `folder` is the root of a mount of `image` through a loop device
+// (a mount left behind by a host that died).
+bool is_loop_mount_of(const std::filesystem::path& folder, const std::filesystem::path& image);
+
+// Unmounts whatever is mounted at `folder` (detaching it if busy); false with errno set on failure.
+bool unmount_folder(const std::filesystem::path& folder);
+
+}  // namespace cairn::runtime

@@ -1,0 +1,288 @@
+#include "runtime/workspace_quota.hpp"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "runtime/bwrap_support.hpp"
+#include "runtime/mountinfo.hpp"
+#include "runtime/tree_copy.hpp"
+
+namespace cairn::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::uint64_t full_below_bytes = 128 << 10;
+constexpr std::chrono::seconds mkfs_timeout{60};
+
+[[noreturn]] void failed(sandbox_errc code, const std::string& what) {
+  throw sandbox_error(code, fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+std::uint64_t mib(std::uint64_t bytes) { return bytes >> 20; }
+
+void sync_folder(const fs::path& folder) {
+  unique_fd fd(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd) ::fsync(fd.get());
+}
+
+unique_fd open_folder(const fs::path& folder) {
+  unique_fd fd(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) failed(sandbox_errc::workspace_failed, "opening " + folder.string());
+  return fd;
+}
+
+// Made under a temporary name and renamed into place, so that an image
+// that exists is a whole filesystem.
+void make_image(const quota_support& support, const fs::path& image, std::uint64_t bytes, uid_t uid, gid_t gid) {
+  fs::path partial = image.string() + ".new";
+  ::unlink(partial.c_str());
+  {
+    unique_fd fd(::open(partial.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd) failed(sandbox_errc::workspace_failed, "creating " + partial.string());
+    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) < 0)
+      failed(sandbox_errc::workspace_failed, "sizing " + partial.string());
+  }
+  resource_limits unlimited_size;
+  unlimited_size.max_file_bytes = RLIM_INFINITY;
+  // -m 0: no blocks kept for root; -i 8192: room for many small files. A
+  // new sparse file reads as zeros, so nothing needs zeroing: the image
+  // takes under 1 MiB of disk until files come.
+  captured_run run = run_captured(
+      {support.mkfs.string(), "-q", "-F", "-m", "0", "-i", "8192", "-E",
+       fmt::format("root_owner={}:{},lazy_itable_init=1,lazy_journal_init=1", uid, gid), partial.string()},
+      std::nullopt, mkfs_timeout, unlimited_size);
+  if (!run.status || !run.status->exited || run.status->code != 0) {
+    ::unlink(partial.c_str());
+    throw sandbox_error(sandbox_errc::workspace_failed,
+                        fmt::format("mkfs.ext4 {} {}: {}", partial.string(),
+                                    run.status ? run.status->describe() : "hung", run.output));
+  }
+  unique_fd fd(::open(partial.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd || ::fsync(fd.get()) < 0 || ::rename(partial.c_str(), image.c_str()) < 0)
+    failed(sandbox_errc::workspace_failed, "saving " + image.string());
+  sync_folder(image.parent_path());
+}
+
+// The mounts of this process, by workspace folder; guards every mount and
+// unmount of a workspace image, so that one never races another.
+struct registry_entry {
+  std::shared_ptr<mounted_workspace> mount;
+  int leases = 0;
+};
+std::mutex registry_mutex;
+std::map<fs::path, registry_entry> registry;
+
+std::optional<std::string> size_warning(const fs::path& image, std::uint64_t bytes) {
+  struct stat st {};
+  if (::stat(image.c_str(), &st) < 0 || static_cast<std::uint64_t>(st.st_size) == bytes) return std::nullopt;
+  return fmt::format(
+      "the workspace image {} holds {} MiB; limits.workspace_mb asks for {} MiB, which applies to new "
+      "workspaces only: this run keeps its image",
+      image.string(), mib(static_cast<std::uint64_t>(st.st_size)), mib(bytes));
+}
+
+}  // namespace
+
+fs::path workspace_image_path(const fs::path& workspace) {
+  return workspace.parent_path() / (workspace.filename().string() + ".img");
+}
+
+quota_support detect_workspace_quota() {
+  quota_support s;
+  s.fix = "run cairn as root on a machine with loop devices (modprobe loop) and mkfs.ext4 (apt-get install "
+          "e2fsprogs); without them files are bounded one by one (limits.file_mb), not in total";
+  if (::geteuid() != 0) {
+    s.detail = "unavailable: needs root and loop devices (cairn does not run as root)";
+    return s;
+  }
+  for (const char* candidate : {"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4", "/usr/bin/mkfs.ext4"})
+    if (::access(candidate, X_OK) == 0) {
+      s.mkfs = candidate;
+      break;
+    }
+  if (s.mkfs.empty()) {
+    s.detail = "unavailable: mkfs.ext4 is not installed";
+    return s;
+  }
+  unique_fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!control) {
+    s.detail = fmt::format("unavailable: needs root and loop devices (/dev/loop-control: {})", std::strerror(errno));
+    return s;
+  }
+  s.available = true;
+  s.fix.clear();
+  s.detail = fmt::format("ext4 image per run (made with {}, mounted through a loop device)", s.mkfs.string());
+  return s;
+}
+
+mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& image) : folder_(folder) {
+  image_lock_.reset(::open(image.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat image_stat {};
+  if (!image_lock_ || ::fstat(image_lock_.get(), &image_stat) < 0)
+    failed(sandbox_errc::workspace_failed, "opening " + image.string());
+  quota_bytes_ = static_cast<std::uint64_t>(image_stat.st_size);
+  if (::flock(image_lock_.get(), LOCK_EX | LOCK_NB) < 0)
+    throw sandbox_error(sandbox_errc::bad_spec,
+                        fmt::format("workspace {} is in use by another cairn process (its image {} is locked)",
+                                    folder.string(), image.string()));
+  // Left mounted by a host that died: nobody else can be using it, we hold the lock.
+  if (is_loop_mount_of(folder, image) && !unmount_folder(folder))
+    failed(sandbox_errc::workspace_failed, "unmounting the stale workspace image at " + folder.string());
+  struct stat here {}, parent {};
+  if (::stat(folder.c_str(), &here) == 0 && ::stat((folder / "..").c_str(), &parent) == 0 &&
+      here.st_dev != parent.st_dev)
+    throw sandbox_error(sandbox_errc::workspace_failed,
+                        fmt::format("{} is a mount point of another filesystem", folder.string()));
+  unique_fd plain = open_folder(folder);  // the folder beneath, once the image covers it
+  try {
+    mount_.emplace(image, folder);
+  } catch (const sandbox_error& e) {
+    throw sandbox_error(sandbox_errc::workspace_failed, e.what());
+  }
+  mounted_ = true;
+  unique_fd root = open_folder(folder);
+  // mkfs made it for fsck; the agent need not see it. Kept when fsck filled it.
+  ::unlinkat(root.get(), "lost+found", AT_REMOVEDIR);
+  if (!has_entries(plain.get())) return;
+  try {
+    copy_tree(plain.get(), root.get(), folder, image);
+  } catch (const sandbox_error& e) {
+    if (!full()) throw;
+    throw sandbox_error(sandbox_errc::bad_spec,
+                        fmt::format("the files in workspace {} do not fit its quota image {}; raise "
+                                    "limits.workspace_mb, or delete both and start afresh",
+                                    folder.string(), image.string()));
+  }
+  ::syncfs(root.get());
+  clear_tree(plain.get(), folder);
+}
+
+void mounted_workspace::unmount() {
+  mounted_ = false;
+  mount_.reset();
+  image_lock_.reset();
+}
+
+bool mounted_workspace::full() const {
+  if (!mounted_) return false;
+  struct statvfs st {};
+  if (::statvfs(folder_.c_str(), &st) < 0) return false;
+  return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize < full_below_bytes || st.f_favail == 0;
+}
+
+void workspace_lease::release() noexcept {
+  if (!mount_) return;
+  std::lock_guard lock(registry_mutex);
+  auto entry = registry.find(folder_);
+  if (entry != registry.end() && --entry->second.leases == 0) {
+    entry->second.mount->unmount();
+    registry.erase(entry);
+  }
+  mount_.reset();
+}
+
+workspace_lease& workspace_lease::operator=(workspace_lease&& other) noexcept {
+  if (this != &other) {
+    release();
+    folder_ = std::move(other.folder_);
+    mount_ = std::move(other.mount_);
+  }
+  return *this;
+}
+
+workspace_mount_result mount_workspace_image(const quota_support& support, const fs::path& workspace,
+                                             std::uint64_t bytes, uid_t uid, gid_t gid) {
+  std::lock_guard lock(registry_mutex);
+  workspace_mount_result result;
+  fs::path image = workspace_image_path(workspace);
+  if (auto entry = registry.find(workspace); entry != registry.end()) {
+    ++entry->second.leases;
+    result.lease = workspace_lease(workspace, entry->second.mount);
+    return result;
+  }
+  bool fresh = !fs::exists(image);
+  if (!fresh)
+    if (auto warning = size_warning(image, bytes)) result.warnings.push_back(*warning);
+  std::shared_ptr<mounted_workspace> mount;
+  try {
+    if (fresh) make_image(support, image, bytes, uid, gid);
+    mount = std::make_shared<mounted_workspace>(workspace, image);
+  } catch (const sandbox_error& e) {
+    if (!fresh) throw;
+    ::unlink(image.c_str());  // it holds nothing yet
+    if (e.code() != sandbox_errc::workspace_failed) throw;
+    result.warnings.push_back(fmt::format(
+        "workspace {} has no size quota ({}): it is a plain folder, files are bounded one by one "
+        "(limits.file_mb)",
+        workspace.string(), e.what()));
+    return result;
+  }
+  registry[workspace] = {mount, 1};
+  result.lease = workspace_lease(workspace, mount);
+  return result;
+}
+
+std::size_t sweep_orphaned_workspace_mounts() {
+  std::lock_guard lock(registry_mutex);
+  std::size_t swept = 0;
+  for (const auto& m : read_mountinfo()) {
+    if (m.fstype != "ext4" || m.root != "/" || m.source.rfind("/dev/loop", 0) != 0) continue;
+    fs::path image = workspace_image_path(m.mount_point);
+    if (!is_loop_mount_of(m.mount_point, image)) continue;
+    unique_fd image_lock(::open(image.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!image_lock || ::flock(image_lock.get(), LOCK_EX | LOCK_NB) < 0) continue;  // a live host's
+    if (unmount_folder(m.mount_point)) ++swept;
+  }
+  return swept;
+}
+
+void release_workspace_image(const fs::path& given) {
+  std::lock_guard lock(registry_mutex);
+  fs::path workspace = fs::weakly_canonical(given);
+  fs::path image = workspace_image_path(workspace);
+  fs::path staging = workspace.string() + ".released";
+  std::error_code ec;
+  if (registry.count(workspace))
+    throw sandbox_error(sandbox_errc::bad_spec,
+                        fmt::format("workspace {} is still used by a sandbox; destroy it first", workspace.string()));
+  if (!fs::exists(image)) {
+    fs::remove_all(staging, ec);
+    return;
+  }
+  // Copied next to the folder, then swapped with it in one rename: until the
+  // image is deleted, calling this again starts over from the image.
+  fs::remove_all(staging, ec);
+  fs::create_directories(workspace, ec);
+  if (::mkdir(staging.c_str(), 0700) < 0) failed(sandbox_errc::workspace_failed, "creating " + staging.string());
+  {
+    mounted_workspace mount(workspace, image);
+    unique_fd root = open_folder(workspace), copy = open_folder(staging);
+    copy_tree(root.get(), copy.get(), workspace, staging);
+    struct stat st {};
+    if (::fstat(root.get(), &st) < 0 || ::fchown(copy.get(), st.st_uid, st.st_gid) < 0 ||
+        ::fchmod(copy.get(), st.st_mode & 01777) < 0 || ::syncfs(copy.get()) < 0)
+      failed(sandbox_errc::workspace_failed, "finishing " + staging.string());
+  }
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, workspace.c_str(), RENAME_EXCHANGE) < 0 &&
+      (errno != ENOENT || ::rename(staging.c_str(), workspace.c_str()) < 0))
+    failed(sandbox_errc::workspace_failed, "moving the released files into " + workspace.string());
+  sync_folder(workspace.parent_path());
+  fs::remove_all(staging, ec);  // the folder the image was mounted on
+  if (::unlink(image.c_str()) < 0) failed(sandbox_errc::workspace_failed, "deleting " + image.string());
+  sync_folder(workspace.parent_path());
+}
+
+}  // namespace cairn::runtime

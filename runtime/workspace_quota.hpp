@@ -1,0 +1,116 @@
+// The size quota of a workspace, when cairn runs as root: the run's files
+// live in an ext4 image `<workspace>.img` beside the folder (sparse, made
+// once, its root owned by the sandbox uid), mounted at the folder through a
+// loop device while a sandbox uses it, and turned back into a plain folder by
+// release_workspace_image() once the run is over. The image stays out of the
+// sandbox's sight: only the folder is mounted into it.
+//
+// Files found in the plain folder when the image is mounted (a workspace the
+// user filled before the first run, files put there between attempts) are
+// moved into the image; where both hold a name, the folder's file wins.
+// Internal to runtime/.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/loop_mount.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace cairn::runtime {
+
+struct quota_support {
+  bool available = false;
+  std::string detail;  // "ext4 image per run (...)" or "unavailable: <why>"
+  std::string fix;     // when unavailable
+  std::filesystem::path mkfs;
+};
+// Needs root, mkfs.ext4 and /dev/loop-control. Cheap: no image is made.
+quota_support detect_workspace_quota();
+
+// An image mounted at its workspace folder; unmounted when destroyed.
+class mounted_workspace {
+ public:
+  // Throws sandbox_error: bad_spec (another process holds the image, the
+  // folder's files do not fit), workspace_failed (another filesystem is
+  // mounted at the folder, no loop device, mount(2) failed).
+  mounted_workspace(const std::filesystem::path& folder, const std::filesystem::path& image);
+  mounted_workspace(const mounted_workspace&) = delete;
+  mounted_workspace& operator=(const mounted_workspace&) = delete;
+
+  ~mounted_workspace() { unmount(); }
+
+  std::uint64_t quota_bytes() const { return quota_bytes_; }  // the image's size
+  // While mounted: no room left for data (under 128 KiB) or no free inode.
+  bool full() const;
+  // Idempotent; afterwards full() is false.
+  void unmount();
+
+ private:
+  std::filesystem::path folder_;
+  unique_fd image_lock_;  // flocked: one process at a time mounts an image
+  std::optional<loop_mount> mount_;
+  std::uint64_t quota_bytes_ = 0;
+  std::atomic<bool> mounted_{false};
+};
+
+// What a sandbox holds while it uses a workspace's image. The sandboxes of
+// one workspace in this process share one mount, unmounted when the last
+// lease goes.
+class workspace_lease {
+ public:
+  workspace_lease() = default;  // no image: the plain folder
+  workspace_lease(std::filesystem::path folder, std::shared_ptr<mounted_workspace> mount)
+      : folder_(std::move(folder)), mount_(std::move(mount)) {}
+  ~workspace_lease() { release(); }
+  workspace_lease(workspace_lease&& other) noexcept = default;
+  workspace_lease& operator=(workspace_lease&& other) noexcept;
+
+  explicit operator bool() const { return mount_ != nullptr; }
+  // Outlives the lease; once unmounted it reports nothing.
+  std::shared_ptr<const mounted_workspace> mount() const { return mount_; }
+
+ private:
+  void release() noexcept;
+
+  std::filesystem::path folder_;
+  std::shared_ptr<mounted_workspace> mount_;
+};
+
+struct workspace_mount_result {
+  workspace_lease lease;  // empty: the plain folder is used, a warning says why
+  std::vector<std::string> warnings;
+};
+
+// Mounts the image of `workspace` (a canonical folder), making it first if
+// missing with `bytes` and its root owned by uid:gid. An existing image
+// keeps its size (a warning says so when `bytes` differs). When a new image
+// cannot be made or mounted (mkfs.ext4 fails, no free loop device) it is
+// dropped and the plain folder used, with a warning. Throws sandbox_error
+// as mounted_workspace does; for an existing image always: its files are in
+// there.
+workspace_mount_result mount_workspace_image(const quota_support& support, const std::filesystem::path& workspace,
+                                             std::uint64_t bytes, uid_t uid, gid_t gid);
+
+// Leaves `workspace` a plain folder holding the image's files, then deletes
+// the image. Nothing to do without an image. A crash at any point leaves
+// the image (and calling it again finishes the job) or the copied files.
+// Throws sandbox_error: bad_spec while a sandbox of this process still uses
+// the workspace, workspace_failed when copying fails.
+void release_workspace_image(const std::filesystem::path& workspace);
+
+std::filesystem::path workspace_image_path(const std::filesystem::path& workspace);
+
+// Unmounts the workspace images that dead hosts left mounted (an image
+// `<folder>.img` mounted at `<folder>` that nobody holds locked), freeing
+// their loop devices; returns how many. The files stay in the images.
+std::size_t sweep_orphaned_workspace_mounts();
+
+}  // namespace cairn::runtime

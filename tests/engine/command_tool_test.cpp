@@ -1,0 +1,109 @@
+// User tools: host executables with JSON in and out, held to their declared
+// input, time limit and output size. Every failure is a tool_error the agent
+// can read; the host goes on.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <fstream>
+
+#include "engine/tools/command_tool.hpp"
+#include "tests/temp_dir.hpp"
+
+using namespace cairn;
+using json = nlohmann::json;
+
+namespace {
+
+struct fixture {
+  testing::temp_dir dir;
+  std::unique_ptr<engine::tool> tool;
+
+  explicit fixture(std::chrono::milliseconds timeout = std::chrono::milliseconds(5000), std::size_t max_output = 1 << 20) {
+    setenv("CAIRN_TEST_TOOL_LOG", (dir / "calls.log").c_str(), 1);
+    tool = engine::make_command_tool({"mailer", {RECORD_TOOL}, {{"to", "string"}, {"mode?", "string"}, {"n?", "integer"}},
+                                      timeout, engine::idempotency::at_most_once, max_output});
+  }
+  ~fixture() { unsetenv("CAIRN_TEST_TOOL_LOG"); }
+
+  json call(json args, std::uint64_t seq = 4) {
+    engine::tool_call c;
+    c.run_id = "run-1";
+    c.seq = seq;
+    c.idempotency_key = "run-1/" + std::to_string(seq);
+    c.args = std::move(args);
+    return tool->call(c);
+  }
+
+  std::string failure(json args) {
+    try {
+      call(std::move(args));
+    } catch (const engine::tool_error& e) {
+      return e.type() + ": " + e.what();
+    }
+    return "succeeded";
+  }
+
+  int calls() {
+    std::ifstream in(dir / "calls.log");
+    int n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a user tool gets its arguments on stdin and the idempotency key in its environment") {
+  fixture f;
+  json out = f.call({{"to", "ana@example.com"}});
+  CHECK(out == json{{"sent", true}, {"key", "run-1/4"}, {"seq", 4}});
+  std::ifstream in(f.dir / "calls.log");
+  std::string line;
+  std::getline(in, line);
+  CHECK(line == R"(run-1/4 {"to":"ana@example.com"})");
+  CHECK(f.tool->kind(json::object()) == engine::idempotency::at_most_once);
+}
+
+TEST_CASE("arguments outside the declared input are refused before the tool runs") {
+  fixture f;
+  CHECK_THAT(f.failure({{"to", "a@b"}, {"bcc", "c@d"}}), Catch::StartsWith("refused: ") && Catch::Contains("'bcc'"));
+  CHECK_THAT(f.failure({{"to", 5}}), Catch::StartsWith("refused: ") && Catch::Contains("'to' must be a string"));
+  CHECK_THAT(f.failure({{"to", "a@b"}, {"n", 1.5}}), Catch::Contains("'n' must be an integer"));
+  CHECK_THAT(f.failure(json::object()), Catch::StartsWith("refused: ") && Catch::Contains("needs argument 'to'"));
+  CHECK_THAT(f.failure(json::array()), Catch::StartsWith("refused: "));
+  CHECK(f.calls() == 0);
+}
+
+TEST_CASE("a hanging tool is killed at its timeout") {
+  fixture f(std::chrono::milliseconds(300));
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THAT(f.failure({{"to", "x"}, {"mode", "hang"}}), Catch::StartsWith("timeout: ") && Catch::Contains("300 ms"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  // The host goes on: the next call works.
+  CHECK(f.call({{"to", "x"}})["sent"] == true);
+}
+
+TEST_CASE("garbage, huge output and a crash are clear errors") {
+  fixture f(std::chrono::milliseconds(5000), 64 * 1024);
+  CHECK_THAT(f.failure({{"to", "x"}, {"mode", "garbage"}}),
+             Catch::StartsWith("bad_output: ") && Catch::Contains("not JSON") && Catch::Contains("this is not json"));
+  CHECK_THAT(f.failure({{"to", "x"}, {"mode", "huge"}}),
+             Catch::StartsWith("too_large: ") && Catch::Contains("65536 bytes"));
+  CHECK_THAT(f.failure({{"to", "x"}, {"mode", "crash"}}),
+             Catch::StartsWith("failed: ") && Catch::Contains("code 3") && Catch::Contains("mail server refused"));
+  CHECK(f.call({{"to", "x"}})["sent"] == true);
+}
+
+TEST_CASE("a tool that cannot start is a failed call, not a host error") {
+  testing::temp_dir dir;
+  auto t = engine::make_command_tool({"gone", {(dir / "missing").string()}, {}, std::chrono::milliseconds(1000),
+                                      engine::idempotency::idempotent, 1024});
+  engine::tool_call c;
+  c.args = json::object();
+  try {
+    t->call(c);
+    FAIL("succeeded");
+  } catch (const engine::tool_error& e) {
+    CHECK(e.type() == "failed");
+  }
+}

@@ -1,0 +1,113 @@
+// Policies are checked before a run starts: every mistake names its key.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include "engine/policy.hpp"
+#include "tests/temp_dir.hpp"
+
+using namespace cairn;
+using json = nlohmann::json;
+
+namespace {
+
+std::string rejection(const json& j) {
+  try {
+    engine::parse_policy(j);
+  } catch (const engine::policy_error& e) {
+    return e.key() + " | " + e.what();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
+TEST_CASE("the default policy grants no tools and no network") {
+  auto p = engine::parse_policy(json::object());
+  CHECK(p.network == "none");
+  CHECK(p.tool_names().empty());
+  CHECK_FALSE(p.grants("http.fetch"));
+  CHECK(p.limits.max_memory_bytes == engine::default_policy().limits.max_memory_bytes);
+  CHECK(p.wall_time.count() > 0);
+}
+
+TEST_CASE("a full policy parses and survives its normalized form") {
+  json j = {{"network", "none"},
+            {"limits", {{"memory_mb", 256}, {"processes", 32}, {"cpu_seconds", 10}, {"wall_seconds", 60},
+                        {"open_files", 64}, {"workspace_mb", 64}, {"file_mb", 8}, {"tmp_mb", 16}}},
+            {"tools",
+             {{"http.fetch", {{"hosts", {"example.com", "*.wikipedia.org", "127.0.0.1:8080"}}, {"methods", {"GET"}}}},
+              {"llm.chat", {{"models", {"small"}}, {"max_tokens", 512}}},
+              {"send_email",
+               {{"command", {RECORD_TOOL, "--flag"}},
+                {"input", {{"to", "string"}, {"cc?", "string"}}},
+                {"idempotency", "at_most_once"},
+                {"timeout_ms", 5000}}}}}};
+  auto p = engine::parse_policy(j);
+  CHECK(p.limits.max_memory_bytes == 256ull << 20);
+  CHECK(p.limits.max_processes == 32);
+  CHECK(p.limits.max_cpu_seconds == 10);
+  CHECK(p.wall_time == std::chrono::seconds(60));
+  CHECK(p.limits.max_tmp_bytes == 16ull << 20);
+  REQUIRE(p.http_fetch);
+  CHECK(p.http_fetch->hosts.size() == 3);
+  REQUIRE(p.llm_chat);
+  CHECK(p.llm_chat->max_tokens == 512);
+  REQUIRE(p.commands.count("send_email"));
+  CHECK(p.commands["send_email"].kind == engine::idempotency::at_most_once);
+  CHECK(p.tool_names() == std::vector<std::string>{"http.fetch", "llm.chat", "send_email"});
+
+  json normalized = engine::to_json(p);
+  CHECK(engine::to_json(engine::parse_policy(normalized)) == normalized);
+}
+
+TEST_CASE("unknown keys, wrong types and impossible limits are rejected, naming the key") {
+  CHECK_THAT(rejection({{"limit", json::object()}}), Catch::StartsWith("limit | "));
+  CHECK_THAT(rejection({{"limits", {{"memory", 5}}}}), Catch::StartsWith("limits.memory | "));
+  CHECK_THAT(rejection({{"limits", {{"memory_mb", "lots"}}}}), Catch::Contains("limits.memory_mb") &&
+                                                                   Catch::Contains("whole number"));
+  CHECK_THAT(rejection({{"limits", {{"memory_mb", 1}}}}), Catch::Contains("limits.memory_mb") &&
+                                                              Catch::Contains("impossible"));
+  CHECK_THAT(rejection({{"limits", {{"memory_mb", 1ull << 40}}}}), Catch::Contains("limits.memory_mb"));
+  CHECK_THAT(rejection({{"limits", {{"processes", -3}}}}), Catch::Contains("limits.processes"));
+  CHECK_THAT(rejection({{"limits", {{"memory_mb", 64}, {"tmp_mb", 128}}}}), Catch::Contains("limits.tmp_mb"));
+  CHECK_THAT(rejection({{"network", "host"}}), Catch::StartsWith("network | ") && Catch::Contains("http.fetch"));
+  CHECK_THAT(rejection({{"tools", {{"http.fetch", json::object()}}}}), Catch::Contains("tools.http.fetch.hosts"));
+  CHECK_THAT(rejection({{"tools", {{"http.fetch", {{"hosts", {"https://example.com/x"}}}}}}}),
+             Catch::Contains("not a host pattern"));
+  CHECK_THAT(rejection({{"tools", {{"http.fetch", {{"hosts", {"a.com"}}, {"methods", {"STEAL"}}}}}}}),
+             Catch::Contains("tools.http.fetch.methods"));
+  CHECK_THAT(rejection({{"tools", {{"llm.chat", {{"max_tokens", 0}}}}}}), Catch::Contains("tools.llm.chat.max_tokens"));
+  CHECK_THAT(rejection({{"tools", {{"mailer", {{"timeout_ms", 5}}}}}}), Catch::Contains("tools.mailer") &&
+                                                                           Catch::Contains("command"));
+  CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {RECORD_TOOL}}}}}}}),
+             Catch::Contains("tools.mailer.idempotency") && Catch::Contains("at_most_once"));
+  CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {"record_tool.sh"}}, {"idempotency", "idempotent"}}}}}}),
+             Catch::Contains("absolute path"));
+  CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {"/nonexistent/tool"}}, {"idempotency", "idempotent"}}}}}}),
+             Catch::Contains("not an executable"));
+  CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {RECORD_TOOL}}, {"idempotency", "idempotent"},
+                                               {"input", {{"to", "text"}}}}}}}}),
+             Catch::Contains("tools.mailer.input.to"));
+  CHECK_THAT(rejection({{"tools", {{"Bad Name", {{"command", {RECORD_TOOL}}}}}}}), Catch::Contains("tool name"));
+  CHECK_THAT(rejection(json::array()), Catch::Contains("JSON object"));
+}
+
+TEST_CASE("a policy file that is not JSON names the file") {
+  testing::temp_dir dir;
+  std::ofstream(dir / "p.json") << "{ not json";
+  try {
+    engine::load_policy_file(dir / "p.json");
+    FAIL("accepted");
+  } catch (const engine::policy_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("p.json") && Catch::Contains("not valid JSON"));
+  }
+  std::ofstream(dir / "q.json") << R"({"limits": {"memroy_mb": 5}})";
+  try {
+    engine::load_policy_file(dir / "q.json");
+    FAIL("accepted");
+  } catch (const engine::policy_error& e) {
+    CHECK(e.key() == "limits.memroy_mb");
+    CHECK_THAT(e.what(), Catch::Contains("q.json"));
+  }
+}

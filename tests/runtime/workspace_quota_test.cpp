@@ -1,0 +1,255 @@
+// The workspace quota image (root only): mounted while a sandbox lives, its
+// files kept across attempts, and turned back into a plain folder by
+// release_workspace(), whatever crash came in between.
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "runtime/sandbox_resources.hpp"
+#include "runtime/workspace_quota.hpp"
+#include "tests/runtime/sandbox_fixture.hpp"
+
+namespace cairn::runtime::test {
+namespace {
+
+bool have_quota() { return detect_workspace_quota().available; }
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+bool is_mount_point(const fs::path& folder) {
+  struct stat here {}, parent {};
+  return ::stat(folder.c_str(), &here) == 0 && ::stat((folder / "..").c_str(), &parent) == 0 &&
+         here.st_dev != parent.st_dev;
+}
+
+// The loop device's sysfs folder behind the mount at `folder`.
+fs::path loop_sysfs(const fs::path& folder) {
+  struct stat st {};
+  REQUIRE(::stat(folder.c_str(), &st) == 0);
+  return fs::path("/sys/dev/block") / (std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev)));
+}
+
+// Whether the loop device still serves `image`, polled until it lets go.
+bool loop_released(const fs::path& sysfs, const fs::path& image) {
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read_file(sysfs / "loop" / "backing_file").find(image.string()) == std::string::npos) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(bwrap_fixture, "quota: the workspace is an image mounted while the sandbox lives") {
+  if (!have_quota()) return;
+  fs::path ws = dir.path / "ws", image = dir.path / "ws.img";
+  REQUIRE(fs::exists(image));
+  CHECK(fs::file_size(image) == 16u << 20);
+  REQUIRE(is_mount_point(ws));
+  CHECK(fs::is_empty(ws));  // no lost+found in the agent's way
+  fs::path loop = loop_sysfs(ws);
+  CHECK(probe({"write", "/workspace/kept.txt", "from attempt 1"})["ok"] == true);
+
+  box->destroy();
+  CHECK_FALSE(is_mount_point(ws));
+  CHECK(fs::is_empty(ws));
+  CHECK(loop_released(loop, image));
+
+  // The next attempt finds the file; so does a second exec after destroy().
+  box = backend->create(spec);
+  CHECK(probe({"read", "/workspace/kept.txt"})["detail"] == "from attempt 1");
+  box->destroy();
+  CHECK(probe({"read", "/workspace/kept.txt"})["detail"] == "from attempt 1");
+}
+
+TEST_CASE("quota: files already in the workspace folder move into the image") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  fs::create_directories(spec.workspace / "sub");
+  std::ofstream(spec.workspace / "input.txt") << "from the user";
+  std::ofstream(spec.workspace / "sub" / "deep.txt") << "deep";
+  auto backend = make_bwrap_backend();
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"read", "/workspace/input.txt"})["detail"] == "from the user");
+    CHECK(run_probe(*box, {"read", "/workspace/sub/deep.txt"})["detail"] == "deep");
+  }
+  CHECK(fs::is_empty(spec.workspace));  // they live in the image now
+  backend->release_workspace(spec.workspace);
+  CHECK(read_file(spec.workspace / "input.txt") == "from the user");
+  CHECK(read_file(spec.workspace / "sub" / "deep.txt") == "deep");
+}
+
+TEST_CASE("quota: release_workspace leaves a plain folder and is idempotent") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = make_bwrap_backend();
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"write", "/workspace/result.txt", "done"})["ok"] == true);
+    CHECK_THROWS_AS(backend->release_workspace(spec.workspace), sandbox_error);  // still in use
+  }
+  backend->release_workspace(spec.workspace);
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
+  CHECK_FALSE(fs::exists(spec.workspace / "lost+found"));
+  CHECK_FALSE(fs::exists(dir.path / "ws.img"));
+  CHECK_FALSE(fs::exists(dir.path / "ws.released"));
+  CHECK_FALSE(is_mount_point(spec.workspace));
+  backend->release_workspace(spec.workspace);
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
+  // A plain folder with no image: the next run starts a new image from it.
+  auto box = backend->create(spec);
+  CHECK(run_probe(*box, {"read", "/workspace/result.txt"})["detail"] == "done");
+}
+
+TEST_CASE("quota: release_workspace finishes after a crash at any point") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  fs::path image = dir.path / "ws.img", staging = dir.path / "ws.released";
+  auto backend = make_bwrap_backend();
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"write", "/workspace/result.txt", "done"})["ok"] == true);
+  }
+  fs::copy_file(image, dir.path / "backup.img");
+
+  SECTION("during the copy: a partial copy is left beside the folder") {
+    fs::create_directories(staging);
+    std::ofstream(staging / "half-copied") << "junk";
+  }
+  SECTION("after the swap, before the image was deleted") {
+    backend->release_workspace(spec.workspace);
+    fs::copy_file(dir.path / "backup.img", image);
+  }
+  SECTION("while the image was mounted for the copy (the mount outlived the host)") {
+    std::string mount = "mount -o loop,nosuid,nodev " + image.string() + " " + spec.workspace.string();
+    REQUIRE(std::system(mount.c_str()) == 0);
+    REQUIRE(is_mount_point(spec.workspace));
+  }
+  SECTION("while a new image was made") {
+    backend->release_workspace(spec.workspace);
+    std::ofstream(dir.path / "ws.img.new") << "half an image";
+  }
+  backend->release_workspace(spec.workspace);
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
+  CHECK_FALSE(fs::exists(spec.workspace / "half-copied"));
+  CHECK_FALSE(fs::exists(image));
+  CHECK_FALSE(fs::exists(staging));
+  CHECK_FALSE(is_mount_point(spec.workspace));
+  auto box = backend->create(spec);
+  CHECK(run_probe(*box, {"read", "/workspace/result.txt"})["detail"] == "done");
+}
+
+TEST_CASE("quota: a stale mount left by a dead host is replaced") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = make_bwrap_backend();
+  backend->create(spec).reset();
+  std::string mount = "mount -o loop,nosuid,nodev " + (dir.path / "ws.img").string() + " " + spec.workspace.string();
+  REQUIRE(std::system(mount.c_str()) == 0);
+  fs::path stale_loop = loop_sysfs(spec.workspace);
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"write", "/workspace/x", "y"})["ok"] == true);
+  }
+  CHECK_FALSE(is_mount_point(spec.workspace));
+  CHECK(loop_released(stale_loop, dir.path / "ws.img"));
+}
+
+TEST_CASE("quota: the mounts dead hosts left behind are swept") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = make_bwrap_backend();
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"write", "/workspace/x", "kept"})["ok"] == true);
+    CHECK(sweep_orphaned_workspace_mounts() == 0);  // a live sandbox's mount is held
+    CHECK(is_mount_point(spec.workspace));
+  }
+  std::string mount = "mount -o loop,nosuid,nodev " + (dir.path / "ws.img").string() + " " + spec.workspace.string();
+  REQUIRE(std::system(mount.c_str()) == 0);
+  fs::path stale_loop = loop_sysfs(spec.workspace);
+  sweep_orphaned_workspace_mounts();  // or another test process's sweep got there first
+  CHECK_FALSE(is_mount_point(spec.workspace));
+  CHECK(loop_released(stale_loop, dir.path / "ws.img"));
+  backend->release_workspace(spec.workspace);
+  CHECK(read_file(spec.workspace / "x") == "kept");
+}
+
+TEST_CASE("quota: where the image cannot be mounted, its workspace is refused, not shown empty") {
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  fs::create_directories(spec.workspace);
+  std::ofstream(dir.path / "ws.img") << "an image from a run started as root";
+  sandbox_resources resources(spec, fs::canonical(spec.workspace), std::nullopt);  // as without root
+  try {
+    resources.acquire();
+    FAIL("no sandbox_error");
+  } catch (const sandbox_error& e) {
+    CHECK(e.code() == sandbox_errc::workspace_failed);
+    CHECK_THAT(e.what(), Catch::Contains("ws.img") && Catch::Contains("run cairn as root"));
+  }
+}
+
+TEST_CASE("quota: a later run asking for another size keeps its image and says so") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = make_bwrap_backend();
+  auto about_size = [](const std::vector<std::string>& warnings) {
+    std::vector<std::string> found;
+    for (const auto& w : warnings)
+      if (w.find("limits.workspace_mb") != std::string::npos) found.push_back(w);
+    return found;
+  };
+  CHECK(about_size(backend->create(spec)->warnings()).empty());
+  spec.limits.max_workspace_bytes = 32u << 20;
+  auto box = backend->create(spec);
+  auto warnings = about_size(box->warnings());
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("16 MiB") && Catch::Contains("32 MiB") && Catch::Contains("keeps its image"));
+  CHECK(fs::file_size(dir.path / "ws.img") == 16u << 20);
+}
+
+TEST_CASE("quota: copying in and out never follows a symlink the agent planted") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  fs::path victim = dir.path / "victim";
+  fs::create_directories(victim);
+  fs::permissions(victim, fs::perms(0777));
+  auto backend = make_bwrap_backend();
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"symlink", victim.string(), "/workspace/dir"})["ok"] == true);
+    CHECK(run_probe(*box, {"symlink", (victim / "out.txt").string(), "/workspace/out.txt"})["ok"] == true);
+  }
+  // Between attempts the host puts files where the agent's links are.
+  fs::create_directories(spec.workspace / "dir");
+  std::ofstream(spec.workspace / "dir" / "file.txt") << "host input";
+  std::ofstream(spec.workspace / "out.txt") << "host output";
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"read", "/workspace/dir/file.txt"})["detail"] == "host input");
+    CHECK(run_probe(*box, {"symlink", (victim / "late.txt").string(), "/workspace/late.txt"})["ok"] == true);
+  }
+  backend->release_workspace(spec.workspace);
+  CHECK(fs::is_empty(victim));
+  CHECK(fs::is_directory(fs::symlink_status(spec.workspace / "dir")));
+  CHECK(fs::is_symlink(spec.workspace / "late.txt"));
+  CHECK(read_file(spec.workspace / "out.txt") == "host output");
+}
+
+}  // namespace cairn::runtime::test
