@@ -3,7 +3,9 @@
 // itself with SIGKILL, exactly as an OOM kill or power cut would stop it.
 // Without the variable this is a no-op. Points: after_spawn, after_hello,
 // before_commit, after_commit (committed, not yet acked), after_ack,
-// before_finish.
+// before_finish; for tool calls tool_started (the started record is durable,
+// the tool not yet called) and tool_returned (called, result not journaled),
+// each also as tool_started.TOOL and tool_returned.TOOL for one tool.
 #pragma once
 
 #include <string_view>

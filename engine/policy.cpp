@@ -267,6 +267,16 @@ policy load_policy_file(const std::filesystem::path& file) {
   if (!in) throw policy_error("", fmt::format("cannot read policy file {}", file.string()));
   json j = json::parse(in, nullptr, false);
   if (j.is_discarded()) throw policy_error("", fmt::format("policy file {} is not valid JSON", file.string()));
+  // A user tool's program may be named relative to the policy file, so a
+  // policy and its tools can live together in one folder.
+  if (j.is_object() && j.contains("tools") && j["tools"].is_object())
+    for (auto& [name, grant] : j["tools"].items())
+      if (grant.is_object() && grant.contains("command") && grant["command"].is_array() && !grant["command"].empty() &&
+          grant["command"][0].is_string()) {
+        std::filesystem::path program = grant["command"][0].get<std::string>();
+        if (program.is_relative() && program.has_parent_path())
+          grant["command"][0] = std::filesystem::absolute(file.parent_path() / program).lexically_normal().string();
+      }
   try {
     return parse_policy(j);
   } catch (const policy_error& e) {

@@ -36,7 +36,7 @@ class policy_error : public std::runtime_error {
 // A user tool: a host executable that reads the call's arguments as JSON on
 // stdin and writes its result as JSON on stdout (see tools/command_tool.hpp).
 struct command_tool_spec {
-  std::vector<std::string> command;  // argv; command[0] an absolute path
+  std::vector<std::string> command;  // argv; command[0] an absolute path (see load_policy_file)
   // The declared input: argument name -> "string", "number", "integer",
   // "boolean", "object", "array" or "any"; a name ending in "?" is optional.
   // A call with any other argument, or a wrong type, is refused.
@@ -62,7 +62,9 @@ policy default_policy();
 // Strict: an unknown key, a wrong type or an impossible value is a
 // policy_error naming the key.
 policy parse_policy(const json& j);
-// parse_policy of a file; errors name the file too.
+// parse_policy of a file; errors name the file too. A user tool's program
+// given as a relative path with a folder ("tools/send_email.sh") is taken
+// relative to the policy file.
 policy load_policy_file(const std::filesystem::path& file);
 // Normalized: every field present, parse_policy(to_json(p)) == p.
 json to_json(const policy& p);

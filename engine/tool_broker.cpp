@@ -72,6 +72,7 @@ protocol::step_result tool_broker::call(const protocol::tool_msg& m) {
                          {"key", call.idempotency_key}},
                         m.seq);
   crash_point("tool_started");
+  crash_point("tool_started." + m.name);
   std::optional<tool_error> error;
   json output;
   try {
@@ -82,6 +83,7 @@ protocol::step_result tool_broker::call(const protocol::tool_msg& m) {
     error = tool_error("failed", fmt::format("tool {} failed: {}", m.name, e.what()));
   }
   crash_point("tool_returned");
+  crash_point("tool_returned." + m.name);
   return finish(error, std::move(output));
 }
 
@@ -102,7 +104,7 @@ std::optional<in_doubt_call> find_in_doubt(storage::journal& journal, const std:
       "step {} called at-most-once tool '{}' with {}, but its result was never recorded: the host stopped in "
       "between, so the call may or may not have happened. Check whether it did, then record the outcome with "
       "`cairn settle {} {} --result JSON` (or --error MESSAGE), or call it again with `cairn settle {} {} --retry`",
-      seq, c.tool, clip(c.args.dump(), 200), run_id, seq, run_id, seq);
+      seq, c.tool, clip(c.args.dump(), 100), run_id, seq, run_id, seq);
   return c;
 }
 

@@ -58,10 +58,26 @@ echo "CAIRN_LLM_BASE_URL=$CAIRN_LLM_BASE_URL (for a real model: set CAIRN_LLM_BA
 step "A research agent: fetches sources and asks the model through the host, under its policy"
 sources="[\"http://127.0.0.1:$port/pages/wal.html\",\"http://127.0.0.1:$port/pages/durability.html\",\"https://example.com/\"]"
 show "$cairn" run "$build/examples/research_agent" --policy "$here/research_agent.policy.json" \
-  --input "{\"topic\":\"SQLite WAL for durable agents\",\"sources\":$sources}" --id "research-$tag"
+  --input "{\"topic\":\"SQLite WAL for durable agents\",\"sources\":$sources,\"notify\":\"team@example.com\"}" \
+  --id "research-$tag"
 show "$cairn" show "research-$tag"
 echo "--- the report it wrote, collected from its workspace on the host:"
 head -n 16 "$CAIRN_HOME/workspaces/research-$tag/report.md"
+echo "--- the mail the send_email tool queued on the host:"
+ls "$CAIRN_HOME/outbox/"
+
+step "The host dies just after a mail went out, before the result was journaled"
+echo "(cairn's crash-test hook CAIRN_CRASH_POINT kills the host at exactly that point)"
+input="{\"topic\":\"SQLite WAL\",\"sources\":$sources,\"notify\":\"team@example.com\"}"
+echo "\$ CAIRN_CRASH_POINT=tool_returned.send_email cairn run research_agent ... --id mail-$tag"
+( CAIRN_CRASH_POINT=tool_returned.send_email "$cairn" run "$build/examples/research_agent" \
+  --policy "$here/research_agent.policy.json" --input "$input" --id "mail-$tag" >/dev/null 2>&1 ) 2>/dev/null || true
+echo "send_email is at-most-once: cairn will not guess whether the mail went out"
+show "$cairn" resume "mail-$tag" || true
+echo "--- the operator checks the outbox: the mail is there"
+ls "$CAIRN_HOME/outbox/" | grep "mail-$tag"
+show "$cairn" settle "mail-$tag" 11 --result "{\"queued\":true,\"message_id\":\"mail-$tag/11\"}"
+show "$cairn" resume "mail-$tag"
 
 step "A flaky agent: its first attempt aborts mid-run; cairn retries it from the journal"
 show "$cairn" run "$build/examples/flaky_agent" --id "flaky-$tag"

@@ -4,12 +4,14 @@
 //     no network; the policy lists the hosts it may reach),
 //   - it thinks with the llm.chat tool (the host holds the API key and talks
 //     to the model; tokens stream to `cairn run` live),
+//   - it mails the report with send_email, a user tool (a host program the
+//     policy declares at-most-once: after a crash it is never sent twice),
 // and it does its own work (cleaning pages, taking notes, writing the report)
 // inside the sandbox, in /workspace. Every step and every tool call is
 // journaled: after a crash the run resumes here, and no page is fetched and
 // no model call is made twice.
 //
-// input: {"topic": "SQLite WAL", "sources": ["https://...", ...], "pace_ms": 0}
+// input: {"topic": "SQLite WAL", "sources": ["https://...", ...], "notify": "you@example.com", "pace_ms": 0}
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -98,7 +100,7 @@ int main(int argc, char** argv) {
     std::string conclusion = ask(ctx, researcher, "Write the conclusion of a research note on " + topic +
                                                       " from these notes:\n" + notes.dump());
 
-    return ctx.step("write report", [&] {
+    json report = ctx.step("write report", [&] {
       pace(input);
       std::ostringstream r;
       r << "# " << topic << "\n\n_" << date << "_\n\n## Plan\n\n" << plan << "\n\n## Sources\n\n";
@@ -112,7 +114,17 @@ int main(int argc, char** argv) {
       int read = 0;
       for (const auto& n : notes) read += n.contains("summary") ? 1 : 0;
       return json{{"report", "/workspace/report.md"}, {"sources_read", read},
-                  {"sources_skipped", static_cast<int>(notes.size()) - read}};
+                  {"sources_skipped", static_cast<int>(notes.size()) - read}, {"text", r.str()}};
     });
+
+    json result = {{"report", report["report"]}, {"sources_read", report["sources_read"]},
+                   {"sources_skipped", report["sources_skipped"]}};
+    if (input.contains("notify")) {
+      json sent = ctx.tool("send_email", {{"to", input["notify"]},
+                                          {"subject", "Research note: " + topic},
+                                          {"body", report["text"]}});
+      result["mailed"] = sent["message_id"];
+    }
+    return result;
   });
 }

@@ -82,7 +82,7 @@ TEST_CASE("unknown keys, wrong types and impossible limits are rejected, naming 
                                                                            Catch::Contains("command"));
   CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {RECORD_TOOL}}}}}}}),
              Catch::Contains("tools.mailer.idempotency") && Catch::Contains("at_most_once"));
-  CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {"record_tool.sh"}}, {"idempotency", "idempotent"}}}}}}),
+  CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {"tools/record_tool.sh"}}, {"idempotency", "idempotent"}}}}}}),
              Catch::Contains("absolute path"));
   CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {"/nonexistent/tool"}}, {"idempotency", "idempotent"}}}}}}),
              Catch::Contains("not an executable"));
@@ -110,4 +110,15 @@ TEST_CASE("a policy file that is not JSON names the file") {
     CHECK(e.key() == "limits.memroy_mb");
     CHECK_THAT(e.what(), Catch::Contains("q.json"));
   }
+}
+
+TEST_CASE("a user tool's program may be named relative to its policy file") {
+  testing::temp_dir dir;
+  std::filesystem::create_directories(dir / "tools");
+  std::filesystem::copy_file(RECORD_TOOL, dir / "tools" / "mailer.sh");
+  std::ofstream(dir / "p.json") << R"({"tools": {"mailer": {"command": ["tools/mailer.sh", "--fast"],
+                                                             "idempotency": "at_most_once"}}})";
+  auto p = engine::load_policy_file(dir / "p.json");
+  CHECK(p.commands.at("mailer").command ==
+        std::vector<std::string>{(dir / "tools" / "mailer.sh").string(), "--fast"});
 }
