@@ -280,7 +280,7 @@ policy load_policy_file(const std::filesystem::path& file) {
   try {
     return parse_policy(j);
   } catch (const policy_error& e) {
-    throw policy_error(e.key(), fmt::format("policy file {}: {}", file.string(), e.what()));
+    throw policy_error(e, file);
   }
 }
 

@@ -27,6 +27,9 @@ class policy_error : public std::runtime_error {
  public:
   policy_error(std::string key, const std::string& message)
       : std::runtime_error(key.empty() ? message : key + ": " + message), key_(std::move(key)) {}
+  // The same error, found in `file`.
+  policy_error(const policy_error& e, const std::filesystem::path& file)
+      : std::runtime_error("policy file " + file.string() + ": " + e.what()), key_(e.key_) {}
   const std::string& key() const { return key_; }
 
  private:
