@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -22,6 +24,27 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int max_attach_attempts = 10;
+// How long a sandbox that was just killed may keep its mount busy (its mount
+// namespace goes with its last process) before we detach it instead.
+constexpr auto busy_grace = std::chrono::seconds(3);
+// How long to wait for an earlier, detached mount of the same image to go.
+constexpr auto attached_grace = std::chrono::seconds(10);
+constexpr auto poll_interval = std::chrono::milliseconds(5);
+
+// Whether a loop device still holds `image`: an earlier mount of it that was
+// detached while busy and whose last user has not gone yet.
+bool image_attached(const fs::path& image) {
+  std::error_code ec;
+  const fs::path wanted = fs::weakly_canonical(image, ec);
+  for (const auto& entry : fs::directory_iterator("/sys/block", ec)) {
+    if (!entry.path().filename().string().starts_with("loop")) continue;
+    auto backing = read_small_file(entry.path() / "loop" / "backing_file");
+    if (!backing) continue;
+    while (!backing->empty() && backing->back() == '\n') backing->pop_back();
+    if (fs::path(*backing) == wanted || fs::path(*backing) == image) return true;
+  }
+  return false;
+}
 
 [[noreturn]] void failed(const std::string& what) {
   throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
@@ -47,6 +70,15 @@ bool attach(int device, int backing, const fs::path& image) {
 }  // namespace
 
 loop_mount::loop_mount(const fs::path& image, const fs::path& target) : target_(target) {
+  // Two live filesystems on one image would corrupt it: an earlier mount
+  // (detached while its sandbox was dying) must be gone, its writes flushed.
+  for (auto deadline = std::chrono::steady_clock::now() + attached_grace; image_attached(image);) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      errno = EBUSY;
+      failed(fmt::format("{} is still attached to a loop device by an earlier sandbox", image.string()));
+    }
+    std::this_thread::sleep_for(poll_interval);
+  }
   unique_fd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
   if (!backing) failed("opening " + image.string());
   unique_fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
@@ -72,9 +104,16 @@ loop_mount::loop_mount(const fs::path& image, const fs::path& target) : target_(
 loop_mount::~loop_mount() { unmount_folder(target_); }
 
 bool unmount_folder(const fs::path& folder) {
-  if (::umount2(folder.c_str(), UMOUNT_NOFOLLOW) == 0) return true;
-  // Busy (a process of the sandbox not yet fully gone): detach it now; the
-  // kernel unmounts it, and frees the loop device, when its last user goes.
+  // Busy while the killed sandbox's mount namespace is torn down: wait for it,
+  // so the unmount (and its flush) is done when this returns.
+  for (auto deadline = std::chrono::steady_clock::now() + busy_grace;;) {
+    if (::umount2(folder.c_str(), UMOUNT_NOFOLLOW) == 0) return true;
+    if (errno != EBUSY || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(poll_interval);
+  }
+  // Still busy: detach it now; the kernel unmounts it, and frees the loop
+  // device, when its last user goes. loop_mount waits for that before it
+  // mounts the image again.
   return errno == EBUSY && ::umount2(folder.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0;
 }
 

@@ -14,7 +14,9 @@ class loop_mount {
  public:
   // Attaches `image` to a free loop device (freed by the kernel once
   // unmounted: LO_FLAGS_AUTOCLEAR) and mounts it nosuid,nodev at `target`.
-  // Requires root. Throws sandbox_error(spawn_failed) naming the step.
+  // First waits (up to 10 s) until no earlier mount of `image` is left: one
+  // image never has two live filesystems. Requires root. Throws
+  // sandbox_error(spawn_failed) naming the step.
   loop_mount(const std::filesystem::path& image, const std::filesystem::path& target);
   // Unmounts; a mount still busy is detached and goes once its last user does.
   ~loop_mount();
@@ -29,7 +31,9 @@ class loop_mount {
 // (a mount left behind by a host that died).
 bool is_loop_mount_of(const std::filesystem::path& folder, const std::filesystem::path& image);
 
-// Unmounts whatever is mounted at `folder` (detaching it if busy); false with errno set on failure.
+// Unmounts whatever is mounted at `folder`, waiting up to 3 s while it is busy
+// (a sandbox's namespace still going), then detaching it; false with errno set
+// on failure.
 bool unmount_folder(const std::filesystem::path& folder);
 
 }  // namespace cairn::runtime

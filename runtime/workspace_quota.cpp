@@ -3,20 +3,24 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/file.h>
-#include <sys/resource.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
 #include <mutex>
 
+#include <chrono>
+#include <thread>
+
 #include <fmt/format.h>
 
-#include "runtime/bwrap_support.hpp"
 #include "runtime/mountinfo.hpp"
+#include "runtime/sandbox.hpp"
 #include "runtime/tree_copy.hpp"
 
 namespace cairn::runtime {
@@ -25,7 +29,23 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::uint64_t full_below_bytes = 128 << 10;
-constexpr std::chrono::seconds mkfs_timeout{60};
+constexpr auto lock_patience = std::chrono::seconds(5);
+
+constexpr std::uint64_t min_margin = 8ull << 20;
+
+// The quota an image of `image_bytes` was made for (workspace_image_size inverted).
+std::uint64_t quota_of_image(std::uint64_t image_bytes) {
+  return image_bytes < 9 * min_margin ? image_bytes - std::min(image_bytes, min_margin) : image_bytes / 9 * 8;
+}
+
+// flock(LOCK_EX) that gives up after `patience`.
+bool lock_within(int fd, std::chrono::milliseconds patience) {
+  for (auto deadline = std::chrono::steady_clock::now() + patience;;) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK || std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
 
 [[noreturn]] void failed(sandbox_errc code, const std::string& what) {
   throw sandbox_error(code, fmt::format("{}: {}", what, std::strerror(errno)));
@@ -44,38 +64,6 @@ unique_fd open_folder(const fs::path& folder) {
   return fd;
 }
 
-// Made under a temporary name and renamed into place, so that an image
-// that exists is a whole filesystem.
-void make_image(const quota_support& support, const fs::path& image, std::uint64_t bytes, uid_t uid, gid_t gid) {
-  fs::path partial = image.string() + ".new";
-  ::unlink(partial.c_str());
-  {
-    unique_fd fd(::open(partial.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!fd) failed(sandbox_errc::workspace_failed, "creating " + partial.string());
-    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) < 0)
-      failed(sandbox_errc::workspace_failed, "sizing " + partial.string());
-  }
-  resource_limits unlimited_size;
-  unlimited_size.max_file_bytes = RLIM_INFINITY;
-  // -m 0: no blocks kept for root; -i 8192: room for many small files. A
-  // new sparse file reads as zeros, so nothing needs zeroing: the image
-  // takes under 1 MiB of disk until files come.
-  captured_run run = run_captured(
-      {support.mkfs.string(), "-q", "-F", "-m", "0", "-i", "8192", "-E",
-       fmt::format("root_owner={}:{},lazy_itable_init=1,lazy_journal_init=1", uid, gid), partial.string()},
-      std::nullopt, mkfs_timeout, unlimited_size);
-  if (!run.status || !run.status->exited || run.status->code != 0) {
-    ::unlink(partial.c_str());
-    throw sandbox_error(sandbox_errc::workspace_failed,
-                        fmt::format("mkfs.ext4 {} {}: {}", partial.string(),
-                                    run.status ? run.status->describe() : "hung", run.output));
-  }
-  unique_fd fd(::open(partial.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd || ::fsync(fd.get()) < 0 || ::rename(partial.c_str(), image.c_str()) < 0)
-    failed(sandbox_errc::workspace_failed, "saving " + image.string());
-  sync_folder(image.parent_path());
-}
-
 // The mounts of this process, by workspace folder; guards every mount and
 // unmount of a workspace image, so that one never races another.
 struct registry_entry {
@@ -85,16 +73,19 @@ struct registry_entry {
 std::mutex registry_mutex;
 std::map<fs::path, registry_entry> registry;
 
-std::optional<std::string> size_warning(const fs::path& image, std::uint64_t bytes) {
+std::optional<std::string> size_warning(const fs::path& image, std::uint64_t quota) {
   struct stat st {};
-  if (::stat(image.c_str(), &st) < 0 || static_cast<std::uint64_t>(st.st_size) == bytes) return std::nullopt;
+  if (::stat(image.c_str(), &st) < 0 || static_cast<std::uint64_t>(st.st_size) == workspace_image_size(quota))
+    return std::nullopt;
   return fmt::format(
-      "the workspace image {} holds {} MiB; limits.workspace_mb asks for {} MiB, which applies to new "
-      "workspaces only: this run keeps its image",
-      image.string(), mib(static_cast<std::uint64_t>(st.st_size)), mib(bytes));
+      "the workspace image {} was made for a {} MiB quota; limits.workspace_mb asks for {} MiB, which applies to "
+      "new workspaces only: this run keeps its image",
+      image.string(), mib(quota_of_image(static_cast<std::uint64_t>(st.st_size))), mib(quota));
 }
 
 }  // namespace
+
+std::uint64_t workspace_image_size(std::uint64_t quota) { return quota + std::max(min_margin, quota / 8); }
 
 fs::path workspace_image_path(const fs::path& workspace) {
   return workspace.parent_path() / (workspace.filename().string() + ".img");
@@ -108,12 +99,12 @@ quota_support detect_workspace_quota() {
     s.detail = "unavailable: needs root and loop devices (cairn does not run as root)";
     return s;
   }
-  for (const char* candidate : {"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4", "/usr/bin/mkfs.ext4"})
-    if (::access(candidate, X_OK) == 0) {
-      s.mkfs = candidate;
-      break;
-    }
-  if (s.mkfs.empty()) {
+  for (const char* folder : {"/usr/sbin", "/sbin", "/usr/bin"}) {
+    fs::path mkfs = fs::path(folder) / "mkfs.ext4", debugfs = fs::path(folder) / "debugfs";
+    if (s.tools.mkfs.empty() && ::access(mkfs.c_str(), X_OK) == 0) s.tools.mkfs = mkfs;
+    if (s.tools.debugfs.empty() && ::access(debugfs.c_str(), X_OK) == 0) s.tools.debugfs = debugfs;
+  }
+  if (s.tools.mkfs.empty()) {
     s.detail = "unavailable: mkfs.ext4 is not installed";
     return s;
   }
@@ -124,17 +115,19 @@ quota_support detect_workspace_quota() {
   }
   s.available = true;
   s.fix.clear();
-  s.detail = fmt::format("ext4 image per run (made with {}, mounted through a loop device)", s.mkfs.string());
+  s.detail = fmt::format("ext4 image per run (made with {}, mounted through a loop device)", s.tools.mkfs.string());
   return s;
 }
 
-mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& image) : folder_(folder) {
+mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& image, std::uint64_t quota_bytes)
+    : folder_(folder), quota_bytes_(quota_bytes) {
   image_lock_.reset(::open(image.c_str(), O_RDONLY | O_CLOEXEC));
   struct stat image_stat {};
   if (!image_lock_ || ::fstat(image_lock_.get(), &image_stat) < 0)
     failed(sandbox_errc::workspace_failed, "opening " + image.string());
-  quota_bytes_ = static_cast<std::uint64_t>(image_stat.st_size);
-  if (::flock(image_lock_.get(), LOCK_EX | LOCK_NB) < 0)
+  // Another host's sweep of stale mounts holds the lock for a moment; only a
+  // lock held on and on means a live sandbox of another process.
+  if (!lock_within(image_lock_.get(), lock_patience))
     throw sandbox_error(sandbox_errc::bad_spec,
                         fmt::format("workspace {} is in use by another cairn process (its image {} is locked)",
                                     folder.string(), image.string()));
@@ -153,8 +146,15 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
     throw sandbox_error(sandbox_errc::workspace_failed, e.what());
   }
   mounted_ = true;
+  // noatime: else reads (the agent's, release's copy) update atimes, and
+  // committing them costs the unmount several flushes. Only speed is at stake.
+  mount_attr noatime{};
+  noatime.attr_set = MOUNT_ATTR_NOATIME;
+  noatime.attr_clr = MOUNT_ATTR__ATIME;
+  ::mount_setattr(AT_FDCWD, folder.c_str(), AT_SYMLINK_NOFOLLOW, &noatime, sizeof noatime);
   unique_fd root = open_folder(folder);
-  // mkfs made it for fsck; the agent need not see it. Kept when fsck filled it.
+  // mkfs made it for fsck (templates made without debugfs keep it); the
+  // agent need not see it. Kept when fsck filled it.
   ::unlinkat(root.get(), "lost+found", AT_REMOVEDIR);
   if (!has_entries(plain.get())) return;
   try {
@@ -180,7 +180,9 @@ bool mounted_workspace::full() const {
   if (!mounted_) return false;
   struct statvfs st {};
   if (::statvfs(folder_.c_str(), &st) < 0) return false;
-  return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize < full_below_bytes || st.f_favail == 0;
+  const std::uint64_t used = static_cast<std::uint64_t>(st.f_blocks - st.f_bfree) * st.f_frsize;
+  return used > quota_bytes_ || static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize < full_below_bytes ||
+         st.f_favail == 0;
 }
 
 void workspace_lease::release() noexcept {
@@ -214,16 +216,19 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
     return result;
   }
   bool fresh = !fs::exists(image);
+  const std::uint64_t image_bytes = workspace_image_size(bytes);
   if (!fresh)
     if (auto warning = size_warning(image, bytes)) result.warnings.push_back(*warning);
   std::shared_ptr<mounted_workspace> mount;
   try {
-    if (fresh) make_image(support, image, bytes, uid, gid);
-    mount = std::make_shared<mounted_workspace>(workspace, image);
+    if (fresh) make_workspace_image(support.tools, image, image_bytes, uid, gid);
+    mount = std::make_shared<mounted_workspace>(workspace, image, bytes);
   } catch (const sandbox_error& e) {
     if (!fresh) throw;
     ::unlink(image.c_str());  // it holds nothing yet
     if (e.code() != sandbox_errc::workspace_failed) throw;
+    // A bad template would spoil every later image too; the next run makes another.
+    ::unlink(workspace_template_path(image.parent_path(), image_bytes, uid, gid).c_str());
     result.warnings.push_back(fmt::format(
         "workspace {} has no size quota ({}): it is a plain folder, files are bounded one by one "
         "(limits.file_mb)",
@@ -268,7 +273,7 @@ void release_workspace_image(const fs::path& given) {
   fs::create_directories(workspace, ec);
   if (::mkdir(staging.c_str(), 0700) < 0) failed(sandbox_errc::workspace_failed, "creating " + staging.string());
   {
-    mounted_workspace mount(workspace, image);
+    mounted_workspace mount(workspace, image, UINT64_MAX);  // only read: no quota to enforce
     unique_fd root = open_folder(workspace), copy = open_folder(staging);
     copy_tree(root.get(), copy.get(), workspace, staging);
     struct stat st {};

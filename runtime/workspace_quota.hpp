@@ -1,9 +1,9 @@
 // The size quota of a workspace, when cairn runs as root: the run's files
-// live in an ext4 image `<workspace>.img` beside the folder (sparse, made
-// once, its root owned by the sandbox uid), mounted at the folder through a
-// loop device while a sandbox uses it, and turned back into a plain folder by
-// release_workspace_image() once the run is over. The image stays out of the
-// sandbox's sight: only the folder is mounted into it.
+// live in an ext4 image `<workspace>.img` beside the folder (sparse, copied
+// once from a template, its root owned by the sandbox uid), mounted at the
+// folder through a loop device while a sandbox uses it, and turned back into
+// a plain folder by release_workspace_image() once the run is over. The image
+// stays out of the sandbox's sight: only the folder is mounted into it.
 //
 // Files found in the plain folder when the image is mounted (a workspace the
 // user filled before the first run, files put there between attempts) are
@@ -23,6 +23,7 @@
 
 #include "runtime/loop_mount.hpp"
 #include "runtime/unique_fd.hpp"
+#include "runtime/workspace_template.hpp"
 
 namespace cairn::runtime {
 
@@ -30,9 +31,10 @@ struct quota_support {
   bool available = false;
   std::string detail;  // "ext4 image per run (...)" or "unavailable: <why>"
   std::string fix;     // when unavailable
-  std::filesystem::path mkfs;
+  ext4_tools tools;
 };
-// Needs root, mkfs.ext4 and /dev/loop-control. Cheap: no image is made.
+// Needs root, mkfs.ext4 and /dev/loop-control; uses debugfs when installed.
+// Cheap: no image is made.
 quota_support detect_workspace_quota();
 
 // An image mounted at its workspace folder; unmounted when destroyed.
@@ -41,14 +43,17 @@ class mounted_workspace {
   // Throws sandbox_error: bad_spec (another process holds the image, the
   // folder's files do not fit), workspace_failed (another filesystem is
   // mounted at the folder, no loop device, mount(2) failed).
-  mounted_workspace(const std::filesystem::path& folder, const std::filesystem::path& image);
+  mounted_workspace(const std::filesystem::path& folder, const std::filesystem::path& image,
+                    std::uint64_t quota_bytes);
   mounted_workspace(const mounted_workspace&) = delete;
   mounted_workspace& operator=(const mounted_workspace&) = delete;
 
   ~mounted_workspace() { unmount(); }
 
-  std::uint64_t quota_bytes() const { return quota_bytes_; }  // the image's size
-  // While mounted: no room left for data (under 128 KiB) or no free inode.
+  std::uint64_t quota_bytes() const { return quota_bytes_; }  // limits.max_workspace_bytes
+  // While mounted: more than the quota in use, no room left for data (under
+  // 128 KiB) or no free inode. The image is a margin larger than the quota,
+  // so a filling agent passes the quota before it sees ENOSPC.
   bool full() const;
   // Idempotent; afterwards full() is false.
   void unmount();
@@ -90,12 +95,12 @@ struct workspace_mount_result {
 };
 
 // Mounts the image of `workspace` (a canonical folder), making it first if
-// missing with `bytes` and its root owned by uid:gid. An existing image
-// keeps its size (a warning says so when `bytes` differs). When a new image
-// cannot be made or mounted (mkfs.ext4 fails, no free loop device) it is
-// dropped and the plain folder used, with a warning. Throws sandbox_error
-// as mounted_workspace does; for an existing image always: its files are in
-// there.
+// missing (make_workspace_image) with `bytes` and its root owned by uid:gid.
+// An existing image keeps its size (a warning says so when `bytes` differs).
+// When a new image cannot be made or mounted (mkfs.ext4 fails, no free loop
+// device) it is dropped, with its template, and the plain folder used, with
+// a warning. Throws sandbox_error as mounted_workspace does; for an existing
+// image always: its files are in there.
 workspace_mount_result mount_workspace_image(const quota_support& support, const std::filesystem::path& workspace,
                                              std::uint64_t bytes, uid_t uid, gid_t gid);
 
@@ -107,6 +112,12 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
 void release_workspace_image(const std::filesystem::path& workspace);
 
 std::filesystem::path workspace_image_path(const std::filesystem::path& workspace);
+// The size of the image for a quota of `quota` bytes: a margin larger, since
+// ext4 keeps room for metadata and pending allocations, so "no space left"
+// comes at an uncertain distance before the image's end. Passing the quota is
+// what ends the sandbox; the margin makes sure a filling agent gets there
+// before it sees ENOSPC.
+std::uint64_t workspace_image_size(std::uint64_t quota);
 
 // Unmounts the workspace images that dead hosts left mounted (an image
 // `<folder>.img` mounted at `<folder>` that nobody holds locked), freeing

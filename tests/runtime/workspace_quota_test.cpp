@@ -1,7 +1,9 @@
 // The workspace quota image (root only): mounted while a sandbox lives, its
 // files kept across attempts, and turned back into a plain folder by
 // release_workspace(), whatever crash came in between.
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -45,13 +47,22 @@ bool loop_released(const fs::path& sysfs, const fs::path& image) {
   return false;
 }
 
+// The filesystem UUID in an ext4 image: s_uuid, 0x68 into the superblock at 1024.
+std::string ext4_uuid(const fs::path& image) {
+  std::ifstream in(image, std::ios::binary);
+  in.seekg(1024 + 0x68);
+  std::string uuid(16, '\0');
+  in.read(uuid.data(), static_cast<std::streamsize>(uuid.size()));
+  return uuid;
+}
+
 }  // namespace
 
 TEST_CASE_METHOD(bwrap_fixture, "quota: the workspace is an image mounted while the sandbox lives") {
   if (!have_quota()) return;
   fs::path ws = dir.path / "ws", image = dir.path / "ws.img";
   REQUIRE(fs::exists(image));
-  CHECK(fs::file_size(image) == 16u << 20);
+  CHECK(fs::file_size(image) == workspace_image_size(16u << 20));
   REQUIRE(is_mount_point(ws));
   CHECK(fs::is_empty(ws));  // no lost+found in the agent's way
   fs::path loop = loop_sysfs(ws);
@@ -220,7 +231,7 @@ TEST_CASE("quota: a later run asking for another size keeps its image and says s
   auto warnings = about_size(box->warnings());
   REQUIRE(warnings.size() == 1);
   CHECK_THAT(warnings[0], Catch::Contains("16 MiB") && Catch::Contains("32 MiB") && Catch::Contains("keeps its image"));
-  CHECK(fs::file_size(dir.path / "ws.img") == 16u << 20);
+  CHECK(fs::file_size(dir.path / "ws.img") == workspace_image_size(16u << 20));
 }
 
 TEST_CASE("quota: copying in and out never follows a symlink the agent planted") {
@@ -250,6 +261,85 @@ TEST_CASE("quota: copying in and out never follows a symlink the agent planted")
   CHECK(fs::is_directory(fs::symlink_status(spec.workspace / "dir")));
   CHECK(fs::is_symlink(spec.workspace / "late.txt"));
   CHECK(read_file(spec.workspace / "out.txt") == "host output");
+}
+
+TEST_CASE("quota: a new image is a sparse copy of a template made once per folder, size and owner") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  fs::path folder = fs::canonical(dir.path);
+  constexpr std::uint64_t bytes = 16u << 20;
+  constexpr uid_t uid = 4321;
+  constexpr gid_t gid = 4322;
+  fs::path first = folder / "first", second = folder / "second", third = folder / "third";
+  for (const auto& ws : {first, second, third}) fs::create_directories(ws);
+  fs::path made = workspace_template_path(folder, workspace_image_size(bytes), uid, gid);
+  quota_support support = detect_workspace_quota();
+  CHECK(mount_workspace_image(support, first, bytes, uid, gid).lease);
+  REQUIRE(fs::exists(made));
+  CHECK_FALSE(fs::exists(made.string() + ".new"));
+
+  // With no mkfs.ext4 to run, only the template can make the next image.
+  support.tools = {"/bin/false", "/bin/false"};
+  {
+    auto mounted = mount_workspace_image(support, second, bytes, uid, gid);
+    REQUIRE(mounted.lease);
+    CHECK(mounted.warnings.empty());
+    CHECK(ext4_uuid(folder / "second.img") == ext4_uuid(made));
+    CHECK(mounted.lease.mount()->quota_bytes() == bytes);
+    struct statfs mounted_fs {};
+    REQUIRE(::statfs(second.c_str(), &mounted_fs) == 0);
+    CHECK(mounted_fs.f_type == EXT4_SUPER_MAGIC);
+    CHECK(fs::is_empty(second));  // no lost+found either
+    struct stat root {};
+    REQUIRE(::stat(second.c_str(), &root) == 0);
+    CHECK(root.st_uid == uid);
+    CHECK(root.st_gid == gid);
+    std::ofstream(second / "written.txt") << "kept";
+  }
+  CHECK_FALSE(is_mount_point(second));
+  struct stat image {};
+  REQUIRE(::stat((folder / "second.img").c_str(), &image) == 0);
+  CHECK(static_cast<std::uint64_t>(image.st_size) == workspace_image_size(bytes));
+  CHECK(static_cast<std::uint64_t>(image.st_blocks) * 512 < bytes / 8);  // the holes were kept
+  release_workspace_image(second);
+  CHECK(read_file(second / "written.txt") == "kept");
+
+  // The control: with the template gone, a support without mkfs.ext4 makes no image.
+  fs::remove(made);
+  auto plain = mount_workspace_image(support, third, bytes, uid, gid);
+  CHECK_FALSE(plain.lease);
+  CHECK_FALSE(fs::exists(folder / "third.img"));
+  CHECK_FALSE(fs::exists(made));
+}
+
+TEST_CASE("quota: a template left half made or broken costs one run at most") {
+  if (!have_quota()) return;
+  temp_dir dir;
+  fs::path folder = fs::canonical(dir.path);
+  constexpr std::uint64_t bytes = 16u << 20;
+  constexpr uid_t uid = 4321;
+  constexpr gid_t gid = 4322;
+  fs::path made = workspace_template_path(folder, workspace_image_size(bytes), uid, gid);
+  quota_support support = detect_workspace_quota();
+  fs::create_directories(folder / "ws");
+
+  SECTION("a host died while making it") {
+    std::ofstream(made.string() + ".new") << "half a template";
+    CHECK(mount_workspace_image(support, folder / "ws", bytes, uid, gid).lease);
+    CHECK(fs::exists(made));
+    CHECK_FALSE(fs::exists(made.string() + ".new"));
+  }
+  SECTION("it is no filesystem") {
+    std::ofstream(made) << "";
+    fs::resize_file(made, bytes);
+    auto dropped = mount_workspace_image(support, folder / "ws", bytes, uid, gid);
+    CHECK_FALSE(dropped.lease);
+    REQUIRE(dropped.warnings.size() == 1);
+    CHECK_THAT(dropped.warnings[0], Catch::Contains("no size quota"));
+    CHECK_FALSE(fs::exists(made));
+    CHECK(mount_workspace_image(support, folder / "ws", bytes, uid, gid).lease);  // a new template
+  }
+  CHECK(fs::exists(folder / "ws.img"));
 }
 
 }  // namespace cairn::runtime::test
