@@ -24,6 +24,7 @@ demo: build
 bench: build
 	@$(BUILD)/bench/step_latency
 	@$(BUILD)/bench/sandbox_start
+	@$(BUILD)/bench/tool_call
 
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,13 +71,21 @@ struct child {
   // the exited leader is still a zombie, so its id cannot have been reused.
   void reap(clock::time_point deadline) {
     if (reaped) return;
+    // A pidfd turns readable when the process exits; without one, poll.
+    fd_closer pidfd{static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))};
     siginfo_t info{};
     for (;;) {
       info.si_pid = 0;
       if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT | WNOHANG) == 0 && info.si_pid == pid)
         break;
-      if (clock::now() >= deadline) break;
-      ::usleep(2000);
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+      if (left <= 0) break;
+      if (pidfd.fd >= 0) {
+        pollfd exited{pidfd.fd, POLLIN, 0};
+        ::poll(&exited, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
+      } else {
+        ::usleep(1000);
+      }
     }
     ::kill(-pid, SIGKILL);
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
