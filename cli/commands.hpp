@@ -35,4 +35,16 @@ int show_command(const paths& p, const std::string& run_id, bool as_json);
 int doctor_command(const paths& p, bool as_json);
 int settle_command(const paths& p, const settle_args& args, bool as_json);
 
+// queue_commands.cpp: the daemon and what talks to runs it may hold.
+struct serve_args {
+  int max_concurrent = 8;
+  int suspend_after_ms = 2000;
+  bool verbose = false;  // every step, not only each run's start and end
+};
+int submit_command(const paths& p, const run_args& args, bool as_json);
+int serve_command(const paths& p, const serve_args& args);
+int signal_command(const paths& p, const std::string& run_id, const std::string& name, const std::string& data,
+                   bool as_json);
+int cancel_command(const paths& p, const std::string& run_id, const std::string& reason, bool wait, bool as_json);
+
 }  // namespace cairn::cli

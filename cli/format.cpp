@@ -61,14 +61,33 @@ std::string runs_table(storage::journal& journal, const std::vector<storage::run
                                 "ATTEMPTS", "UPDATED");
   for (const auto& r : runs) {
     std::string agent = std::filesystem::path(r.agent).filename().string();
-    out += fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}\n", r.id, storage::to_string(r.status), agent,
-                       journal.steps(r.id).size(), r.attempts, format_time(r.updated_at_ms));
+    std::string wait;
+    if (r.status == storage::run_status::waiting && r.wait)
+      wait = r.wait->kind == "signal" ? "  signal '" + r.wait->key + "'"
+             : r.wait->kind == "timer" ? "  timer " + (r.wait->wake_at_ms ? format_time(*r.wait->wake_at_ms) : "")
+                                       : "  child " + r.wait->key;
+    out += fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}{}\n", r.id, storage::to_string(r.status), agent,
+                       journal.step_count(r.id), r.attempts, format_time(r.updated_at_ms), wait);
   }
   return out;
 }
 
+std::string describe_wait(const storage::run_record& r) {
+  if (!r.wait) return "waits";
+  const auto& w = *r.wait;
+  std::string until = w.wake_at_ms ? format_time(*w.wake_at_ms) : "";
+  if (w.kind == "timer") return fmt::format("sleeps until {} (step {})", until, w.seq);
+  if (w.kind == "signal")
+    return fmt::format("waits for signal '{}' (step {}{}); send it: cairn signal {} {} --data JSON", w.key, w.seq,
+                       until.empty() ? "" : ", until " + until, r.id, w.key);
+  if (w.kind == "child") return fmt::format("waits for child run {} (step {})", w.key, w.seq);
+  return "waits for " + w.kind;
+}
+
 std::string run_summary(const storage::run_record& r) {
   std::string out = fmt::format("run {} ({})\n", r.id, storage::to_string(r.status));
+  if (r.status == storage::run_status::waiting) out += fmt::format("  waiting    {}\n", describe_wait(r));
+  if (!r.parent_id.empty()) out += fmt::format("  parent     {}\n", r.parent_id);
   out += fmt::format("  agent      {}\n", r.agent);
   out += fmt::format("  input      {}\n", preview(r.input, 100));
   out += fmt::format("  sandbox    {}\n", r.sandbox);
@@ -79,6 +98,9 @@ std::string run_summary(const storage::run_record& r) {
   if (!r.owner.empty()) out += fmt::format("  owner      {}\n", r.owner);
   if (r.status == storage::run_status::completed) out += fmt::format("  output     {}\n", preview(r.output, 100));
   if (r.error) out += fmt::format("  error      {}: {}\n", r.error->type, r.error->message);
+  if (r.deadline_ms) out += fmt::format("  deadline   {}\n", format_time(*r.deadline_ms));
+  if (r.cancel_requested_at_ms && r.status != storage::run_status::cancelled)
+    out += fmt::format("  cancel     requested {}\n", format_time(*r.cancel_requested_at_ms));
   return out;
 }
 
@@ -115,7 +137,16 @@ json to_json(const storage::run_record& r) {
             {"updated_at_ms", r.updated_at_ms},
             {"finished_at_ms", r.finished_at_ms ? json(*r.finished_at_ms) : json(nullptr)},
             {"output", r.output},
-            {"policy", r.policy}};
+            {"policy", r.policy},
+            {"parent_id", r.parent_id.empty() ? json(nullptr) : json(r.parent_id)},
+            {"deadline_ms", r.deadline_ms ? json(*r.deadline_ms) : json(nullptr)},
+            {"cancel_requested_at_ms", r.cancel_requested_at_ms ? json(*r.cancel_requested_at_ms) : json(nullptr)}};
+  j["wait"] = r.wait && r.status == storage::run_status::waiting
+                  ? json{{"kind", r.wait->kind},
+                         {"key", r.wait->key},
+                         {"seq", r.wait->seq},
+                         {"wake_at_ms", r.wait->wake_at_ms ? json(*r.wait->wake_at_ms) : json(nullptr)}}
+                  : json(nullptr);
   j["error"] = r.error ? json{{"message", r.error->message}, {"type", r.error->type}} : json(nullptr);
   return j;
 }
@@ -130,6 +161,16 @@ json to_json(const storage::step_record& s) {
 json to_json(const storage::event_record& e) {
   return {{"id", e.id}, {"seq", e.seq ? json(*e.seq) : json(nullptr)}, {"kind", e.kind},
           {"data", e.data}, {"at_ms", e.at_ms}};
+}
+
+json to_json(const storage::signal_record& s) {
+  return {{"id", s.id},
+          {"run_id", s.run_id},
+          {"name", s.name},
+          {"payload", s.payload},
+          {"sent_at_ms", s.sent_at_ms},
+          {"delivered_seq", s.delivered_seq ? json(*s.delivered_seq) : json(nullptr)},
+          {"delivered_at_ms", s.delivered_at_ms ? json(*s.delivered_at_ms) : json(nullptr)}};
 }
 
 }  // namespace cairn::cli

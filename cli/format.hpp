@@ -18,11 +18,15 @@ std::string step_line(const storage::step_record& step);
 std::string steps_table(const std::vector<storage::step_record>& steps);
 std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs);
 std::string run_summary(const storage::run_record& run);
+// What a waiting run waits for, and how to end the wait: "waits for signal
+// 'approval' (step 2); send it: cairn signal RUN approval --data JSON".
+std::string describe_wait(const storage::run_record& run);
 // The run's stored policy (engine/policy.hpp's JSON): network, limits, tools.
 std::string policy_summary(const json& policy);
 
 json to_json(const storage::run_record& run);
 json to_json(const storage::step_record& step);
 json to_json(const storage::event_record& event);
+json to_json(const storage::signal_record& signal);
 
 }  // namespace cairn::cli

@@ -25,6 +25,45 @@ int main(int argc, char** argv) {
                                              "tools, no network)");
   run_cmd->add_flag("--json", as_json, "print the final run as JSON instead of progress");
 
+  cairn::cli::run_args submit;
+  auto* submit_cmd = app.add_subcommand("submit", "queue a run of AGENT for `cairn serve` and print its id at once");
+  submit_cmd->add_option("agent", submit.agent, "the agent program (built with the cairn SDK)")->required();
+  submit_cmd->add_option("--input", submit.input, "the run's input, a JSON value");
+  submit_cmd->add_option("--id", submit.id, "run id; also the idempotency key (default: generated)");
+  submit_cmd->add_option("--workspace", submit.workspace, "host folder mounted at /workspace");
+  submit_cmd->add_option("--sandbox", submit.sandbox, "bwrap (default) or none (no isolation)")
+      ->check(CLI::IsMember({"bwrap", "none"}));
+  submit_cmd->add_option("--max-attempts", submit.max_attempts, "sandbox crashes tolerated before the run fails")
+      ->check(CLI::Range(1, 1000));
+  submit_cmd->add_option("--policy", submit.policy, "policy file (default: no tools, no network)");
+  submit_cmd->add_flag("--json", as_json, "print the queued run as JSON instead of its id");
+
+  cairn::cli::serve_args serve;
+  auto* serve_cmd = app.add_subcommand("serve", "the daemon: run submitted runs, fire timers, deliver signals, "
+                                                "resume what a dead host left");
+  serve_cmd->add_option("--max-concurrent", serve.max_concurrent, "runs executed at once (default 8)")
+      ->check(CLI::Range(1, 4096));
+  serve_cmd->add_option("--suspend-after", serve.suspend_after_ms,
+                        "ms a run may wait (timer, signal, child) before its sandbox is deleted (default 2000)")
+      ->check(CLI::Range(0, 86'400'000));
+  serve_cmd->add_flag("--verbose", serve.verbose, "log every step, not only each run's start and end");
+
+  std::string signal_run, signal_name, signal_data = "null";
+  auto* signal_cmd = app.add_subcommand("signal", "send a signal to a run (ctx.wait_signal); queued until it waits");
+  signal_cmd->add_option("run", signal_run, "run id")->required();
+  signal_cmd->add_option("name", signal_name, "signal name, e.g. approval")->required();
+  signal_cmd->add_option("--data", signal_data, "the payload, a JSON value (default null)");
+  signal_cmd->add_flag("--json", as_json, "print the queued signal as JSON");
+
+  std::string cancel_run, cancel_reason = "cancelled with `cairn cancel`";
+  bool cancel_no_wait = false;
+  auto* cancel_cmd = app.add_subcommand("cancel", "cancel a run and its children: the agent is told, then killed "
+                                                  "after its grace period");
+  cancel_cmd->add_option("run", cancel_run, "run id")->required();
+  cancel_cmd->add_option("--reason", cancel_reason, "what the agent and the journal are told");
+  cancel_cmd->add_flag("--no-wait", cancel_no_wait, "return once the cancel is requested");
+  cancel_cmd->add_flag("--json", as_json, "print the run as JSON");
+
   std::string resume_id;
   bool resume_all = false;
   auto* resume_cmd = app.add_subcommand("resume", "continue a run from its journal");
@@ -72,5 +111,9 @@ int main(int argc, char** argv) {
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
   if (*doctor_cmd) return cairn::cli::doctor_command(paths, as_json);
   if (*settle_cmd) return cairn::cli::settle_command(paths, settle, as_json);
+  if (*submit_cmd) return cairn::cli::submit_command(paths, submit, as_json);
+  if (*serve_cmd) return cairn::cli::serve_command(paths, serve);
+  if (*signal_cmd) return cairn::cli::signal_command(paths, signal_run, signal_name, signal_data, as_json);
+  if (*cancel_cmd) return cairn::cli::cancel_command(paths, cancel_run, cancel_reason, !cancel_no_wait, as_json);
   return 2;
 }

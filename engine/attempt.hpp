@@ -1,5 +1,6 @@
-// One attempt of a run: one sandbox, from handshake to done/fail or death.
-// Commits each step before acknowledging it. Private to the engine.
+// One attempt of a run: one sandbox, from handshake to done/fail, death,
+// suspension or cancellation. Commits each step before acknowledging it.
+// Private to the engine.
 #pragma once
 
 #include <string>
@@ -14,12 +15,18 @@ struct attempt_result {
     completed,  // the agent sent done; `output` holds its result
     failed,     // the workflow failed, or broke the protocol: retrying won't help
     crashed,    // the sandbox died or hung without finishing: retry from the journal
+    suspended,  // the agent waits longer than suspend_after: the sandbox is gone, see `wait`
+    released,   // the host is shutting down: the sandbox is gone, the run goes back to the queue
+    cancelled,  // `cairn cancel`: the agent stopped, or was killed after the grace period
+    restart,    // a step overran its timeout and was killed: replay from the journal at once
   };
   // failed with error type "limit_exceeded" when the sandbox ran into one of
-  // the policy's limits: the same code would run into it again.
+  // the policy's limits (the same code would run into it again), "timeout"
+  // when the run outlived timeouts.run_seconds.
   kind outcome = kind::crashed;
   json output;
   protocol::error_info error;
+  storage::wait_spec wait;  // when suspended
 };
 
 attempt_result run_attempt(storage::journal& journal, runtime::sandbox_backend& backend,

@@ -16,9 +16,9 @@ namespace {
 
 class null_observer : public run_observer {};
 
-std::chrono::milliseconds backoff_after(const engine_options& o, int crashes) {
-  auto ms = o.retry_backoff.count() << std::min(crashes - 1, 20);
-  return std::chrono::milliseconds(std::min<std::int64_t>(ms, o.max_backoff.count()));
+bool ended(storage::run_status s) {
+  return s == storage::run_status::completed || s == storage::run_status::failed ||
+         s == storage::run_status::cancelled;
 }
 
 // Takes the run for this process, or explains who has it.
@@ -66,6 +66,9 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   run.sandbox = request.sandbox;
   run.workspace = std::filesystem::absolute(request.workspace).lexically_normal().string();
   run.policy = to_json(request.policy);
+  run.owner = request.owner;
+  if (request.policy.timeouts.run.count() > 0)
+    run.deadline_ms = storage::now_ms() + std::chrono::milliseconds(request.policy.timeouts.run).count();
   return journal_.create_run(run);
 }
 
@@ -75,7 +78,9 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
 
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
-  if (run->status == storage::run_status::completed) return *run;
+  if (run->status == storage::run_status::completed || run->status == storage::run_status::cancelled) return *run;
+  // A wait that is not over is left to whoever polls for it: no sandbox for nothing.
+  if (run->status == storage::run_status::waiting && !wait_is_over(journal_, *run)) return *run;
 
   if (run->status == storage::run_status::failed) {
     journal_.reset_attempts(run_id);
@@ -89,19 +94,29 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
   try {
     rules = parse_policy(run->policy);
   } catch (const policy_error& e) {
-    journal_.finish_run(run_id, storage::run_status::failed, nullptr,
-                        protocol::error_info{std::string("the run's stored policy is no longer valid here: ") + e.what(),
-                                             "policy"});
-    return *journal_.find_run(run_id);
+    return end_run(run_id, storage::run_status::failed, nullptr,
+                   protocol::error_info{std::string("the run's stored policy is no longer valid here: ") + e.what(),
+                                        "policy"},
+                   watch);
   }
   // Crashes counted in this process: a dead host does not use up the agent's attempts.
   int crashes = 0;
   for (;;) {
+    run = journal_.find_run(run_id);
+    if (run->cancel_requested_at_ms)
+      return end_run(run_id, storage::run_status::cancelled, nullptr,
+                     protocol::error_info{"the run was cancelled (cairn cancel)", "cancelled"}, watch);
+    if (run->deadline_ms && storage::now_ms() >= *run->deadline_ms)
+      return end_run(run_id, storage::run_status::failed, nullptr,
+                     protocol::error_info{fmt::format("the run exceeded its timeout of {} s (timeouts.run_seconds in "
+                                                      "the policy)",
+                                                      rules.timeouts.run.count()),
+                                          "timeout"},
+                     watch);
     if (auto doubt = find_in_doubt(journal_, run_id)) {
       journal_.finish_run(run_id, storage::run_status::in_doubt, nullptr, protocol::error_info{doubt->message, "in_doubt"});
       return *journal_.find_run(run_id);
     }
-    run = journal_.find_run(run_id);
     const int attempt = journal_.begin_attempt(run_id);
     if (run->sandbox == "none")
       watch.on_warning("run " + run_id + " executes WITHOUT a sandbox (--sandbox none): the agent can read and "
@@ -112,34 +127,145 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
     try {
       result = run_attempt(journal_, sandboxes, *run, rules, attempt, options_, watch);
     } catch (const runtime::sandbox_error& e) {
-      result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}};
+      result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
     }
 
-    if (result.outcome == attempt_result::kind::crashed) {
-      ++crashes;
-      bool retry = crashes < run->max_attempts;
-      journal_.append_event(run_id, "attempt_crashed",
-                            {{"attempt", attempt}, {"error", result.error.message}, {"will_retry", retry}});
-      watch.on_attempt_failed(attempt, result.error.message, retry);
-      if (retry) {
-        std::this_thread::sleep_for(backoff_after(options_, crashes));
+    using kind = attempt_result::kind;
+    switch (result.outcome) {
+      case kind::restart:
         continue;
+      case kind::suspended:
+        release_workspace(sandboxes, *run, watch);
+        journal_.suspend_run(run_id, result.wait);
+        run = journal_.find_run(run_id);
+        watch.on_wait(*run, result.wait);
+        return *run;
+      case kind::released:
+        journal_.release_run(run_id, "the host process is shutting down");
+        return *journal_.find_run(run_id);
+      case kind::crashed: {
+        ++crashes;
+        bool retry = crashes < run->max_attempts;
+        journal_.append_event(run_id, "attempt_crashed",
+                              {{"attempt", attempt}, {"error", result.error.message}, {"will_retry", retry}});
+        watch.on_attempt_failed(attempt, result.error.message, retry);
+        if (retry) {
+          auto delay = options_.retry_backoff ? run_retry{*options_.retry_backoff}.delay_after(crashes)
+                                              : rules.retry.delay_after(crashes);
+          if (!pause(delay)) {
+            journal_.release_run(run_id, "the host process is shutting down");
+            return *journal_.find_run(run_id);
+          }
+          continue;
+        }
+        result.error.message = fmt::format("gave up after {} crashed attempt{}; last: {}", crashes,
+                                           crashes == 1 ? "" : "s", result.error.message);
+        return end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
       }
-      result.error.message = fmt::format("gave up after {} crashed attempt{}; last: {}", crashes,
-                                         crashes == 1 ? "" : "s", result.error.message);
+      case kind::completed:
+        return end_run(run_id, storage::run_status::completed, result.output, std::nullopt, watch);
+      case kind::cancelled:
+        return end_run(run_id, storage::run_status::cancelled, nullptr, result.error, watch);
+      case kind::failed:
+        return end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
     }
-    crash_point("before_finish");
-    if (result.outcome == attempt_result::kind::completed)
-      journal_.finish_run(run_id, storage::run_status::completed, result.output, std::nullopt);
-    else
-      journal_.finish_run(run_id, storage::run_status::failed, nullptr, result.error);
-    try {
-      sandboxes.release_workspace(run->workspace);
-    } catch (const std::exception& e) {
-      watch.on_warning(fmt::format("run {} ended, but its workspace could not be released: {}", run_id, e.what()));
-    }
-    return *journal_.find_run(run_id);
   }
+}
+
+storage::run_record engine::end_run(const std::string& run_id, storage::run_status status, const json& output,
+                                    const std::optional<protocol::error_info>& error, run_observer& watch) {
+  crash_point("before_finish");
+  journal_.finish_run(run_id, status, output, error);
+  auto run = *journal_.find_run(run_id);
+  release_workspace(backend(run.sandbox), run, watch);
+  cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
+  return run;
+}
+
+void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run,
+                               run_observer& watch) {
+  try {
+    sandboxes.release_workspace(run.workspace);
+  } catch (const std::exception& e) {
+    watch.on_warning(fmt::format("run {}: its workspace could not be released: {}", run.id, e.what()));
+  }
+}
+
+bool engine::pause(std::chrono::milliseconds delay) {
+  const auto until = std::chrono::steady_clock::now() + delay;
+  while (std::chrono::steady_clock::now() < until) {
+    if (options_.stopping && options_.stopping->load()) return false;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
+  }
+  return true;
+}
+
+// Children of an ended run: idle ones are cancelled now (with theirs), running
+// ones are asked to stop by the process that runs them.
+void engine::cancel_children(const std::string& run_id, const std::string& reason) {
+  for (const auto& child : journal_.children(run_id)) {
+    if (ended(child.status)) continue;
+    try {
+      cancel(child.id, reason);
+    } catch (const engine_error&) {
+      // it ended meanwhile
+    }
+  }
+}
+
+storage::signal_record engine::signal(const std::string& run_id, const std::string& name, const json& payload) {
+  if (name.empty() || name.size() > protocol::max_name_size)
+    throw engine_error(errc::bad_request, "a signal needs a name (at most 1024 bytes)");
+  try {
+    auto id = journal_.enqueue_signal(run_id, name, payload);
+    for (auto& s : journal_.signals(run_id))
+      if (s.id == id) return s;
+    throw engine_error(errc::not_found, "signal " + std::to_string(id) + " vanished right after it was queued");
+  } catch (const storage::storage_error& e) {
+    if (e.code() == storage::errc::not_found)
+      throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
+    if (e.code() == storage::errc::finished) throw engine_error(errc::bad_request, e.what());
+    throw;
+  }
+}
+
+engine::cancel_outcome engine::cancel(const std::string& run_id, const std::string& reason) {
+  auto run = journal_.find_run(run_id);
+  if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
+  auto refuse = [&](const storage::run_record& r) {
+    return engine_error(errc::bad_request, fmt::format("run {} already ended ({}); there is nothing to cancel", r.id,
+                                                       storage::to_string(r.status)));
+  };
+  if (ended(run->status) || !journal_.request_cancel(run_id)) throw refuse(*journal_.find_run(run_id));
+  if (journal_.cancel_idle_run(run_id, reason)) {
+    cancel_children(run_id, fmt::format("its parent run {} was cancelled", run_id));
+    return cancel_outcome::cancelled;
+  }
+  // Held by nobody alive (in doubt, or its process died): cancel it here.
+  run = journal_.find_run(run_id);
+  if (ended(run->status)) return cancel_outcome::cancelled;
+  if (run->owner.empty() || check_owner(run->owner) == owner_state::dead) {
+    claim(journal_, *run);
+    null_observer quiet;
+    end_run(run_id, storage::run_status::cancelled, nullptr, protocol::error_info{reason, "cancelled"}, quiet);
+    return cancel_outcome::cancelled;
+  }
+  return cancel_outcome::requested;
+}
+
+bool wait_is_over(storage::journal& journal, const storage::run_record& run) {
+  const auto now = storage::now_ms();
+  if (run.cancel_requested_at_ms || (run.deadline_ms && now >= *run.deadline_ms)) return true;
+  if (!run.wait) return true;
+  const auto& w = *run.wait;
+  if (w.wake_at_ms && now >= *w.wake_at_ms) return true;
+  if (w.kind == "signal") return journal.pending_signal(run.id, w.key).has_value();
+  if (w.kind == "child") {
+    auto child = journal.find_run(w.key);
+    return !child || ended(child->status);
+  }
+  return false;
 }
 
 storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq, const settlement& s) {
@@ -184,8 +310,8 @@ runtime::sandbox_backend& engine::backend(const std::string& name) {
 std::vector<storage::run_record> engine::orphaned_runs() {
   std::vector<storage::run_record> found;
   for (auto& run : journal_.list_runs()) {
-    bool orphan = (run.status == storage::run_status::running && check_owner(run.owner) == owner_state::dead) ||
-                  (run.status == storage::run_status::pending && run.owner.empty());
+    bool orphan = (run.status == storage::run_status::running || run.status == storage::run_status::pending) &&
+                  (run.owner.empty() || check_owner(run.owner) == owner_state::dead);
     if (orphan) found.push_back(std::move(run));
   }
   std::reverse(found.begin(), found.end());

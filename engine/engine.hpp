@@ -1,8 +1,11 @@
 // Runs: start, execute in a sandbox, checkpoint every step, retry a crashed
-// sandbox from the journal, resume what a dead host process left behind.
-// The engine is the one place that writes the journal; runtime only reports.
+// sandbox from the journal, resume what a dead host process left behind;
+// suspend a run that waits (timer, signal, child run) and wake it by replay;
+// cancel. The engine is the one place that writes the journal; runtime only
+// reports.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -43,9 +46,18 @@ backend_factory default_backends();
 struct engine_options {
   std::filesystem::path log_dir;             // agent output: LOG_DIR/RUN_ID.log
   std::chrono::milliseconds hello_timeout{10'000};
-  std::chrono::milliseconds retry_backoff{200};  // after the n-th crash: backoff * 2^(n-1)
-  std::chrono::milliseconds max_backoff{10'000};
+  // Overrides the policy's retry.initial_ms (for tests).
+  std::optional<std::chrono::milliseconds> retry_backoff;
   std::chrono::milliseconds exit_grace{2'000};   // after done/fail, for the agent to exit
+  // A run that waits longer than this (a timer, a signal, a child run) is
+  // suspended: its sandbox is deleted, its status is waiting, and it is
+  // resumed by replay when the wait is over. Shorter waits keep the sandbox.
+  std::chrono::milliseconds suspend_after{2'000};
+  // Set when the host shuts down gracefully: a run between steps is handed
+  // back at once (pending), one inside a step gets `drain` to finish it, a
+  // waiting one is suspended.
+  const std::atomic<bool>* stopping = nullptr;
+  std::chrono::milliseconds drain{10'000};
   std::optional<llm_endpoint> llm;  // where llm.chat calls go; see llm_endpoint_from_host
   backend_factory backends = default_backends();
 };
@@ -60,6 +72,8 @@ class run_observer {
   virtual void on_emit(const json&) {}
   virtual void on_attempt_failed(int /*attempt*/, const std::string& /*reason*/, bool /*will_retry*/) {}
   virtual void on_warning(const std::string&) {}
+  // The run was suspended until `wait` is over.
+  virtual void on_wait(const storage::run_record&, const storage::wait_spec&) {}
 };
 
 struct run_request {
@@ -70,6 +84,9 @@ struct run_request {
   std::string sandbox = "bwrap";
   int max_attempts = 3;
   engine::policy policy = default_policy();
+  // Who holds the run from the start ("" none: any host process may take it,
+  // e.g. `cairn serve`); `cairn run` holds its own run.
+  std::string owner;
 };
 
 // What `cairn settle` records for a tool call in doubt.
@@ -106,17 +123,42 @@ class engine {
   // plus pending runs nobody has started.
   std::vector<storage::run_record> orphaned_runs();
 
+  // Queues signal `name` for the run; the run gets it (once) from
+  // ctx.wait_signal(name). Refused (bad_request) for a run that has ended;
+  // not_found for an unknown run.
+  storage::signal_record signal(const std::string& run_id, const std::string& name, const json& payload);
+
+  // What cancel() did.
+  enum class cancel_outcome {
+    cancelled,  // the run held no sandbox: it is cancelled now
+    requested,  // a live process runs it: it tells the agent, and kills the sandbox after the grace period
+  };
+  // Cancels the run and, when it ends, its unfinished children. Refused
+  // (bad_request) for a run that has already ended.
+  cancel_outcome cancel(const std::string& run_id, const std::string& reason);
+
   storage::journal& journal() { return journal_; }
 
  private:
   // Backends are made once per engine: making one checks the bwrap version
   // and sweeps orphaned sandboxes.
   runtime::sandbox_backend& backend(const std::string& name);
+  // Records the end, releases the workspace, cancels unfinished children.
+  storage::run_record end_run(const std::string& run_id, storage::run_status status, const json& output,
+                              const std::optional<protocol::error_info>& error, run_observer& watch);
+  void release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run, run_observer& watch);
+  void cancel_children(const std::string& run_id, const std::string& reason);
+  // Sleeps `delay` unless the host starts shutting down (then false).
+  bool pause(std::chrono::milliseconds delay);
 
   storage::journal& journal_;
   engine_options options_;
   std::map<std::string, std::unique_ptr<runtime::sandbox_backend>> backends_;
 };
+
+// Can a waiting run move now (its timer is due, its signal is queued or timed
+// out, its child ended, it was cancelled or ran out of time)?
+bool wait_is_over(storage::journal& journal, const storage::run_record& run);
 
 // A fresh run id: "run-" and 12 hex digits.
 std::string new_run_id();

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <set>
 
@@ -45,6 +47,16 @@ class object_reader {
     if (n < min || n > max)
       throw policy_error(key_of(key), fmt::format("{}{} is impossible: it must be between {} and {}{}", n, unit, min,
                                                   max, unit));
+    return n;
+  }
+
+  double real(const char* key, double fallback, double min, double max) {
+    const json* v = take(key);
+    if (!v) return fallback;
+    if (!v->is_number()) throw policy_error(key_of(key), "must be a number");
+    double n = v->get<double>();
+    if (!(n >= min && n <= max))
+      throw policy_error(key_of(key), fmt::format("{} is impossible: it must be between {} and {}", n, min, max));
     return n;
   }
 
@@ -202,6 +214,40 @@ void check_tool_name(const std::string& key, const std::string& name) {
                             "or crm.lookup)");
 }
 
+struct timeouts parse_timeouts(object_reader& r) {
+  struct timeouts d, t;
+  constexpr std::uint64_t year = 365ull * 24 * 3600;
+  t.run = std::chrono::seconds(r.number("run_seconds", d.run.count(), 0, 10 * year, " s"));
+  t.step = std::chrono::seconds(r.number("step_seconds", d.step.count(), 0, year, " s"));
+  t.cancel_grace = std::chrono::seconds(r.number("cancel_grace_seconds", d.cancel_grace.count(), 0, 3600, " s"));
+  r.done();
+  return t;
+}
+
+run_retry parse_retry(object_reader& r) {
+  run_retry d, g;
+  g.initial = std::chrono::milliseconds(r.number("initial_ms", d.initial.count(), 0, 3'600'000, " ms"));
+  g.multiplier = r.real("multiplier", d.multiplier, 1.0, 100.0);
+  g.max = std::chrono::milliseconds(r.number("max_ms", d.max.count(), 0, 86'400'000, " ms"));
+  g.jitter = r.real("jitter", d.jitter, 0.0, 1.0);
+  if (g.max < g.initial)
+    throw policy_error(r.key_of("max_ms"), fmt::format("{} ms is impossible: it must be at least initial_ms ({} ms)",
+                                                       g.max.count(), g.initial.count()));
+  r.done();
+  return g;
+}
+
+child_grant parse_children(object_reader& r) {
+  child_grant d, g;
+  g.max = r.number("max", d.max, 0, 100'000);
+  g.agents = r.strings("agents", d.agents);
+  for (const auto& a : g.agents)
+    if (!std::filesystem::path(a).is_absolute())
+      throw policy_error(r.key_of("agents"), "'" + a + "' must be an absolute path (or relative to the policy file)");
+  r.done();
+  return g;
+}
+
 json strings_json(const std::vector<std::string>& v) { return json(v); }
 
 }  // namespace
@@ -217,6 +263,14 @@ policy default_policy() {
   p.limits.max_tmp_bytes = 64 * mib;
   p.wall_time = std::chrono::seconds(3600);
   return p;
+}
+
+std::chrono::milliseconds run_retry::delay_after(int crashes) const {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  double ms = static_cast<double>(initial.count()) * std::pow(multiplier, std::max(crashes - 1, 0));
+  ms = std::min(ms, static_cast<double>(max.count()));
+  ms *= 1.0 - jitter * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
 }
 
 bool policy::grants(const std::string& tool) const {
@@ -243,6 +297,18 @@ policy parse_policy(const json& j) {
   if (const json* limits = root.take("limits")) {
     object_reader r(*limits, "limits");
     p.limits = parse_limits(r, p.wall_time);
+  }
+  if (const json* t = root.take("timeouts")) {
+    object_reader r(*t, "timeouts");
+    p.timeouts = parse_timeouts(r);
+  }
+  if (const json* t = root.take("retry")) {
+    object_reader r(*t, "retry");
+    p.retry = parse_retry(r);
+  }
+  if (const json* t = root.take("children")) {
+    object_reader r(*t, "children");
+    p.children = parse_children(r);
   }
   if (const json* tools = root.take("tools")) {
     if (!tools->is_object()) throw policy_error("tools", "must map tool names to their grants");
@@ -277,6 +343,11 @@ policy load_policy_file(const std::filesystem::path& file) {
         if (program.is_relative() && program.has_parent_path())
           grant["command"][0] = std::filesystem::absolute(file.parent_path() / program).lexically_normal().string();
       }
+  if (j.is_object() && j.contains("children") && j["children"].is_object() && j["children"].contains("agents") &&
+      j["children"]["agents"].is_array())
+    for (auto& a : j["children"]["agents"])
+      if (a.is_string() && std::filesystem::path(a.get<std::string>()).is_relative())
+        a = std::filesystem::absolute(file.parent_path() / a.get<std::string>()).lexically_normal().string();
   try {
     return parse_policy(j);
   } catch (const policy_error& e) {
@@ -319,6 +390,16 @@ json to_json(const policy& p) {
             {"workspace_mb", l.max_workspace_bytes / mib},
             {"file_mb", l.max_file_bytes / mib},
             {"tmp_mb", l.max_tmp_bytes / mib}}},
+          {"timeouts",
+           {{"run_seconds", p.timeouts.run.count()},
+            {"step_seconds", p.timeouts.step.count()},
+            {"cancel_grace_seconds", p.timeouts.cancel_grace.count()}}},
+          {"retry",
+           {{"initial_ms", p.retry.initial.count()},
+            {"multiplier", p.retry.multiplier},
+            {"max_ms", p.retry.max.count()},
+            {"jitter", p.retry.jitter}}},
+          {"children", {{"max", p.children.max}, {"agents", strings_json(p.children.agents)}}},
           {"tools", std::move(tools)}};
 }
 

@@ -49,10 +49,41 @@ struct command_tool_spec {
   std::size_t max_output_bytes = 1 << 20;
 };
 
+// How long a run and its steps may take ("timeouts" in the policy file).
+struct timeouts {
+  std::chrono::seconds run{0};             // from the run's creation to its end, waits included; 0: none
+  std::chrono::seconds step{0};            // per step attempt, unless the step sets its own; 0: none
+  std::chrono::seconds cancel_grace{10};   // after a cancel, for the agent to stop by itself
+};
+
+// The backoff between attempts of a run whose sandbox crashed ("retry"):
+// attempt n+1 starts min(initial * multiplier^(n-1), max) later, scaled by a
+// uniform factor in [1 - jitter, 1] so that runs which crashed together do
+// not retry together.
+struct run_retry {
+  std::chrono::milliseconds initial{200};
+  double multiplier = 2.0;
+  std::chrono::milliseconds max{10'000};
+  double jitter = 0.2;
+
+  std::chrono::milliseconds delay_after(int crashes) const;
+};
+
+// Child runs ("children"): how many a run may start, and which programs. A
+// child agent is named by its file name in the parent agent's folder, or by
+// a path listed in `agents`.
+struct child_grant {
+  std::uint64_t max = 100;
+  std::vector<std::string> agents;  // absolute paths (see load_policy_file)
+};
+
 struct policy {
   std::string network = "none";
   runtime::resource_limits limits;
   std::chrono::seconds wall_time{3600};  // per attempt; 0: unlimited
+  struct timeouts timeouts;
+  run_retry retry;
+  child_grant children;
   std::optional<http_fetch_grant> http_fetch;
   std::optional<llm_chat_grant> llm_chat;
   std::map<std::string, command_tool_spec> commands;

@@ -1,5 +1,7 @@
 #include "protocol/messages.hpp"
 
+#include <iterator>
+
 namespace cairn::protocol {
 namespace {
 
@@ -50,6 +52,12 @@ std::int64_t get_int(const json& j, std::string_view type, const char* field, st
   return n;
 }
 
+std::optional<std::int64_t> get_optional_int(const json& j, std::string_view type, const char* field,
+                                             std::int64_t min, std::int64_t max) {
+  if (!j.contains(field)) return std::nullopt;
+  return get_int(j, type, field, min, max);
+}
+
 std::uint64_t get_seq(const json& j, std::string_view type) {
   return static_cast<std::uint64_t>(get_int(j, type, "seq", 0, INT64_MAX));
 }
@@ -58,19 +66,22 @@ int get_attempt(const json& j, std::string_view type) {
   return static_cast<int>(get_int(j, type, "attempt", 1, 1'000'000));
 }
 
-std::string get_name(const json& j, std::string_view type) {
-  auto name = get_string(j, type, "name", max_name_size);
-  if (name.empty()) bad(type, "name", "must not be empty");
+// A step name, or a field that becomes one (a signal, agent or run id).
+std::string get_name(const json& j, std::string_view type, const char* field = "name") {
+  auto name = get_string(j, type, field, max_name_size);
+  if (name.empty()) bad(type, field, "must not be empty");
   return name;
 }
 
+constexpr step_kind all_kinds[] = {step_kind::step,  step_kind::now,    step_kind::random, step_kind::tool,
+                                   step_kind::sleep, step_kind::signal, step_kind::child,  step_kind::join};
+
 step_kind get_kind(const json& j, std::string_view type) {
   auto s = get_string(j, type, "kind");
-  if (s == "step") return step_kind::step;
-  if (s == "now") return step_kind::now;
-  if (s == "random") return step_kind::random;
-  if (s == "tool") return step_kind::tool;
-  bad(type, "kind", "must be one of step, now, random, tool (got " + clip_for_error(s) + ")");
+  for (auto kind : all_kinds)
+    if (s == to_string(kind)) return kind;
+  bad(type, "kind",
+      "must be one of step, now, random, tool, sleep, signal, child, join (got " + clip_for_error(s) + ")");
 }
 
 error_info get_error(const json& j, std::string_view type) {
@@ -92,8 +103,16 @@ std::string_view to_string(step_kind kind) {
     case step_kind::now: return "now";
     case step_kind::random: return "random";
     case step_kind::tool: return "tool";
+    case step_kind::sleep: return "sleep";
+    case step_kind::signal: return "signal";
+    case step_kind::child: return "child";
+    case step_kind::join: return "join";
   }
   return "step";
+}
+
+bool host_recorded(step_kind kind) {
+  return kind != step_kind::step && kind != step_kind::now && kind != step_kind::random;
 }
 
 step_result parse_step_result(const json& j) {
@@ -144,6 +163,8 @@ agent_message parse_agent_message(const json& j) {
     m.name = get_name(j, t);
     m.kind = get_kind(j, t);
     m.attempt = get_attempt(j, t);
+    m.timeout_ms = get_optional_int(j, t, "timeout_ms", 0, INT64_MAX).value_or(0);
+    m.max_attempts = static_cast<int>(get_optional_int(j, t, "max_attempts", 1, 1'000'000).value_or(1));
     return m;
   }
   if (t == "step") return step_msg{parse_step_result(j)};
@@ -163,6 +184,30 @@ agent_message parse_agent_message(const json& j) {
     m.args = require(j, t, "args");
     return m;
   }
+  if (t == "sleep") {
+    sleep_msg m;
+    m.seq = get_seq(j, t);
+    m.duration_ms = get_optional_int(j, t, "duration_ms", 0, INT64_MAX);
+    m.until_ms = get_optional_int(j, t, "until_ms", 0, INT64_MAX);
+    if (!m.duration_ms && !m.until_ms) bad(t, "duration_ms", "is missing (give it or 'until_ms')");
+    if (m.duration_ms && m.until_ms) bad(t, "duration_ms", "and field 'until_ms' are both given (give one)");
+    return m;
+  }
+  if (t == "wait") {
+    wait_msg m;
+    m.seq = get_seq(j, t);
+    m.signal = get_name(j, t, "signal");
+    m.timeout_ms = get_optional_int(j, t, "timeout_ms", 0, INT64_MAX);
+    return m;
+  }
+  if (t == "child") {
+    child_msg m;
+    m.seq = get_seq(j, t);
+    m.agent = get_name(j, t, "agent");
+    m.input = require(j, t, "input");
+    return m;
+  }
+  if (t == "join") return join_msg{get_seq(j, t), get_name(j, t, "run_id")};
   if (t == "emit") return emit_msg{require(j, t, "data")};
   if (t == "done") return done_msg{require(j, t, "output")};
   if (t == "fail") return fail_msg{get_error(j, t)};
@@ -174,8 +219,10 @@ json to_json(const agent_message& m) {
       overloaded{
           [](const hello_msg& h) -> json { return {{"t", "hello"}, {"v", h.version}, {"sdk", h.sdk}}; },
           [](const begin_msg& b) -> json {
-            return {{"t", "begin"}, {"seq", b.seq}, {"name", b.name}, {"kind", to_string(b.kind)},
-                    {"attempt", b.attempt}};
+            return {{"t", "begin"},         {"seq", b.seq},
+                    {"name", b.name},        {"kind", to_string(b.kind)},
+                    {"attempt", b.attempt},  {"timeout_ms", b.timeout_ms},
+                    {"max_attempts", b.max_attempts}};
           },
           [](const step_msg& s) -> json {
             json j = to_json(s.result);
@@ -188,6 +235,19 @@ json to_json(const agent_message& m) {
                     {"error", error_json(r.error)}, {"delay_ms", r.delay_ms}};
           },
           [](const tool_msg& c) -> json { return {{"t", "tool"}, {"seq", c.seq}, {"name", c.name}, {"args", c.args}}; },
+          [](const sleep_msg& s) -> json {
+            json j = {{"t", "sleep"}, {"seq", s.seq}};
+            if (s.duration_ms) j["duration_ms"] = *s.duration_ms;
+            if (s.until_ms) j["until_ms"] = *s.until_ms;
+            return j;
+          },
+          [](const wait_msg& w) -> json {
+            json j = {{"t", "wait"}, {"seq", w.seq}, {"signal", w.signal}};
+            if (w.timeout_ms) j["timeout_ms"] = *w.timeout_ms;
+            return j;
+          },
+          [](const child_msg& c) -> json { return {{"t", "child"}, {"seq", c.seq}, {"agent", c.agent}, {"input", c.input}}; },
+          [](const join_msg& r) -> json { return {{"t", "join"}, {"seq", r.seq}, {"run_id", r.run_id}}; },
           [](const emit_msg& e) -> json { return {{"t", "emit"}, {"data", e.data}}; },
           [](const done_msg& d) -> json { return {{"t", "done"}, {"output", d.output}}; },
           [](const fail_msg& f) -> json { return {{"t", "fail"}, {"error", error_json(f.error)}}; },
@@ -221,9 +281,10 @@ host_message parse_host_message(const json& j) {
   if (t == "reject") return reject_msg{get_string(j, t, "error")};
   if (t == "result") {
     auto r = parse_step_result(j);
-    if (r.kind != step_kind::tool) bad(t, "kind", "must be \"tool\"");
+    if (!host_recorded(r.kind)) bad(t, "kind", "must be one of tool, sleep, signal, child, join");
     return result_msg{std::move(r)};
   }
+  if (t == "cancel") return cancel_msg{get_string(j, t, "reason")};
   throw protocol_error("unknown message type " + clip_for_error(t));
 }
 
@@ -244,12 +305,15 @@ json to_json(const host_message& m) {
             j["t"] = "result";
             return j;
           },
+          [](const cancel_msg& c) -> json { return {{"t", "cancel"}, {"reason", c.reason}}; },
       },
       m);
 }
 
 std::string_view type_name(const agent_message& m) {
-  static constexpr std::string_view names[] = {"hello", "begin", "step", "retry", "tool", "emit", "done", "fail"};
+  static constexpr std::string_view names[] = {"hello", "begin", "step", "retry", "tool",  "sleep",
+                                               "wait",  "child", "join", "emit",  "done", "fail"};
+  static_assert(std::size(names) == std::variant_size_v<agent_message>);
   return names[m.index()];
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -19,9 +20,13 @@ inline constexpr int version = 1;
 // Longest step name accepted, in bytes.
 inline constexpr std::size_t max_name_size = 1024;
 
-// tool: a call the host made for the agent (see tool_msg); its name is the tool's.
-enum class step_kind { step, now, random, tool };
+// step, now, random: recorded by the agent (begin/step). tool, sleep, signal,
+// child, join: recorded only by the host, for the agent's tool, sleep, wait,
+// child and join requests; a begin or step of those kinds is a violation.
+enum class step_kind { step, now, random, tool, sleep, signal, child, join };
 std::string_view to_string(step_kind kind);
+// True for the kinds only the host records: tool, sleep, signal, child, join.
+bool host_recorded(step_kind kind);
 
 struct error_info {
   std::string message;
@@ -51,6 +56,8 @@ struct begin_msg {
   std::string name;
   step_kind kind = step_kind::step;
   int attempt = 1;
+  std::int64_t timeout_ms = 0;  // per attempt; 0: none given, the host applies the policy's default
+  int max_attempts = 1;         // so the host knows whether an attempt it kills is retried
 };
 struct step_msg {
   step_result result;
@@ -69,6 +76,31 @@ struct tool_msg {
   std::string name;
   json args;
 };
+// Requests the host answers with `result` for the same seq once journaled,
+// like tool_msg. After it has sent cancel the host answers none of these.
+// A durable timer: exactly one of duration_ms and until_ms (ms since the Unix epoch).
+struct sleep_msg {
+  std::uint64_t seq = 0;
+  std::optional<std::int64_t> duration_ms;
+  std::optional<std::int64_t> until_ms;
+};
+// Waits for the signal `signal` sent to the run, at most timeout_ms if given.
+struct wait_msg {
+  std::uint64_t seq = 0;
+  std::string signal;
+  std::optional<std::int64_t> timeout_ms;
+};
+// Starts a child run of agent `agent`; the result's output is {"run_id": ...}.
+struct child_msg {
+  std::uint64_t seq = 0;
+  std::string agent;
+  json input;
+};
+// Waits for the child run `run_id` to end; the result is its output or error.
+struct join_msg {
+  std::uint64_t seq = 0;
+  std::string run_id;
+};
 struct emit_msg {
   json data;
 };
@@ -78,8 +110,8 @@ struct done_msg {
 struct fail_msg {
   error_info error;
 };
-using agent_message =
-    std::variant<hello_msg, begin_msg, step_msg, retry_msg, tool_msg, emit_msg, done_msg, fail_msg>;
+using agent_message = std::variant<hello_msg, begin_msg, step_msg, retry_msg, tool_msg, sleep_msg, wait_msg,
+                                   child_msg, join_msg, emit_msg, done_msg, fail_msg>;
 
 // Host -> agent.
 struct start_msg {
@@ -96,12 +128,17 @@ struct ack_msg {
 struct reject_msg {
   std::string error;
 };
-// The journaled outcome of a tool call: result.kind is tool, result.name the
-// tool's name; an error's type says why (refused, timeout, failed, ...).
+// The journaled outcome of a tool, sleep, wait, child or join request:
+// result.kind is tool, sleep, signal, child or join; an error's type says why
+// (refused, timeout, failed, no_such_agent, child_failed, ...).
 struct result_msg {
   step_result result;
 };
-using host_message = std::variant<start_msg, ack_msg, reject_msg, result_msg>;
+// Unsolicited: the run was cancelled or its run timeout passed.
+struct cancel_msg {
+  std::string reason;
+};
+using host_message = std::variant<start_msg, ack_msg, reject_msg, result_msg, cancel_msg>;
 
 // Throw protocol_error naming the offending field or type.
 agent_message parse_agent_message(const json& j);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
-#include <thread>
 #include <typeinfo>
 
 #include "session.hpp"
@@ -21,16 +20,30 @@ std::string type_of(const std::exception& e) {
   return status == 0 && demangled ? demangled.get() : mangled;
 }
 
+std::mt19937_64& random_engine() {
+  static std::mt19937_64 engine{std::random_device{}()};
+  return engine;
+}
+
+// The delay is only reported to the host, never replayed, so its randomness needs no journal.
 std::chrono::milliseconds delay_after(const retry_policy& p, int attempt) {
   double ms = static_cast<double>(p.initial_delay.count()) * std::pow(p.multiplier, attempt - 1);
   ms = std::min(ms, static_cast<double>(p.max_delay.count()));
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::max(ms, 0.0)));
+  const double jitter = p.jitter > 0 ? std::min(p.jitter, 1.0) : 0.0;  // NaN gives 0
+  if (jitter > 0) ms *= 1.0 - jitter * std::uniform_real_distribution<double>(0.0, 1.0)(random_engine());
+  return std::chrono::milliseconds(ms > 0 ? static_cast<std::int64_t>(ms) : 0);
 }
 
-// Clears session::in_step however the step ends.
+// Starts every journaled ctx call: refuses one inside a step, throws
+// cancelled_error once the run is cancelled, and clears session::in_step
+// however the call ends.
 struct step_guard {
   explicit step_guard(session& s) : s_(s) {
-    if (s_.in_step) throw std::logic_error("ctx.step and ctx.tool cannot be called inside a step");
+    if (s_.in_step)
+      throw std::logic_error(
+          "ctx.step, tool, sleep, sleep_until, wait_signal, start_child, join, now and random cannot be called "
+          "inside a step");
+    s_.throw_if_cancelled();
     s_.in_step = true;
   }
   ~step_guard() { s_.in_step = false; }
@@ -46,9 +59,10 @@ json run_journaled(session& s, std::string_view name, protocol::step_kind kind,
   }
 
   const std::uint64_t seq = s.take_seq();
-  const int max_attempts = std::max(policy.max_attempts, 1);
+  const int max_attempts = std::clamp(policy.max_attempts, 1, 1'000'000);
+  const std::int64_t timeout_ms = std::max<std::int64_t>(policy.timeout.count(), 0);
   for (int attempt = s.first_attempt_for(seq);; ++attempt) {
-    s.send(protocol::begin_msg{seq, std::string(name), kind, attempt});
+    s.send(protocol::begin_msg{seq, std::string(name), kind, attempt, timeout_ms, max_attempts});
     protocol::step_result r;
     r.seq = seq;
     r.name = std::string(name);
@@ -80,8 +94,28 @@ json run_journaled(session& s, std::string_view name, protocol::step_kind kind,
     }
     auto delay = delay_after(policy, attempt);
     s.send_and_wait_ack(protocol::retry_msg{seq, r.name, attempt, r.error, delay.count()}, seq);
-    std::this_thread::sleep_for(delay);
+    s.pause(delay);
+    if (s.cancel_reason()) throw cancelled_error(*s.cancel_reason());
   }
+}
+
+// An operation the host performs and journals (tool, sleep, wait, child,
+// join): the journaled record on replay, else the host's answer to `request`.
+template <class Request>
+protocol::step_result host_operation(session& s, std::string_view name, protocol::step_kind kind,
+                                     Request request) {
+  step_guard guard(s);
+  if (auto recorded = s.replay_next(name, kind)) return std::move(*recorded);
+  const std::uint64_t seq = s.take_seq();
+  return s.request(request(seq), seq);
+}
+
+// A field of a host-recorded output the SDK interprets; its absence means a broken host.
+const json& output_field(const protocol::step_result& r, const char* field) {
+  if (r.ok && r.output.is_object())
+    if (auto it = r.output.find(field); it != r.output.end()) return *it;
+  throw host_gone("the host's " + std::string(protocol::to_string(r.kind)) + " result for seq " +
+                  std::to_string(r.seq) + " has no output field '" + field + "'");
 }
 
 }  // namespace
@@ -91,11 +125,60 @@ json context::run_step(std::string_view name, const std::function<json()>& fn, c
 }
 
 json context::tool(std::string_view name, const json& args) {
-  step_guard guard(session_);
-  auto r = session_.replay_next(name, protocol::step_kind::tool);
-  if (!r) r = session_.call_tool(protocol::tool_msg{session_.take_seq(), std::string(name), args});
-  if (r->ok) return r->output;
-  throw tool_error(r->name, r->error.type, r->error.message);
+  auto r = host_operation(session_, name, protocol::step_kind::tool, [&](std::uint64_t seq) {
+    return protocol::tool_msg{seq, std::string(name), args};
+  });
+  if (r.ok) return r.output;
+  throw tool_error(r.name, r.error.type, r.error.message);
+}
+
+void context::sleep(std::chrono::milliseconds d) {
+  auto r = host_operation(session_, "sleep", protocol::step_kind::sleep, [&](std::uint64_t seq) {
+    return protocol::sleep_msg{seq, std::max<std::int64_t>(d.count(), 0), std::nullopt};
+  });
+  output_field(r, "until_ms");  // only checked: a sleep returns nothing, but an error record is a broken host
+}
+
+void context::sleep_until(std::chrono::system_clock::time_point t) {
+  auto until = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  auto r = host_operation(session_, "sleep", protocol::step_kind::sleep, [&](std::uint64_t seq) {
+    return protocol::sleep_msg{seq, std::nullopt, std::max<std::int64_t>(until, 0)};
+  });
+  output_field(r, "until_ms");
+}
+
+std::optional<json> context::wait_signal(std::string_view name, std::optional<std::chrono::milliseconds> timeout) {
+  auto r = host_operation(session_, name, protocol::step_kind::signal, [&](std::uint64_t seq) {
+    std::optional<std::int64_t> timeout_ms;
+    if (timeout) timeout_ms = std::max<std::int64_t>(timeout->count(), 0);
+    return protocol::wait_msg{seq, std::string(name), timeout_ms};
+  });
+  if (output_field(r, "timed_out") == true) return std::nullopt;
+  return output_field(r, "payload");
+}
+
+child_handle context::start_child(std::string_view agent, const json& input) {
+  auto r = host_operation(session_, agent, protocol::step_kind::child, [&](std::uint64_t seq) {
+    return protocol::child_msg{seq, std::string(agent), input};
+  });
+  if (!r.ok) throw child_error(std::string(agent), r.error.type, r.error.message);
+  const json& run_id = output_field(r, "run_id");
+  if (!run_id.is_string()) throw host_gone("the host's child result for seq " + std::to_string(r.seq) +
+                                           " has a run_id that is not a string");
+  return child_handle{run_id.get<std::string>()};
+}
+
+json context::join(const child_handle& child) {
+  auto r = host_operation(session_, child.run_id, protocol::step_kind::join, [&](std::uint64_t seq) {
+    return protocol::join_msg{seq, child.run_id};
+  });
+  if (r.ok) return r.output;
+  throw child_failed(child.run_id, r.error.type, r.error.message);
+}
+
+bool context::cancelled() const {
+  session_.poll();
+  return session_.cancel_reason().has_value();
 }
 
 std::chrono::system_clock::time_point context::now() {
@@ -108,8 +191,7 @@ std::chrono::system_clock::time_point context::now() {
 
 double context::random() {
   json v = run_journaled(session_, "ctx.random", protocol::step_kind::random, [] {
-    static std::mt19937_64 engine{std::random_device{}()};
-    return json(std::uniform_real_distribution<double>(0.0, 1.0)(engine));
+    return json(std::uniform_real_distribution<double>(0.0, 1.0)(random_engine()));
   }, retry_policy::no_retry());
   return v.get<double>();
 }

@@ -32,6 +32,8 @@ int run(int channel_fd, const workflow& fn) {
       failed = failure(n.message, "nondeterminism");
     } catch (const step_failed& e) {
       failed = failure(e.what(), e.type());
+    } catch (const child_failed& e) {
+      failed = failure(e.what(), e.type());
     } catch (const host_gone&) {
       throw;
     } catch (const std::exception& e) {
@@ -41,6 +43,10 @@ int run(int channel_fd, const workflow& fn) {
     }
     // A workflow that swallowed a non-determinism error still fails.
     if (!failed && s->nondeterminism_error()) failed = failure(*s->nondeterminism_error(), "nondeterminism");
+    // A cancelled run ends as cancelled however the workflow ended, even if a
+    // cancel arrived only after its last ctx call.
+    s->poll();
+    if (s->cancel_reason()) failed = failure(*s->cancel_reason(), "cancelled");
     if (failed) {
       s->send(*failed);
       s->close_channel();

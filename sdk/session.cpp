@@ -1,10 +1,13 @@
 #include "session.hpp"
 
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-#include <unistd.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
 
 namespace cairn {
 namespace {
@@ -28,7 +31,7 @@ void write_all(int fd, const std::string& bytes) {
 
 session::session(int fd) : fd_(fd) {
   send(protocol::hello_msg{protocol::version, std::string(sdk_name)});
-  auto reply = receive();
+  auto reply = receive(false);
   if (auto* r = std::get_if<protocol::reject_msg>(&reply)) throw host_gone("the host rejected this agent: " + r->error);
   auto* s = std::get_if<protocol::start_msg>(&reply);
   if (!s) throw host_gone("the host did not answer hello with start");
@@ -43,43 +46,86 @@ void session::send(const protocol::agent_message& m) {
   write_all(fd_, protocol::encode_frame(protocol::to_json(m), decoder_.max_frame()));
 }
 
-protocol::host_message session::receive() {
+protocol::host_message session::receive(bool stop_on_cancel) {
   // The host's ack follows its commit, typically 20 us (synchronous=NORMAL)
   // to 1 ms (FULL) later. Polling that long before blocking avoids a
   // scheduler wake-up, which on a VM with idle cores costs hundreds of us.
   constexpr auto spin = std::chrono::milliseconds(1);
-  char buf[65536];
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
-    if (auto j = decoder_.next()) return protocol::parse_host_message(*j);
-    ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (std::chrono::steady_clock::now() - start < spin) continue;
-      n = ::read(fd_, buf, sizeof buf);
-    } else if (n < 0 && errno == ENOTSOCK) {
-      n = ::read(fd_, buf, sizeof buf);
+    if (auto m = next_buffered()) return std::move(*m);
+    if (stop_on_cancel && cancel_reason_) throw cancelled_error(*cancel_reason_);
+    const bool spinning = std::chrono::steady_clock::now() - start < spin;
+    read_channel(spinning ? std::optional(std::chrono::milliseconds(0)) : std::nullopt);
+  }
+}
+
+std::optional<protocol::host_message> session::next_buffered() {
+  while (auto j = decoder_.next()) {
+    auto m = protocol::parse_host_message(*j);
+    auto* cancel = std::get_if<protocol::cancel_msg>(&m);
+    if (!cancel) return m;
+    if (!cancel_reason_) cancel_reason_ = std::move(cancel->reason);
+  }
+  return std::nullopt;
+}
+
+bool session::read_channel(std::optional<std::chrono::milliseconds> wait) {
+  char buf[65536];
+  ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+  // Not a socket (a test's pipe): poll(2) stands in for MSG_DONTWAIT.
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOTSOCK)) {
+    if (wait) {
+      if (*wait <= std::chrono::milliseconds(0) && errno != ENOTSOCK) return false;
+      pollfd p{fd_, POLLIN, 0};
+      auto ms = static_cast<int>(std::clamp<std::int64_t>(wait->count(), 0, INT_MAX));
+      if (::poll(&p, 1, ms) <= 0) return false;  // timed out, or EINTR: the caller decides
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw host_gone(std::string("lost the channel to the host: ") + std::strerror(errno));
-    if (n == 0) throw host_gone("the host closed the channel");
-    decoder_.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+    n = ::read(fd_, buf, sizeof buf);
+  }
+  if (n < 0 && errno == EINTR) return false;
+  if (n < 0) throw host_gone(std::string("lost the channel to the host: ") + std::strerror(errno));
+  if (n == 0) throw host_gone("the host closed the channel");
+  decoder_.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+  return true;
+}
+
+void session::poll() {
+  read_channel(std::chrono::milliseconds(0));
+  // Frames that came with an earlier answer are examined here too.
+  if (next_buffered()) throw host_gone("the host sent a message the agent did not ask for");
+}
+
+void session::throw_if_cancelled() {
+  poll();
+  if (cancel_reason_) throw cancelled_error(*cancel_reason_);
+}
+
+void session::pause(std::chrono::milliseconds d) {
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  for (;;) {
+    if (next_buffered()) throw host_gone("the host sent a message the agent did not ask for");
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (cancel_reason_ || left <= std::chrono::milliseconds(0)) return;
+    read_channel(left);
   }
 }
 
 void session::send_and_wait_ack(const protocol::agent_message& m, std::uint64_t seq) {
   send(m);
-  auto reply = receive();
+  auto reply = receive(false);
   auto* ack = std::get_if<protocol::ack_msg>(&reply);
   if (!ack || ack->seq != seq)
     throw host_gone("expected the host's ack for step " + std::to_string(seq));
 }
 
-protocol::step_result session::call_tool(const protocol::tool_msg& m) {
+protocol::step_result session::request(const protocol::agent_message& m, std::uint64_t seq) {
   send(m);
-  auto reply = receive();
+  auto reply = receive(!std::holds_alternative<protocol::tool_msg>(m));
   auto* result = std::get_if<protocol::result_msg>(&reply);
-  if (!result || result->result.seq != m.seq)
-    throw host_gone("expected the host's result for tool call " + std::to_string(m.seq));
+  if (!result || result->result.seq != seq)
+    throw host_gone("expected the host's result for " + std::string(protocol::type_name(m)) + " " +
+                    std::to_string(seq));
   return std::move(result->result);
 }
 

@@ -2,6 +2,7 @@
 // in `start`, and the position in it. Private to the SDK.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -52,20 +53,41 @@ class session {
   void close_channel();
   // Sends and blocks until the host acknowledges `seq` (it is then durable).
   void send_and_wait_ack(const protocol::agent_message& m, std::uint64_t seq);
-  // Sends the call and blocks until the host's journaled result for it.
-  protocol::step_result call_tool(const protocol::tool_msg& m);
+  // Sends a tool, sleep, wait, child or join request and blocks until the
+  // host's journaled result for `seq`. After cancelling, the host still
+  // answers a tool call but none of the others: waiting for one of those
+  // throws cancelled_error when the cancel arrives.
+  protocol::step_result request(const protocol::agent_message& m, std::uint64_t seq);
+
+  // The host may send cancel at any time; every read of the channel records it.
+  const std::optional<std::string>& cancel_reason() const { return cancel_reason_; }
+  // Reads what has arrived, without blocking, so that a cancel sent while the
+  // workflow computed is seen.
+  void poll();
+  // poll(), then throws cancelled_error if the host has cancelled the run.
+  void throw_if_cancelled();
+  // Sleeps for `d`, or until the host cancels the run.
+  void pause(std::chrono::milliseconds d);
 
   const std::optional<std::string>& nondeterminism_error() const { return nondeterminism_; }
   bool in_step = false;
 
  private:
-  protocol::host_message receive();
+  // The next host message other than cancel. With `stop_on_cancel`, throws
+  // cancelled_error instead of blocking once the host has cancelled.
+  protocol::host_message receive(bool stop_on_cancel);
+  // Decodes buffered frames up to the first one that is not cancel.
+  std::optional<protocol::host_message> next_buffered();
+  // One read into the decoder, waiting at most `wait` (nullopt: no limit).
+  // False when nothing arrived. Throws host_gone when the channel is closed.
+  bool read_channel(std::optional<std::chrono::milliseconds> wait);
 
   int fd_;
   protocol::frame_decoder decoder_;
   protocol::start_msg start_;
   std::uint64_t next_seq_ = 0;
   std::optional<std::string> nondeterminism_;
+  std::optional<std::string> cancel_reason_;
 };
 
 }  // namespace cairn

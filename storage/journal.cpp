@@ -110,6 +110,37 @@ DROP TABLE runs;
 ALTER TABLE runs_v2 RENAME TO runs;
 CREATE INDEX events_by_seq ON events (run_id, seq);
 )sql",
+    // 3: long-running runs. A run waits (status 'waiting', no owner) on a timer,
+    // a signal or a child run; the wait columns say on what and are NULL
+    // otherwise. Signals are queued here and each is delivered into exactly one
+    // step (delivered_seq).
+    R"sql(
+ALTER TABLE runs ADD COLUMN parent_id TEXT;               -- the run that started this one; NULL for top-level
+ALTER TABLE runs ADD COLUMN wait_kind TEXT CHECK (wait_kind IN ('timer', 'signal', 'child'));
+ALTER TABLE runs ADD COLUMN wait_key TEXT;                -- signal name, or child run id
+ALTER TABLE runs ADD COLUMN wait_seq INTEGER;             -- the step the run waits at
+ALTER TABLE runs ADD COLUMN wake_at_ms INTEGER;           -- timer fires / wait times out; NULL = never
+ALTER TABLE runs ADD COLUMN cancel_requested_at_ms INTEGER;
+ALTER TABLE runs ADD COLUMN deadline_ms INTEGER;          -- the run's overall timeout; NULL = none
+CREATE INDEX runs_by_parent ON runs (parent_id);
+CREATE INDEX runs_by_wake ON runs (status, wake_at_ms);
+-- The waiting runs with every column the scheduler's test reads: it scans
+-- them without touching the (wide) run rows.
+CREATE INDEX runs_waiting ON runs (wait_kind, wait_key, id, wake_at_ms, deadline_ms, cancel_requested_at_ms)
+  WHERE status = 'waiting';
+
+CREATE TABLE signals (
+  id              INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id          TEXT NOT NULL REFERENCES runs (id),
+  name            TEXT NOT NULL,
+  payload         TEXT NOT NULL,
+  sent_at_ms      INTEGER NOT NULL,
+  delivered_seq   INTEGER,                  -- the step it was delivered into; NULL while queued
+  delivered_at_ms INTEGER
+);
+CREATE INDEX signals_undelivered ON signals (run_id, name, id) WHERE delivered_seq IS NULL;
+CREATE INDEX signals_by_run ON signals (run_id, id);  -- a run's signals, delivered or not
+)sql",
 };
 constexpr int latest_version = static_cast<int>(std::size(migrations));
 
@@ -318,7 +349,23 @@ SQLite::Database open_read_only(const fs::path& path, const journal_options& opt
 
 constexpr const char* run_columns =
     "SELECT id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner, sandbox, "
-    "workspace, created_at_ms, updated_at_ms, finished_at_ms, policy FROM runs ";
+    "workspace, created_at_ms, updated_at_ms, finished_at_ms, policy, parent_id, wait_kind, wait_key, wait_seq, "
+    "wake_at_ms, cancel_requested_at_ms, deadline_ms FROM runs ";
+
+std::optional<std::int64_t> optional_int64(const SQLite::Column& c) {
+  if (c.isNull()) return std::nullopt;
+  return c.getInt64();
+}
+
+std::optional<std::string> null_if_empty(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  return std::string(s);
+}
+
+// completed, failed and cancelled are final; in_doubt is not (settle resumes it).
+bool is_finished(run_status s) {
+  return s == run_status::completed || s == run_status::failed || s == run_status::cancelled;
+}
 
 run_record read_run(SQLite::Statement& s) {
   run_record r;
@@ -339,14 +386,35 @@ run_record read_run(SQLite::Statement& s) {
   r.updated_at_ms = s.getColumn(13).getInt64();
   if (!s.getColumn(14).isNull()) r.finished_at_ms = s.getColumn(14).getInt64();
   r.policy = load(s.getColumn(15));
+  if (!s.getColumn(16).isNull()) r.parent_id = s.getColumn(16).getString();
+  if (!s.getColumn(17).isNull())
+    r.wait = wait_spec{s.getColumn(17).getString(), s.getColumn(18).getString(),
+                       static_cast<std::uint64_t>(s.getColumn(19).getInt64()), optional_int64(s.getColumn(20))};
+  r.cancel_requested_at_ms = optional_int64(s.getColumn(21));
+  r.deadline_ms = optional_int64(s.getColumn(22));
   return r;
 }
 
 std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id);
 
+constexpr const char* signal_columns =
+    "SELECT id, run_id, name, payload, sent_at_ms, delivered_seq, delivered_at_ms FROM signals ";
+
+signal_record read_signal(SQLite::Statement& s) {
+  signal_record r;
+  r.id = s.getColumn(0).getInt64();
+  r.run_id = s.getColumn(1).getString();
+  r.name = s.getColumn(2).getString();
+  r.payload = load(s.getColumn(3));
+  r.sent_at_ms = s.getColumn(4).getInt64();
+  if (!s.getColumn(5).isNull()) r.delivered_seq = static_cast<std::uint64_t>(s.getColumn(5).getInt64());
+  r.delivered_at_ms = optional_int64(s.getColumn(6));
+  return r;
+}
+
 protocol::step_kind parse_kind(const std::string& s) {
-  for (auto k : {protocol::step_kind::step, protocol::step_kind::now, protocol::step_kind::random,
-                 protocol::step_kind::tool})
+  using kind = protocol::step_kind;
+  for (auto k : {kind::step, kind::now, kind::random, kind::tool, kind::sleep, kind::signal, kind::child, kind::join})
     if (protocol::to_string(k) == s) return k;
   throw storage_error(errc::corrupt, "a journaled step has an unknown kind '" + s + "'");
 }
@@ -357,16 +425,18 @@ std::string_view to_string(run_status s) {
   switch (s) {
     case run_status::pending: return "pending";
     case run_status::running: return "running";
+    case run_status::waiting: return "waiting";
     case run_status::completed: return "completed";
     case run_status::failed: return "failed";
+    case run_status::cancelled: return "cancelled";
     case run_status::in_doubt: return "in_doubt";
   }
   return "unknown";
 }
 
 std::optional<run_status> parse_run_status(std::string_view s) {
-  for (auto st : {run_status::pending, run_status::running, run_status::completed, run_status::failed,
-                  run_status::in_doubt})
+  using enum run_status;
+  for (auto st : {pending, running, waiting, completed, failed, cancelled, in_doubt})
     if (to_string(st) == s) return st;
   return std::nullopt;
 }
@@ -421,6 +491,49 @@ struct journal::impl {
   void require_run(int changed, std::string_view run_id) {
     if (changed == 0) throw storage_error(errc::not_found, fmt::format("no run '{}' in journal {}", run_id, path.string()));
   }
+
+  // The run's status; storage_error(not_found) if there is no such run.
+  run_status status_of(std::string_view run_id) {
+    auto s = statement(db, "SELECT status FROM runs WHERE id = ?", run_id);
+    require_run(s.executeStep() ? 1 : 0, run_id);
+    auto status = parse_run_status(s.getColumn(0).getString());
+    if (!status) throw storage_error(errc::corrupt, fmt::format("run {} has an unknown status", run_id));
+    return *status;
+  }
+
+  // Why an update guarded by "not finished" changed nothing.
+  [[noreturn]] void throw_finished_or_missing(std::string_view run_id, std::string_view doing) {
+    const auto status = status_of(run_id);
+    throw storage_error(errc::finished,
+                        fmt::format("run {} already finished ({}); cannot {}", run_id, to_string(status), doing));
+  }
+
+  // Inserts the step row; a (run, seq) already journaled is storage_error(conflict).
+  void insert_step(const step_record& step) {
+    const auto& r = step.result;
+    std::optional<std::string> out, message, type;
+    if (r.ok) {
+      out = dump(r.output);
+    } else {
+      message = r.error.message;
+      type = r.error.type;
+    }
+    try {
+      prepared("INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
+               "duration_us, started_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+               step.run_id, static_cast<std::int64_t>(r.seq), r.name, protocol::to_string(r.kind),
+               std::string_view(r.ok ? "ok" : "error"), out, message, type, r.attempt, r.duration_us,
+               step.started_at_ms, step.finished_at_ms)
+          .exec();
+    } catch (const SQLite::Exception& e) {
+      if ((e.getExtendedErrorCode() & 0xff) != SQLITE_CONSTRAINT ||
+          e.getExtendedErrorCode() == SQLITE_CONSTRAINT_FOREIGNKEY)
+        throw;
+      throw storage_error(errc::conflict, fmt::format("step {}/{} is already journaled in {}; a journaled step is "
+                                                      "final and is never written again",
+                                                      step.run_id, r.seq, path.string()));
+    }
+  }
 };
 
 journal::journal(const fs::path& path, journal_options options) : impl_(std::make_unique<impl>(path, options)) {}
@@ -436,10 +549,10 @@ std::pair<run_record, bool> journal::create_run(const new_run& run) {
     const auto now = now_ms();
     int inserted = statement(impl_->db,
                              "INSERT INTO runs (id, agent, input, status, max_attempts, sandbox, workspace, "
-                             "created_at_ms, updated_at_ms, policy) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?) "
-                             "ON CONFLICT (id) DO NOTHING",
+                             "created_at_ms, updated_at_ms, policy, parent_id, owner, deadline_ms) "
+                             "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                              run.id, run.agent, dump(run.input), run.max_attempts, run.sandbox, run.workspace, now, now,
-                             dump(run.policy))
+                             dump(run.policy), null_if_empty(run.parent_id), run.owner, run.deadline_ms)
                        .exec();
     auto record = find_run(run.id);
     if (!record) throw storage_error(errc::io, "run " + run.id + " vanished right after it was created");
@@ -452,6 +565,16 @@ std::optional<run_record> journal::find_run(std::string_view id) {
     auto s = statement(impl_->db, (std::string(run_columns) + "WHERE id = ?").c_str(), id);
     if (!s.executeStep()) return std::nullopt;
     return read_run(s);
+  });
+}
+
+std::vector<run_record> journal::children(std::string_view parent_id) {
+  return impl_->guard(parent_id, [&] {
+    auto s = statement(impl_->db, (std::string(run_columns) + "WHERE parent_id = ? ORDER BY created_at_ms, rowid").c_str(),
+                       parent_id);
+    std::vector<run_record> runs;
+    while (s.executeStep()) runs.push_back(read_run(s));
+    return runs;
   });
 }
 
@@ -468,8 +591,9 @@ std::vector<run_record> journal::list_runs() {
 bool journal::claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) {
   return impl_->guard(id, [&] {
     return statement(impl_->db,
-                     "UPDATE runs SET status = 'running', owner = ?, updated_at_ms = ? "
-                     "WHERE id = ? AND owner = ? AND status != 'completed'",
+                     "UPDATE runs SET status = 'running', owner = ?, updated_at_ms = ?, wait_kind = NULL, "
+                     "wait_key = NULL, wait_seq = NULL, wake_at_ms = NULL "
+                     "WHERE id = ? AND owner = ? AND status NOT IN ('completed', 'cancelled')",
                      new_owner, now_ms(), id, expected_owner)
                .exec() == 1;
   });
@@ -493,8 +617,9 @@ int journal::begin_attempt(std::string_view id) {
 
 void journal::finish_run(std::string_view id, run_status status, const json& output,
                          const std::optional<protocol::error_info>& error) {
-  if (status != run_status::completed && status != run_status::failed && status != run_status::in_doubt)
-    throw std::invalid_argument("finish_run: status must be completed, failed or in_doubt");
+  if (status != run_status::completed && status != run_status::failed && status != run_status::cancelled &&
+      status != run_status::in_doubt)
+    throw std::invalid_argument("finish_run: status must be completed, failed, cancelled or in_doubt");
   if (status != run_status::completed && !error) throw std::invalid_argument("finish_run: this status needs an error");
   impl_->guard(id, [&] {
     const bool ok = status == run_status::completed;
@@ -509,13 +634,17 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
     }
     impl_->require_run(statement(impl_->db,
                                  "UPDATE runs SET status = ?, output = ?, error_message = ?, error_type = ?, "
-                                 "owner = '', finished_at_ms = ?, updated_at_ms = ? WHERE id = ?",
+                                 "owner = '', finished_at_ms = ?, updated_at_ms = ?, wait_kind = NULL, "
+                                 "wait_key = NULL, wait_seq = NULL, wake_at_ms = NULL WHERE id = ?",
                                  to_string(status), out, message, type,
                                  status == run_status::in_doubt ? std::optional<std::int64_t>() : std::optional(now), now, id)
                            .exec(),
                        id);
     if (ok) impl_->event(id, "run_completed", json::object(), std::nullopt);
-    else impl_->event(id, status == run_status::failed ? "run_failed" : "run_in_doubt",
+    else impl_->event(id,
+                      status == run_status::failed      ? "run_failed"
+                      : status == run_status::cancelled ? "run_cancelled"
+                                                        : "run_in_doubt",
                       {{"error", {{"message", *message}, {"type", *type}}}}, std::nullopt);
     tx.commit();
   });
@@ -529,7 +658,8 @@ void journal::reset_attempts(std::string_view id) {
     json data = {{"status", before.getColumn(0).getString()}, {"attempts", before.getColumn(1).getInt()}};
     statement(impl_->db,
               "UPDATE runs SET status = 'pending', attempts = 0, output = NULL, error_message = NULL, "
-              "error_type = NULL, finished_at_ms = NULL, owner = '', updated_at_ms = ? WHERE id = ?",
+              "error_type = NULL, finished_at_ms = NULL, owner = '', wait_kind = NULL, wait_key = NULL, "
+              "wait_seq = NULL, wake_at_ms = NULL, cancel_requested_at_ms = NULL, updated_at_ms = ? WHERE id = ?",
               now_ms(), id)
         .exec();
     impl_->event(id, "run_reset", data, std::nullopt);
@@ -537,34 +667,199 @@ void journal::reset_attempts(std::string_view id) {
   });
 }
 
-void journal::append_step(const step_record& step) {
-  const auto& r = step.result;
-  impl_->guard(step.run_id, [&] {
-    std::optional<std::string> out, message, type;
-    if (r.ok) {
-      out = dump(r.output);
-    } else {
-      message = r.error.message;
-      type = r.error.type;
-    }
-    try {
-      // One statement, so one transaction: durable when exec() returns.
-      impl_->prepared(
-                "INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
-                "duration_us, started_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                step.run_id, static_cast<std::int64_t>(r.seq), r.name, protocol::to_string(r.kind),
-                std::string_view(r.ok ? "ok" : "error"), out, message, type, r.attempt, r.duration_us,
-                step.started_at_ms, step.finished_at_ms)
-          .exec();
-    } catch (const SQLite::Exception& e) {
-      if ((e.getExtendedErrorCode() & 0xff) != SQLITE_CONSTRAINT ||
-          e.getExtendedErrorCode() == SQLITE_CONSTRAINT_FOREIGNKEY)
-        throw;
-      throw storage_error(errc::conflict, fmt::format("step {}/{} is already journaled in {}; a journaled step is "
-                                                      "final and is never written again",
-                                                      step.run_id, r.seq, impl_->path.string()));
-    }
+void journal::suspend_run(std::string_view id, const wait_spec& w) {
+  if (w.kind != "timer" && w.kind != "signal" && w.kind != "child")
+    throw std::invalid_argument("suspend_run: wait kind must be timer, signal or child, not '" + w.kind + "'");
+  if (w.kind == "timer" && !w.wake_at_ms) throw std::invalid_argument("suspend_run: a timer needs wake_at_ms");
+  const auto seq = static_cast<std::int64_t>(w.seq);
+  impl_->guard(id, [&] {
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    if (statement(impl_->db,
+                  "UPDATE runs SET status = 'waiting', owner = '', wait_kind = ?, wait_key = ?, wait_seq = ?, "
+                  "wake_at_ms = ?, updated_at_ms = ? WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
+                  w.kind, w.key, seq, w.wake_at_ms, now_ms(), id)
+            .exec() == 0)
+      impl_->throw_finished_or_missing(id, "make it wait");
+    impl_->event(id, "run_waiting",
+                 {{"kind", w.kind}, {"key", w.key}, {"seq", w.seq}, {"wake_at_ms", w.wake_at_ms ? json(*w.wake_at_ms) : json()}},
+                 seq);
+    tx.commit();
   });
+}
+
+void journal::release_run(std::string_view id, std::string_view reason) {
+  impl_->guard(id, [&] {
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    if (statement(impl_->db,
+                  "UPDATE runs SET status = 'pending', owner = '', updated_at_ms = ?, wait_kind = NULL, "
+                  "wait_key = NULL, wait_seq = NULL, wake_at_ms = NULL "
+                  "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
+                  now_ms(), id)
+            .exec() == 0)
+      impl_->throw_finished_or_missing(id, "release it");
+    impl_->event(id, "run_released", {{"reason", reason}}, std::nullopt);
+    tx.commit();
+  });
+}
+
+bool journal::request_cancel(std::string_view id) {
+  return impl_->guard(id, [&] {
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    if (is_finished(impl_->status_of(id))) return false;
+    const auto now = now_ms();
+    if (statement(impl_->db,
+                  "UPDATE runs SET cancel_requested_at_ms = ?, updated_at_ms = ? "
+                  "WHERE id = ? AND cancel_requested_at_ms IS NULL",
+                  now, now, id)
+            .exec() == 1) {
+      impl_->event(id, "cancel_requested", json::object(), std::nullopt);
+      tx.commit();
+    }
+    return true;
+  });
+}
+
+bool journal::cancel_idle_run(std::string_view id, const std::string& message) {
+  return impl_->guard(id, [&] {
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    const auto now = now_ms();
+    if (statement(impl_->db,
+                  "UPDATE runs SET status = 'cancelled', error_message = ?, error_type = 'cancelled', "
+                  "finished_at_ms = ?, updated_at_ms = ?, wait_kind = NULL, wait_key = NULL, wait_seq = NULL, "
+                  "wake_at_ms = NULL WHERE id = ? AND status IN ('pending', 'waiting') AND owner = ''",
+                  message, now, now, id)
+            .exec() == 0) {
+      impl_->status_of(id);  // not_found if there is no such run
+      return false;
+    }
+    impl_->event(id, "run_cancelled", {{"error", {{"message", message}, {"type", "cancelled"}}}}, std::nullopt);
+    tx.commit();
+    return true;
+  });
+}
+
+std::vector<run_brief> journal::schedulable(std::int64_t now) {
+  return impl_->guard({}, [&] {
+    // Finished runs cost nothing. Each waiting run costs one entry of the
+    // runs_waiting index, plus one probe of signals_undelivered or of the runs
+    // key if it waits for a signal or a child (about 1 ms per 1,000 of those).
+    // INDEXED BY pins the plan: after an ANALYZE, SQLite would otherwise scan
+    // every run, since most runs share a few finished statuses.
+    auto s = statement(impl_->db,
+                       "SELECT id, status, owner, parent_id, created_at_ms, rowid AS row FROM runs "
+                       "  INDEXED BY runs_by_wake WHERE status IN ('pending', 'running') "
+                       "UNION ALL "
+                       "SELECT id, status, owner, parent_id, created_at_ms, rowid FROM runs AS r "
+                       "  INDEXED BY runs_waiting WHERE status = 'waiting' AND ("
+                       "  wake_at_ms <= ?1 OR deadline_ms <= ?1 OR cancel_requested_at_ms IS NOT NULL "
+                       "  OR (wait_kind = 'signal' AND EXISTS (SELECT 1 FROM signals AS s WHERE s.run_id = r.id "
+                       "      AND s.name = r.wait_key AND s.delivered_seq IS NULL)) "
+                       "  OR (wait_kind = 'child' AND EXISTS (SELECT 1 FROM runs AS c WHERE c.id = r.wait_key "
+                       "      AND c.status IN ('completed', 'failed', 'cancelled')))) "
+                       "ORDER BY created_at_ms, row",
+                       now);
+    std::vector<run_brief> runs;
+    while (s.executeStep()) {
+      run_brief b;
+      b.id = s.getColumn(0).getString();
+      b.status = *parse_run_status(s.getColumn(1).getString());  // one of the three above
+      b.owner = s.getColumn(2).getString();
+      if (!s.getColumn(3).isNull()) b.parent_id = s.getColumn(3).getString();
+      runs.push_back(std::move(b));
+    }
+    return runs;
+  });
+}
+
+std::map<run_status, int> journal::count_by_status() {
+  return impl_->guard({}, [&] {
+    std::map<run_status, int> counts;
+    using enum run_status;
+    for (auto st : {pending, running, waiting, completed, failed, cancelled, in_doubt}) counts[st] = 0;
+    auto s = statement(impl_->db, "SELECT status, count(*) FROM runs GROUP BY status");
+    while (s.executeStep()) {
+      auto status = parse_run_status(s.getColumn(0).getString());
+      if (!status)
+        throw storage_error(errc::corrupt, fmt::format("journal {} has a run with an unknown status '{}'",
+                                                       impl_->path.string(), s.getColumn(0).getString()));
+      counts[*status] = s.getColumn(1).getInt();
+    }
+    return counts;
+  });
+}
+
+std::int64_t journal::enqueue_signal(std::string_view run_id, std::string_view name, const json& payload) {
+  return impl_->guard(run_id, [&] {
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    const auto status = impl_->status_of(run_id);
+    if (is_finished(status))
+      throw storage_error(errc::finished, fmt::format("run {} already finished ({}); nobody will read signal '{}'",
+                                                      run_id, to_string(status), name));
+    statement(impl_->db, "INSERT INTO signals (run_id, name, payload, sent_at_ms) VALUES (?, ?, ?, ?)", run_id, name,
+              dump(payload), now_ms())
+        .exec();
+    const std::int64_t id = impl_->db.getLastInsertRowid();
+    impl_->event(run_id, "signal_queued", {{"name", name}, {"signal_id", id}}, std::nullopt);
+    tx.commit();
+    return id;
+  });
+}
+
+std::optional<signal_record> journal::pending_signal(std::string_view run_id, std::string_view name) {
+  return impl_->guard(run_id, [&]() -> std::optional<signal_record> {
+    auto s = statement(
+        impl_->db,
+        (std::string(signal_columns) + "WHERE run_id = ? AND name = ? AND delivered_seq IS NULL ORDER BY id LIMIT 1")
+            .c_str(),
+        run_id, name);
+    if (!s.executeStep()) return std::nullopt;
+    return read_signal(s);
+  });
+}
+
+void journal::deliver_signal(std::int64_t signal_id, const step_record& step) {
+  const auto seq = static_cast<std::int64_t>(step.result.seq);
+  impl_->guard(step.run_id, [&] {
+    // The check and both writes share one write transaction: two hosts racing
+    // to deliver the same signal cannot both succeed.
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    std::string name;
+    {
+      auto s = statement(impl_->db, "SELECT run_id, name, delivered_seq FROM signals WHERE id = ?", signal_id);
+      if (!s.executeStep())
+        throw storage_error(errc::not_found,
+                            fmt::format("no signal {} in journal {}", signal_id, impl_->path.string()));
+      if (s.getColumn(0).getString() != step.run_id)
+        throw std::invalid_argument(fmt::format("deliver_signal: signal {} belongs to run {}, not {}", signal_id,
+                                                s.getColumn(0).getString(), step.run_id));
+      name = s.getColumn(1).getString();
+      if (!s.getColumn(2).isNull())
+        throw storage_error(errc::conflict,
+                            fmt::format("signal {} ('{}') of run {} was already delivered at step {}; a signal is "
+                                        "delivered once",
+                                        signal_id, name, step.run_id, s.getColumn(2).getInt64()));
+    }
+    statement(impl_->db, "UPDATE signals SET delivered_seq = ?, delivered_at_ms = ? WHERE id = ?", seq, now_ms(),
+              signal_id)
+        .exec();
+    impl_->insert_step(step);
+    impl_->event(step.run_id, "signal_delivered", {{"name", name}, {"signal_id", signal_id}}, seq);
+    tx.commit();
+  });
+}
+
+std::vector<signal_record> journal::signals(std::string_view run_id) {
+  return impl_->guard(run_id, [&] {
+    auto s = statement(impl_->db, (std::string(signal_columns) + "WHERE run_id = ? ORDER BY id").c_str(), run_id);
+    std::vector<signal_record> out;
+    while (s.executeStep()) out.push_back(read_signal(s));
+    return out;
+  });
+}
+
+void journal::append_step(const step_record& step) {
+  // One statement, so one transaction: durable when it returns.
+  impl_->guard(step.run_id, [&] { impl_->insert_step(step); });
 }
 
 std::vector<step_record> journal::steps(std::string_view run_id) {

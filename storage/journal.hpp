@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -30,7 +31,8 @@ enum class errc {
   corrupt,         // not a journal, or damaged
   schema_too_new,  // written by a newer cairn
   conflict,        // a write-once row already exists
-  not_found,       // no such run; in read-only mode, no journal file yet
+  not_found,       // no such run (or signal); in read-only mode, no journal file yet
+  finished,        // the run already ended (completed, failed or cancelled)
   io,              // any other failure to open, read or write
 };
 
@@ -45,11 +47,23 @@ class storage_error : public std::runtime_error {
   errc code_;
 };
 
-// in_doubt: stopped because an at-most-once tool call may or may not have
-// happened; `cairn settle` records what did, then the run can go on.
-enum class run_status { pending, running, completed, failed, in_doubt };
+// waiting: suspended on a timer, a signal or a child run, with no owner; the
+// run's `wait` says on what. completed, failed and cancelled are final ("the run
+// has finished"). in_doubt: stopped because an at-most-once tool call may or
+// may not have happened; `cairn settle` records what did, then the run can go on.
+enum class run_status { pending, running, waiting, completed, failed, cancelled, in_doubt };
 std::string_view to_string(run_status s);
 std::optional<run_status> parse_run_status(std::string_view s);
+
+// What a waiting run waits for. kind "timer": until wake_at_ms (required).
+// "signal": a signal named `key`, or until wake_at_ms if set (a timeout).
+// "child": the run whose id is `key` to finish, or until wake_at_ms if set.
+struct wait_spec {
+  std::string kind;
+  std::string key;
+  std::uint64_t seq = 0;  // the step the run waits at
+  std::optional<std::int64_t> wake_at_ms;
+};
 
 struct run_record {
   std::string id;
@@ -57,7 +71,7 @@ struct run_record {
   json input;
   run_status status = run_status::pending;
   json output;                                 // when completed
-  std::optional<protocol::error_info> error;   // when failed
+  std::optional<protocol::error_info> error;   // when failed, cancelled or in_doubt
   int attempts = 0;                            // attempts started so far
   int max_attempts = 3;
   std::string owner;       // host process executing it ("" when none), see engine/owner.hpp
@@ -67,6 +81,10 @@ struct run_record {
   std::int64_t updated_at_ms = 0;
   std::optional<std::int64_t> finished_at_ms;
   json policy = json::object();  // what the run may do, see engine/policy.hpp
+  std::string parent_id;           // the run that started this one as a child; "" for a top-level run
+  std::optional<wait_spec> wait;   // set only while status is waiting
+  std::optional<std::int64_t> cancel_requested_at_ms;
+  std::optional<std::int64_t> deadline_ms;  // the run's overall timeout
 };
 
 struct new_run {
@@ -77,6 +95,9 @@ struct new_run {
   std::string sandbox = "bwrap";
   std::string workspace;
   json policy = json::object();
+  std::string parent_id;  // "" for a top-level run
+  std::string owner;      // initial owner, "" = none
+  std::optional<std::int64_t> deadline_ms;
 };
 
 // A step's journaled outcome. Written once, never changed.
@@ -85,6 +106,25 @@ struct step_record {
   protocol::step_result result;
   std::int64_t started_at_ms = 0;   // host clock, when the agent announced the step (or derived)
   std::int64_t finished_at_ms = 0;  // host clock, when the result was committed
+};
+
+// A message sent to a run from outside. Delivered at most once, into the step
+// at delivered_seq.
+struct signal_record {
+  std::int64_t id = 0;
+  std::string run_id, name;
+  json payload;
+  std::int64_t sent_at_ms = 0;
+  std::optional<std::uint64_t> delivered_seq;
+  std::optional<std::int64_t> delivered_at_ms;
+};
+
+// A run as the scheduler sees it.
+struct run_brief {
+  std::string id;
+  run_status status = run_status::pending;
+  std::string owner;
+  std::string parent_id;
 };
 
 struct event_record {
@@ -118,29 +158,79 @@ class journal {
   const std::filesystem::path& path() const;
   static int schema_version();
 
-  // Inserts a pending run. If a run with this id exists, returns it unchanged
-  // and false: the id is the idempotency key.
+  // Inserts a pending run (with its parent, initial owner and deadline). If a
+  // run with this id exists, returns it unchanged and false: the id is the
+  // idempotency key.
   std::pair<run_record, bool> create_run(const new_run& run);
   std::optional<run_record> find_run(std::string_view id);
   // Newest first (creation time, then insertion order).
   std::vector<run_record> list_runs();
+  // The runs `parent_id` started as children, oldest first.
+  std::vector<run_record> children(std::string_view parent_id);
 
   // Writes to a run id that does not exist throw storage_error(not_found),
   // except claim_run, which returns false.
 
   // Compare-and-set of the owner: succeeds only if the run's owner is still
-  // `expected_owner` and the run is not completed. Sets status running.
+  // `expected_owner` and the run is neither completed nor cancelled. Sets
+  // status running (also from waiting, clearing the wait).
   bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner);
   // Counts one more attempt and returns its number (1-based); records an event.
   int begin_attempt(std::string_view id);
-  // Ends the run: completed with `output`, or failed with `error` (required then);
-  // or stops it in_doubt with `error` (no finish time: it is not over). Any
-  // other status is std::invalid_argument. Clears the owner; records an event.
+  // Ends the run: completed with `output`; failed or cancelled with `error`
+  // (required then); or stops it in_doubt with `error` (no finish time: it is
+  // not over). Any other status is std::invalid_argument. Clears the owner and
+  // the wait; records an event (run_completed, run_failed, run_cancelled or
+  // run_in_doubt).
   void finish_run(std::string_view id, run_status status, const json& output,
                   const std::optional<protocol::error_info>& error);
   // Makes a failed (or orphaned) run pending again with a fresh set of attempts:
-  // clears output, error, owner and finish time, keeps the steps, records an event.
+  // clears output, error, owner, finish time, wait and cancel request, keeps
+  // the steps, records an event.
   void reset_attempts(std::string_view id);
+  // Parks the run at step w.seq: status waiting with `w`, owner cleared, event
+  // run_waiting {kind, key, seq, wake_at_ms} at w.seq (so a replay can find the
+  // original wake time). An unknown kind, or a timer without wake_at_ms, is
+  // std::invalid_argument; a finished run is storage_error(finished).
+  void suspend_run(std::string_view id, const wait_spec& w);
+  // Hands the run back (a host shutting down): status pending, owner and wait
+  // cleared, event run_released {reason}. A finished run is storage_error(finished).
+  void release_run(std::string_view id, std::string_view reason);
+
+  // Marks that someone asked to cancel the run; the engine acts on it. Records
+  // cancel_requested the first time. True if the run is now marked (also when
+  // it already was), false if it has finished.
+  bool request_cancel(std::string_view id);
+  // Compare-and-set: cancels the run only if it is pending or waiting and has
+  // no owner: status cancelled, error {message, "cancelled"}, finish time set,
+  // wait cleared, event run_cancelled. Returns whether it did.
+  bool cancel_idle_run(std::string_view id, const std::string& message);
+
+  // Every run the scheduler may act on at `now_ms`, oldest first (creation
+  // time, then insertion order): all pending and running runs (the caller
+  // checks owners), and the waiting runs that can move: their wake time has
+  // come, the signal they wait for is queued, the child they wait for has
+  // finished, cancellation was requested, or their deadline has passed.
+  // Costs in proportion to the unfinished runs, not to the whole history.
+  std::vector<run_brief> schedulable(std::int64_t now_ms);
+  // How many runs have each status; every status is present, zero included.
+  std::map<run_status, int> count_by_status();
+
+  // Queues a signal for the run and returns its id; event signal_queued {name,
+  // signal_id}. storage_error(not_found) when there is no such run,
+  // storage_error(finished) when it has finished; nothing is written then.
+  std::int64_t enqueue_signal(std::string_view run_id, std::string_view name, const json& payload);
+  // The oldest undelivered signal of the run with this name.
+  std::optional<signal_record> pending_signal(std::string_view run_id, std::string_view name);
+  // In one transaction: marks the signal delivered at step.result.seq and
+  // journals `step` (as append_step), event signal_delivered {name, signal_id}
+  // at that seq. A signal already delivered, or a step already journaled, is
+  // storage_error(conflict) and nothing is written: each signal reaches
+  // exactly one step. No such signal is storage_error(not_found); a signal of
+  // another run than step.run_id is std::invalid_argument.
+  void deliver_signal(std::int64_t signal_id, const step_record& step);
+  // The run's signals, delivered or not, oldest first.
+  std::vector<signal_record> signals(std::string_view run_id);
 
   // Inserts the step row. Throws storage_error(conflict) if (run, seq) exists,
   // even with the same content: the database refuses any rewrite of a step.

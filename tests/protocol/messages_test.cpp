@@ -60,7 +60,10 @@ json err(std::string message, std::string type = "error") {
 
 // One valid example of each agent message, as it appears on the wire.
 json valid_hello() { return {{"t", "hello"}, {"v", 1}, {"sdk", "test/0.1"}}; }
-json valid_begin() { return {{"t", "begin"}, {"seq", 3}, {"name", "plan"}, {"kind", "step"}, {"attempt", 1}}; }
+json valid_begin() {
+  return {{"t", "begin"},  {"seq", 3},           {"name", "plan"},    {"kind", "step"},
+          {"attempt", 1}, {"timeout_ms", 30000}, {"max_attempts", 3}};
+}
 json valid_step_ok() {
   return {{"t", "step"},   {"seq", 3},         {"name", "plan"},  {"kind", "step"},
           {"status", "ok"}, {"output", {{"k", {1, "two", nullptr}}}}, {"attempt", 2}, {"duration_us", 1500}};
@@ -74,13 +77,21 @@ json valid_retry() {
   return {{"t", "retry"}, {"seq", 4},  {"name", "fetch"}, {"attempt", 1}, {"error", err("timeout")},
           {"delay_ms", 100}};
 }
+json valid_tool() { return {{"t", "tool"}, {"seq", 5}, {"name", "http.fetch"}, {"args", {{"url", "https://example.com/"}}}}; }
+json valid_sleep_for() { return {{"t", "sleep"}, {"seq", 6}, {"duration_ms", 3'600'000}}; }
+json valid_sleep_until() { return {{"t", "sleep"}, {"seq", 6}, {"until_ms", 1767225600000}}; }
+json valid_wait() { return {{"t", "wait"}, {"seq", 7}, {"signal", "approved"}, {"timeout_ms", 86'400'000}}; }
+json valid_wait_forever() { return {{"t", "wait"}, {"seq", 7}, {"signal", "approved"}}; }
+json valid_child() { return {{"t", "child"}, {"seq", 8}, {"agent", "summarize"}, {"input", {{"doc", "d1"}}}}; }
+json valid_join() { return {{"t", "join"}, {"seq", 9}, {"run_id", "run-00c0ffee0002"}}; }
 json valid_emit() { return {{"t", "emit"}, {"data", {{"token", "hel"}}}}; }
 json valid_done() { return {{"t", "done"}, {"output", {{"answer", 42}}}}; }
 json valid_fail() { return {{"t", "fail"}, {"error", err("gave up", "nondeterminism")}}; }
 
 std::vector<json> valid_agent_messages() {
-  return {valid_hello(), valid_begin(), valid_step_ok(), valid_step_error(), valid_retry(),
-          valid_emit(),  valid_done(),  valid_fail()};
+  return {valid_hello(),       valid_begin(), valid_step_ok(),      valid_step_error(), valid_retry(),
+          valid_tool(),        valid_sleep_for(), valid_sleep_until(), valid_wait(),    valid_wait_forever(),
+          valid_child(),       valid_join(),  valid_emit(),         valid_done(),       valid_fail()};
 }
 
 json history_entry(std::uint64_t seq, std::string name = "s") {
@@ -117,7 +128,12 @@ std::vector<message_fields> agent_fields() {
   return {
       {valid_hello(), {{"v", ft::integer, true}, {"sdk", ft::string, true}}},
       {valid_begin(),
-       {{"seq", ft::integer, true}, {"name", ft::string, true}, {"kind", ft::string, true}, {"attempt", ft::integer, true}}},
+       {{"seq", ft::integer, true},
+        {"name", ft::string, true},
+        {"kind", ft::string, true},
+        {"attempt", ft::integer, true},
+        {"timeout_ms", ft::integer, false},
+        {"max_attempts", ft::integer, false}}},
       {valid_step_ok(),
        {{"seq", ft::integer, true},
         {"name", ft::string, true},
@@ -140,6 +156,13 @@ std::vector<message_fields> agent_fields() {
         {"attempt", ft::integer, true},
         {"error", ft::error, true},
         {"delay_ms", ft::integer, true}}},
+      {valid_tool(), {{"seq", ft::integer, true}, {"name", ft::string, true}, {"args", ft::any, true}}},
+      // Either timer field alone is required: without it the message has neither.
+      {valid_sleep_for(), {{"seq", ft::integer, true}, {"duration_ms", ft::integer, true}}},
+      {valid_sleep_until(), {{"seq", ft::integer, true}, {"until_ms", ft::integer, true}}},
+      {valid_wait(), {{"seq", ft::integer, true}, {"signal", ft::string, true}, {"timeout_ms", ft::integer, false}}},
+      {valid_child(), {{"seq", ft::integer, true}, {"agent", ft::string, true}, {"input", ft::any, true}}},
+      {valid_join(), {{"seq", ft::integer, true}, {"run_id", ft::string, true}}},
       {valid_emit(), {{"data", ft::any, true}}},
       {valid_done(), {{"output", ft::any, true}}},
       {valid_fail(), {{"error", ft::error, true}}},
@@ -161,7 +184,7 @@ std::vector<json> wrong_values(field_type t) {
 TEST_CASE("every agent message maps to the documented JSON and back", "[messages]") {
   SECTION("typed values give the wire shape") {
     CHECK(p::to_json(p::agent_message{p::hello_msg{1, "test/0.1"}}) == valid_hello());
-    CHECK(p::to_json(p::agent_message{p::begin_msg{3, "plan", p::step_kind::step, 1}}) == valid_begin());
+    CHECK(p::to_json(p::agent_message{p::begin_msg{3, "plan", p::step_kind::step, 1, 30000, 3}}) == valid_begin());
 
     p::step_result ok;
     ok.seq = 3;
@@ -180,6 +203,14 @@ TEST_CASE("every agent message maps to the documented JSON and back", "[messages
     CHECK(p::to_json(p::agent_message{p::step_msg{failed}}) == valid_step_error());
 
     CHECK(p::to_json(p::agent_message{p::retry_msg{4, "fetch", 1, {"timeout", "error"}, 100}}) == valid_retry());
+    CHECK(p::to_json(p::agent_message{p::tool_msg{5, "http.fetch", {{"url", "https://example.com/"}}}}) ==
+          valid_tool());
+    CHECK(p::to_json(p::agent_message{p::sleep_msg{6, 3'600'000, std::nullopt}}) == valid_sleep_for());
+    CHECK(p::to_json(p::agent_message{p::sleep_msg{6, std::nullopt, 1767225600000}}) == valid_sleep_until());
+    CHECK(p::to_json(p::agent_message{p::wait_msg{7, "approved", 86'400'000}}) == valid_wait());
+    CHECK(p::to_json(p::agent_message{p::wait_msg{7, "approved", std::nullopt}}) == valid_wait_forever());
+    CHECK(p::to_json(p::agent_message{p::child_msg{8, "summarize", {{"doc", "d1"}}}}) == valid_child());
+    CHECK(p::to_json(p::agent_message{p::join_msg{9, "run-00c0ffee0002"}}) == valid_join());
     CHECK(p::to_json(p::agent_message{p::emit_msg{{{"token", "hel"}}}}) == valid_emit());
     CHECK(p::to_json(p::agent_message{p::done_msg{{{"answer", 42}}}}) == valid_done());
     CHECK(p::to_json(p::agent_message{p::fail_msg{{"gave up", "nondeterminism"}}}) == valid_fail());
@@ -212,10 +243,38 @@ TEST_CASE("every agent message maps to the documented JSON and back", "[messages
     auto h = std::get<p::hello_msg>(p::parse_agent_message(valid_hello()));
     CHECK(h.version == 1);
     CHECK(h.sdk == "test/0.1");
+
+    auto b = std::get<p::begin_msg>(p::parse_agent_message(valid_begin()));
+    CHECK(b.timeout_ms == 30000);
+    CHECK(b.max_attempts == 3);
+
+    auto sf = std::get<p::sleep_msg>(p::parse_agent_message(valid_sleep_for()));
+    CHECK(sf.seq == 6);
+    CHECK(sf.duration_ms == 3'600'000);
+    CHECK_FALSE(sf.until_ms);
+    auto su = std::get<p::sleep_msg>(p::parse_agent_message(valid_sleep_until()));
+    CHECK_FALSE(su.duration_ms);
+    CHECK(su.until_ms == 1767225600000);
+
+    auto w = std::get<p::wait_msg>(p::parse_agent_message(valid_wait()));
+    CHECK(w.seq == 7);
+    CHECK(w.signal == "approved");
+    CHECK(w.timeout_ms == 86'400'000);
+    CHECK_FALSE(std::get<p::wait_msg>(p::parse_agent_message(valid_wait_forever())).timeout_ms);
+
+    auto c = std::get<p::child_msg>(p::parse_agent_message(valid_child()));
+    CHECK(c.seq == 8);
+    CHECK(c.agent == "summarize");
+    CHECK(c.input == json{{"doc", "d1"}});
+
+    auto jn = std::get<p::join_msg>(p::parse_agent_message(valid_join()));
+    CHECK(jn.seq == 9);
+    CHECK(jn.run_id == "run-00c0ffee0002");
   }
 
   SECTION("every kind round-trips") {
-    for (auto kind : {p::step_kind::step, p::step_kind::now, p::step_kind::random}) {
+    for (auto kind : {p::step_kind::step, p::step_kind::now, p::step_kind::random, p::step_kind::tool,
+                      p::step_kind::sleep, p::step_kind::signal, p::step_kind::child, p::step_kind::join}) {
       p::step_result r;
       r.seq = 0;
       r.name = "k";
@@ -225,6 +284,10 @@ TEST_CASE("every agent message maps to the documented JSON and back", "[messages
       CHECK(back.result.kind == kind);
       CHECK(back.result.output == r.output);
     }
+    CHECK(p::to_string(p::step_kind::sleep) == "sleep");
+    CHECK(p::to_string(p::step_kind::signal) == "signal");
+    CHECK(p::to_string(p::step_kind::child) == "child");
+    CHECK(p::to_string(p::step_kind::join) == "join");
   }
 
   SECTION("any JSON value is a valid output, data or done output, including null") {
@@ -235,6 +298,9 @@ TEST_CASE("every agent message maps to the documented JSON and back", "[messages
       CHECK(std::get<p::step_msg>(p::parse_agent_message(step)).result.output == v);
       CHECK(std::get<p::emit_msg>(p::parse_agent_message({{"t", "emit"}, {"data", v}})).data == v);
       CHECK(std::get<p::done_msg>(p::parse_agent_message({{"t", "done"}, {"output", v}})).output == v);
+      json child = valid_child();
+      child["input"] = v;
+      CHECK(std::get<p::child_msg>(p::parse_agent_message(child)).input == v);
     }
   }
 }
@@ -247,6 +313,14 @@ TEST_CASE("optional fields take their defaults", "[messages]") {
   json failed = valid_fail();
   failed["error"].erase("type");
   CHECK(std::get<p::fail_msg>(p::parse_agent_message(failed)).error.type == "error");
+
+  // A begin from an SDK that predates timeouts.
+  json begin = valid_begin();
+  begin.erase("timeout_ms");
+  begin.erase("max_attempts");
+  auto b = std::get<p::begin_msg>(p::parse_agent_message(begin));
+  CHECK(b.timeout_ms == 0);
+  CHECK(b.max_attempts == 1);
 }
 
 TEST_CASE("unknown fields are ignored", "[messages]") {
@@ -316,7 +390,8 @@ TEST_CASE("the fields of an error object are checked", "[messages][hostile]") {
 }
 
 TEST_CASE("seq must be an integer from 0 to 2^63-1", "[messages][hostile]") {
-  for (const json& base : {valid_begin(), valid_step_ok(), valid_retry()}) {
+  for (const json& base : {valid_begin(), valid_step_ok(), valid_retry(), valid_tool(), valid_sleep_for(),
+                           valid_wait(), valid_child(), valid_join()}) {
     INFO(base.dump());
     auto with_seq = [&](json v) {
       json j = base;
@@ -361,6 +436,19 @@ TEST_CASE("numeric fields are range-checked", "[messages][hostile]") {
   CHECK(with(valid_step_ok(), "duration_us", std::numeric_limits<std::int64_t>::max()) == "<accepted>");
   CHECK_THAT(with(valid_retry(), "delay_ms", -1), Contains("'delay_ms'"));
   CHECK(with(valid_retry(), "delay_ms", 0) == "<accepted>");
+  CHECK_THAT(with(valid_begin(), "timeout_ms", -1), Contains("'timeout_ms'"));
+  CHECK(with(valid_begin(), "timeout_ms", 0) == "<accepted>");
+  CHECK_THAT(with(valid_begin(), "max_attempts", 0), Contains("'max_attempts'"));
+  CHECK_THAT(with(valid_begin(), "max_attempts", 1'000'001), Contains("'max_attempts'"));
+  CHECK(with(valid_begin(), "max_attempts", 1'000'000) == "<accepted>");
+  CHECK_THAT(with(valid_sleep_for(), "duration_ms", -1), Contains("'duration_ms'"));
+  CHECK(with(valid_sleep_for(), "duration_ms", 0) == "<accepted>");
+  CHECK(with(valid_sleep_for(), "duration_ms", std::numeric_limits<std::int64_t>::max()) == "<accepted>");
+  CHECK_THAT(with(valid_sleep_for(), "duration_ms", std::uint64_t{1} << 63), Contains("'duration_ms'"));
+  CHECK_THAT(with(valid_sleep_until(), "until_ms", -1), Contains("'until_ms'"));
+  CHECK(with(valid_sleep_until(), "until_ms", 0) == "<accepted>");
+  CHECK_THAT(with(valid_wait(), "timeout_ms", -1), Contains("'timeout_ms'"));
+  CHECK(with(valid_wait(), "timeout_ms", 0) == "<accepted>");
   CHECK_THAT(with(valid_hello(), "v", -1), Contains("'v'"));
   CHECK_THAT(with(valid_hello(), "v", std::int64_t{1} << 31), Contains("'v'"));
   // Another version is a valid hello; refusing it is the host's decision (reject).
@@ -368,32 +456,45 @@ TEST_CASE("numeric fields are range-checked", "[messages][hostile]") {
 }
 
 TEST_CASE("name must be 1 to 1024 bytes", "[messages][hostile]") {
-  for (const json& base : {valid_begin(), valid_step_ok(), valid_retry()}) {
+  // signal, agent and run_id become the step's name.
+  std::vector<std::pair<json, std::string>> cases = {{valid_begin(), "name"}, {valid_step_ok(), "name"},
+                                                     {valid_retry(), "name"}, {valid_tool(), "name"},
+                                                     {valid_wait(), "signal"}, {valid_child(), "agent"},
+                                                     {valid_join(), "run_id"}};
+  for (const auto& [base, field] : cases) {
     INFO(base.dump());
+    const std::string quoted = "'" + field + "'";
     json j = base;
-    j["name"] = "";
-    CHECK_THAT(agent_error(j), Contains("'name'") && Contains("empty"));
-    j["name"] = std::string(1024, 'n');
+    j[field] = "";
+    CHECK_THAT(agent_error(j), Contains(quoted) && Contains("empty"));
+    j[field] = std::string(1024, 'n');
     CHECK(agent_error(j) == "<accepted>");
-    j["name"] = std::string(1025, 'n');
-    CHECK_THAT(agent_error(j), Contains("'name'") && Contains("1024"));
+    j[field] = std::string(1025, 'n');
+    CHECK_THAT(agent_error(j), Contains(quoted) && Contains("1024"));
     // Bytes, not characters: 512 two-byte characters fit, 513 do not.
     std::string e_acute = "\xc3\xa9";
     std::string s;
     for (int i = 0; i < 512; ++i) s += e_acute;
-    j["name"] = s;
+    j[field] = s;
     CHECK(agent_error(j) == "<accepted>");
-    j["name"] = s + e_acute;
-    CHECK_THAT(agent_error(j), Contains("'name'"));
+    j[field] = s + e_acute;
+    CHECK_THAT(agent_error(j), Contains(quoted));
   }
   json h = valid_hello();
   h["sdk"] = std::string(1025, 's');
   CHECK_THAT(agent_error(h), Contains("'sdk'"));
 }
 
-TEST_CASE("kind must be step, now, random or tool", "[messages][hostile]") {
+TEST_CASE("kind must be one of the eight kinds", "[messages][hostile]") {
   for (const json& base : {valid_begin(), valid_step_ok()}) {
-    for (const char* k : {"", "STEP", "TOOL", "step ", " now", "tools"}) {
+    // The codec accepts every kind; refusing a begin or step of a kind only the
+    // host records is the engine's check.
+    for (const char* k : {"step", "now", "random", "tool", "sleep", "signal", "child", "join"}) {
+      json j = base;
+      j["kind"] = k;
+      CHECK(agent_error(j) == "<accepted>");
+    }
+    for (const char* k : {"", "STEP", "TOOL", "step ", " now", "tools", "wait", "timer", "Sleep", "cancel"}) {
       json j = base;
       j["kind"] = k;
       INFO(j.dump());
@@ -433,10 +534,10 @@ TEST_CASE("the message type is checked", "[messages][hostile]") {
   // Host messages are not agent messages and vice versa.
   CHECK_THAT(agent_error({{"t", "ack"}, {"seq", 0}}), Contains("unknown message type"));
   CHECK_THAT(host_error(valid_hello()), Contains("unknown message type"));
-  // Types named in DESIGN.md but not part of v1.
-  for (const char* t : {"sleep", "wait", "child", "join"})
-    CHECK_THAT(agent_error({{"t", t}, {"seq", 0}}), Contains("unknown message type"));
-  CHECK_THAT(host_error({{"t", "cancel"}}), Contains("unknown message type"));
+  for (const char* t : {"cancel", "result", "start"})
+    CHECK_THAT(agent_error({{"t", t}, {"reason", "x"}}), Contains("unknown message type"));
+  for (const json& j : {valid_sleep_for(), valid_wait(), valid_child(), valid_join(), valid_tool()})
+    CHECK_THAT(host_error(j), Contains("unknown message type"));
 
   CHECK_THAT(agent_error({{"seq", 0}}), Contains("'t'"));
   CHECK_THAT(agent_error({{"t", 1}}), Contains("'t'"));
@@ -640,4 +741,118 @@ TEST_CASE("start history with a bad entry is rejected", "[messages][hostile]") {
   CHECK_THAT(with_entry(5), Contains("missing"));
   CHECK_THAT(with_entry(nullptr), Contains("missing"));
   CHECK_THAT(with_entry(json::array({0, "s"})), Contains("missing"));
+}
+
+TEST_CASE("sleep needs exactly one of duration_ms and until_ms", "[messages][hostile]") {
+  json both = valid_sleep_for();
+  both["until_ms"] = 1767225600000;
+  CHECK_THAT(agent_error(both), Contains("'duration_ms'") && Contains("'until_ms'") && Contains("both"));
+  json neither = {{"t", "sleep"}, {"seq", 6}};
+  CHECK_THAT(agent_error(neither), Contains("'duration_ms'") && Contains("'until_ms'") && Contains("missing"));
+  // null is not "absent": the field is there with the wrong type.
+  json null_until = valid_sleep_for();
+  null_until["until_ms"] = nullptr;
+  CHECK_THAT(agent_error(null_until), Contains("'until_ms'") && Contains("integer"));
+  for (json v : {json("60000"), json(1.5), json(true), json::array({1})}) {
+    json j = valid_sleep_for();
+    j["duration_ms"] = v;
+    CHECK_THAT(agent_error(j), Contains("'duration_ms'") && Contains("integer"));
+  }
+}
+
+TEST_CASE("wait, child and join fields are checked", "[messages][hostile]") {
+  CHECK_THAT(agent_error({{"t", "wait"}, {"seq", 7}}), Contains("'signal'") && Contains("missing"));
+  CHECK_THAT(agent_error({{"t", "wait"}, {"seq", 7}, {"signal", 1}}), Contains("'signal'") && Contains("string"));
+  CHECK_THAT(agent_error({{"t", "wait"}, {"seq", 7}, {"signal", "s"}, {"timeout_ms", "1"}}),
+             Contains("'timeout_ms'") && Contains("integer"));
+  CHECK_THAT(agent_error({{"t", "wait"}, {"seq", 7}, {"signal", "s"}, {"timeout_ms", nullptr}}),
+             Contains("'timeout_ms'"));
+  CHECK_THAT(agent_error({{"t", "child"}, {"seq", 8}, {"agent", "a"}}), Contains("'input'") && Contains("missing"));
+  CHECK_THAT(agent_error({{"t", "child"}, {"seq", 8}, {"agent", json::array()}, {"input", 1}}), Contains("'agent'"));
+  CHECK_THAT(agent_error({{"t", "join"}, {"seq", 9}}), Contains("'run_id'") && Contains("missing"));
+  CHECK_THAT(agent_error({{"t", "join"}, {"seq", 9}, {"run_id", 42}}), Contains("'run_id'") && Contains("string"));
+  CHECK_THAT(agent_error({{"t", "join"}, {"seq", "9"}, {"run_id", "r"}}), Contains("'seq'"));
+}
+
+TEST_CASE("only the host records tool, sleep, signal, child and join steps", "[messages]") {
+  for (auto kind : {p::step_kind::step, p::step_kind::now, p::step_kind::random}) CHECK_FALSE(p::host_recorded(kind));
+  for (auto kind : {p::step_kind::tool, p::step_kind::sleep, p::step_kind::signal, p::step_kind::child,
+                    p::step_kind::join})
+    CHECK(p::host_recorded(kind));
+}
+
+TEST_CASE("results of every host-recorded kind map to the documented JSON and back", "[messages]") {
+  auto result = [](p::step_kind kind, std::string name, json output) {
+    p::step_result r;
+    r.seq = 6;
+    r.name = std::move(name);
+    r.kind = kind;
+    r.output = std::move(output);
+    return r;
+  };
+  std::vector<p::step_result> results = {
+      result(p::step_kind::sleep, "sleep", {{"until_ms", 1767225600000}, {"fired_at_ms", 1767225600004}}),
+      result(p::step_kind::signal, "approved", {{"signal", "approved"}, {"timed_out", false}, {"payload", {{"by", "ann"}}}}),
+      result(p::step_kind::signal, "approved", {{"signal", "approved"}, {"timed_out", true}}),
+      result(p::step_kind::child, "summarize", {{"run_id", "run-00c0ffee0002"}}),
+      result(p::step_kind::join, "run-00c0ffee0002", {{"summary", "short"}}),
+  };
+  p::step_result failed_child = result(p::step_kind::join, "run-00c0ffee0002", nullptr);
+  failed_child.ok = false;
+  failed_child.error = {"step 'fetch' failed: HTTP 503", "child_failed"};
+  results.push_back(failed_child);
+  p::step_result refused = result(p::step_kind::child, "nope", nullptr);
+  refused.ok = false;
+  refused.error = {"no agent 'nope' is installed", "no_such_agent"};
+  results.push_back(refused);
+
+  for (const auto& r : results) {
+    json wire = p::to_json(r);
+    wire["t"] = "result";
+    INFO(wire.dump());
+    CHECK(p::to_json(p::host_message{p::result_msg{r}}) == wire);
+    CHECK(wire_round_trip(p::host_message{p::result_msg{r}}) == wire);
+    auto back = std::get<p::result_msg>(p::parse_host_message(wire)).result;
+    CHECK(back.kind == r.kind);
+    CHECK(back.name == r.name);
+    CHECK(back.ok == r.ok);
+    CHECK(back.output == r.output);
+    CHECK(back.error.type == r.error.type);
+  }
+
+  // The agent records these kinds itself; the host never answers with them.
+  for (const char* kind : {"step", "now", "random"}) {
+    json j = p::to_json(results[0]);
+    j["t"] = "result";
+    j["kind"] = kind;
+    CHECK_THAT(host_error(j), Contains("'kind'"));
+  }
+
+  // Journaled host-recorded steps come back in history like any other.
+  json start = valid_start();
+  start["history"] = json::array();
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    json e = p::to_json(results[i]);
+    e["seq"] = i;
+    start["history"].push_back(e);
+  }
+  auto s = std::get<p::start_msg>(p::parse_host_message(start));
+  REQUIRE(s.history.size() == results.size());
+  CHECK(s.history[3].kind == p::step_kind::child);
+  CHECK(s.history[4].kind == p::step_kind::join);
+}
+
+TEST_CASE("cancel maps to the documented JSON and back", "[messages]") {
+  json cancel = {{"t", "cancel"}, {"reason", "cancelled by ann with `cairn cancel`"}};
+  CHECK(p::to_json(p::host_message{p::cancel_msg{"cancelled by ann with `cairn cancel`"}}) == cancel);
+  CHECK(wire_round_trip(p::host_message{p::cancel_msg{"cancelled by ann with `cairn cancel`"}}) == cancel);
+  CHECK(std::get<p::cancel_msg>(p::parse_host_message(cancel)).reason == "cancelled by ann with `cairn cancel`");
+  json extra = cancel;
+  extra["future_field"] = 1;
+  CHECK(host_error(extra) == "<accepted>");
+  CHECK(std::get<p::cancel_msg>(p::parse_host_message({{"t", "cancel"}, {"reason", ""}})).reason.empty());
+
+  CHECK_THAT(host_error({{"t", "cancel"}}), Contains("'reason'") && Contains("missing"));
+  for (json v : {json(1), json(nullptr), json::object(), json::array({"x"})})
+    CHECK_THAT(host_error({{"t", "cancel"}, {"reason", v}}), Contains("'reason'"));
 }

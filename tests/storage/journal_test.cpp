@@ -6,11 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -33,6 +35,7 @@ struct StringMaker<errc> {
       case errc::schema_too_new: return "schema_too_new";
       case errc::conflict: return "conflict";
       case errc::not_found: return "not_found";
+      case errc::finished: return "finished";
       case errc::io: return "io";
     }
     return "?";
@@ -130,6 +133,23 @@ void check_same_step(const step_record& got, const step_record& want) {
   CHECK(got.finished_at_ms == want.finished_at_ms);
 }
 
+std::vector<std::string> ids_of(const std::vector<run_record>& runs) {
+  std::vector<std::string> ids;
+  for (const auto& r : runs) ids.push_back(r.id);
+  return ids;
+}
+
+wait_spec wait_for(std::string kind, std::string key, std::uint64_t seq,
+                   std::optional<std::int64_t> wake_at_ms = std::nullopt) {
+  return {std::move(kind), std::move(key), seq, wake_at_ms};
+}
+
+// The number of rows in a table, read past the journal API.
+int rows_in(const fs::path& db, const std::string& table) {
+  SQLite::Database raw(db.string(), SQLite::OPEN_READONLY);
+  return raw.execAndGet("SELECT count(*) FROM " + table).getInt();
+}
+
 std::vector<std::string> event_kinds(journal& j, const std::string& run) {
   std::vector<std::string> kinds;
   for (const auto& e : j.events(run)) kinds.push_back(e.kind);
@@ -225,8 +245,11 @@ class lock_holder_process {
 }  // namespace
 
 TEST_CASE("run status names round-trip") {
-  for (auto s : {run_status::pending, run_status::running, run_status::completed, run_status::failed})
+  for (auto s : {run_status::pending, run_status::running, run_status::waiting, run_status::completed,
+                 run_status::failed, run_status::cancelled, run_status::in_doubt})
     CHECK(parse_run_status(to_string(s)) == s);
+  CHECK(to_string(run_status::waiting) == "waiting");
+  CHECK(to_string(run_status::cancelled) == "cancelled");
   CHECK_FALSE(parse_run_status("done"));
 }
 
@@ -477,6 +500,473 @@ TEST_CASE("reset_attempts makes a failed run pending again, keeping its steps") 
   auto err = error_from([&] { j.reset_attempts("missing"); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
+}
+
+TEST_CASE("create_run records the parent, initial owner and deadline; children() lists them oldest first") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("parent"));
+  auto child = a_run("kid-b");
+  child.parent_id = "parent";
+  child.owner = "host-a";
+  child.deadline_ms = 1'700'000'123'456;
+  auto [kid, created] = j.create_run(child);
+  CHECK(created);
+  CHECK(kid.parent_id == "parent");
+  CHECK(kid.owner == "host-a");
+  CHECK(kid.status == run_status::pending);
+  CHECK(kid.deadline_ms == std::optional<std::int64_t>(1'700'000'123'456));
+  CHECK_FALSE(kid.wait);
+  CHECK_FALSE(kid.cancel_requested_at_ms);
+  auto second = a_run("kid-a");
+  second.parent_id = "parent";
+  j.create_run(second);
+  j.create_run(a_run("unrelated"));
+
+  auto top = *j.find_run("parent");
+  CHECK(top.parent_id.empty());
+  CHECK(top.owner.empty());
+  CHECK_FALSE(top.deadline_ms);
+  CHECK(ids_of(j.children("parent")) == std::vector<std::string>{"kid-b", "kid-a"});
+  CHECK(j.children("kid-b").empty());
+  CHECK(j.children("nobody").empty());
+  // The initial owner is an owner like any other: others cannot claim the run.
+  CHECK_FALSE(j.claim_run("kid-b", "", "host-b"));
+  CHECK(j.claim_run("kid-b", "host-a", "host-a"));
+  CHECK(j.find_run("kid-b")->status == run_status::running);
+}
+
+TEST_CASE("suspend_run parks the run, ownerless, with what it waits for") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  REQUIRE(j.claim_run("r", "", "host-a"));
+
+  j.suspend_run("r", wait_for("signal", "approval", 4, 1'700'000'050'000));
+  auto run = *j.find_run("r");
+  CHECK(run.status == run_status::waiting);
+  CHECK(run.owner.empty());
+  REQUIRE(run.wait);
+  CHECK(run.wait->kind == "signal");
+  CHECK(run.wait->key == "approval");
+  CHECK(run.wait->seq == 4);
+  CHECK(run.wait->wake_at_ms == std::optional<std::int64_t>(1'700'000'050'000));
+  // The engine finds the original wake time at the step's seq when it replays.
+  auto at = j.events_at("r", 4);
+  REQUIRE(at.size() == 1);
+  CHECK(at[0].kind == "run_waiting");
+  CHECK(at[0].data == json{{"kind", "signal"}, {"key", "approval"}, {"seq", 4}, {"wake_at_ms", 1'700'000'050'000}});
+
+  // Any host may pick a waiting run up; once it runs, it waits for nothing.
+  CHECK(j.claim_run("r", "", "host-b"));
+  run = *j.find_run("r");
+  CHECK(run.status == run_status::running);
+  CHECK(run.owner == "host-b");
+  CHECK_FALSE(run.wait);
+
+  j.suspend_run("r", wait_for("child", "kid", 5));
+  CHECK(j.find_run("r")->wait->kind == "child");
+  CHECK_FALSE(j.find_run("r")->wait->wake_at_ms);
+  CHECK(j.events_at("r", 5)[0].data["wake_at_ms"].is_null());
+
+  CHECK_THROWS_AS(j.suspend_run("r", wait_for("nap", "", 6, 1)), std::invalid_argument);
+  CHECK_THROWS_AS(j.suspend_run("r", wait_for("timer", "", 6)), std::invalid_argument);  // would never wake
+  CHECK(j.events_at("r", 6).empty());
+  auto missing = error_from([&] { j.suspend_run("missing", wait_for("timer", "", 0, 1)); });
+  REQUIRE(missing);
+  CHECK(missing->code() == errc::not_found);
+
+  j.claim_run("r", "", "host-b");
+  j.finish_run("r", run_status::completed, "done", std::nullopt);
+  CHECK_FALSE(j.find_run("r")->wait);
+  auto finished = error_from([&] { j.suspend_run("r", wait_for("timer", "", 7, 1)); });
+  REQUIRE(finished);
+  CHECK(finished->code() == errc::finished);
+  CHECK(j.find_run("r")->status == run_status::completed);
+  CHECK(j.events_at("r", 7).empty());
+}
+
+TEST_CASE("a cancelled run is final: finish_run records it and claim_run refuses it") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.claim_run("r", "", "host-a");
+  j.suspend_run("r", wait_for("timer", "", 2, 1'700'000'000'000));
+  CHECK_THROWS_AS(j.finish_run("r", run_status::cancelled, nullptr, std::nullopt), std::invalid_argument);
+
+  // Ended while waiting (say its deadline passed): nothing is left to wake it.
+  j.finish_run("r", run_status::cancelled, nullptr, protocol::error_info{"stopped by alice", "cancelled"});
+  auto run = *j.find_run("r");
+  CHECK(run.status == run_status::cancelled);
+  CHECK(run.error->message == "stopped by alice");
+  CHECK(run.finished_at_ms);
+  CHECK(run.owner.empty());
+  CHECK_FALSE(run.wait);
+  auto events = j.events("r");
+  CHECK(events.back().kind == "run_cancelled");
+  CHECK(events.back().data["error"]["message"] == "stopped by alice");
+  CHECK_FALSE(j.claim_run("r", "", "host-b"));
+  CHECK(j.find_run("r")->status == run_status::cancelled);
+  CHECK(j.schedulable(2'000'000'000'000).empty());
+}
+
+TEST_CASE("release_run hands a run back to be scheduled again") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.claim_run("r", "", "host-a");
+  j.release_run("r", "host shutting down");
+  auto run = *j.find_run("r");
+  CHECK(run.status == run_status::pending);
+  CHECK(run.owner.empty());
+  CHECK(j.events("r").back().kind == "run_released");
+  CHECK(j.events("r").back().data == json{{"reason", "host shutting down"}});
+  CHECK(j.claim_run("r", "", "host-b"));
+  j.suspend_run("r", wait_for("timer", "", 0, 1));
+  j.release_run("r", "host shutting down");
+  CHECK(j.find_run("r")->status == run_status::pending);
+  CHECK_FALSE(j.find_run("r")->wait);
+  CHECK(j.claim_run("r", "", "host-b"));
+
+  j.finish_run("r", run_status::completed, 1, std::nullopt);
+  auto err = error_from([&] { j.release_run("r", "late"); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::finished);
+  CHECK(j.find_run("r")->status == run_status::completed);
+  auto missing = error_from([&] { j.release_run("missing", "x"); });
+  REQUIRE(missing);
+  CHECK(missing->code() == errc::not_found);
+}
+
+TEST_CASE("reset_attempts also forgets the wait and the cancel request") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.claim_run("r", "", "me");
+  j.suspend_run("r", wait_for("signal", "go", 1));
+  REQUIRE(j.request_cancel("r"));
+  j.reset_attempts("r");
+  auto run = *j.find_run("r");
+  CHECK(run.status == run_status::pending);
+  CHECK_FALSE(run.wait);
+  CHECK_FALSE(run.cancel_requested_at_ms);
+  auto briefs = j.schedulable(now_ms());
+  REQUIRE(briefs.size() == 1);
+  CHECK(briefs[0].status == run_status::pending);
+}
+
+TEST_CASE("enqueue_signal refuses an unknown or finished run and writes nothing") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  journal j(db);
+  for (auto id : {"done", "bad", "stopped"}) j.create_run(a_run(id));
+  j.finish_run("done", run_status::completed, 1, std::nullopt);
+  j.finish_run("bad", run_status::failed, nullptr, protocol::error_info{"boom", "error"});
+  REQUIRE(j.cancel_idle_run("stopped", "no longer needed"));
+
+  auto missing = error_from([&] { j.enqueue_signal("ghost", "approval", {{"ok", true}}); });
+  REQUIRE(missing);
+  CHECK(missing->code() == errc::not_found);
+  CHECK_THAT(missing->what(), Catch::Contains("ghost"));
+
+  for (auto [id, status] : {std::pair{"done", "completed"}, {"bad", "failed"}, {"stopped", "cancelled"}}) {
+    const auto events_before = j.events(id).size();
+    auto err = error_from([&] { j.enqueue_signal(id, "approval", {{"ok", true}}); });
+    REQUIRE(err);
+    CHECK(err->code() == errc::finished);
+    CHECK_THAT(err->what(), Catch::Contains(std::string("run ") + id + " already finished (" + status + ")") &&
+                                Catch::Contains("signal 'approval'"));
+    CHECK(j.signals(id).empty());
+    CHECK(j.events(id).size() == events_before);
+  }
+  CHECK(rows_in(db, "signals") == 0);
+}
+
+TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives the oldest undelivered of a name") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.create_run(a_run("other"));
+  CHECK_FALSE(j.pending_signal("r", "a"));
+
+  const auto a1 = j.enqueue_signal("r", "a", {{"n", 1}});  // while pending
+  j.claim_run("r", "", "host");
+  const auto b1 = j.enqueue_signal("r", "b", {{"n", 2}});  // while running
+  j.suspend_run("r", wait_for("signal", "a", 0));
+  const auto a2 = j.enqueue_signal("r", "a", {{"n", 3}});  // while waiting
+  j.enqueue_signal("other", "a", {{"n", 4}});
+  CHECK(a1 < b1);
+  CHECK(b1 < a2);
+  auto queued = j.events("r");
+  CHECK(std::count_if(queued.begin(), queued.end(), [](const auto& e) { return e.kind == "signal_queued"; }) == 3);
+  CHECK(queued.back().data == json{{"name", "a"}, {"signal_id", a2}});
+
+  auto first = j.pending_signal("r", "a");
+  REQUIRE(first);
+  CHECK(first->id == a1);
+  CHECK(first->run_id == "r");
+  CHECK(first->name == "a");
+  CHECK(first->payload == json{{"n", 1}});
+  CHECK(first->sent_at_ms > 0);
+  CHECK_FALSE(first->delivered_seq);
+  CHECK_FALSE(first->delivered_at_ms);
+
+  auto step = ok_step("r", 0, {{"n", 1}});
+  step.result.kind = protocol::step_kind::signal;
+  j.deliver_signal(a1, step);
+  CHECK(j.pending_signal("r", "a")->id == a2);
+  CHECK(j.pending_signal("r", "b")->id == b1);
+  CHECK_FALSE(j.pending_signal("r", "c"));
+
+  auto all = j.signals("r");
+  REQUIRE(all.size() == 3);
+  CHECK(all[0].id == a1);
+  CHECK(all[0].delivered_seq == std::optional<std::uint64_t>(0));
+  CHECK(all[0].delivered_at_ms);
+  CHECK(all[1].id == b1);
+  CHECK(all[2].id == a2);
+  CHECK_FALSE(all[2].delivered_seq);
+  CHECK(j.signals("other").size() == 1);
+}
+
+TEST_CASE("deliver_signal puts each signal into exactly one step, atomically") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.create_run(a_run("other"));
+  const auto go = j.enqueue_signal("r", "go", {{"approved", true}});
+  const auto again = j.enqueue_signal("r", "go", {{"approved", false}});
+
+  auto step = ok_step("r", 3, {{"approved", true}});
+  step.result.name = "go";
+  step.result.kind = protocol::step_kind::signal;
+  j.deliver_signal(go, step);
+  auto steps = j.steps("r");
+  REQUIRE(steps.size() == 1);
+  check_same_step(steps[0], step);
+  CHECK(j.signals("r")[0].delivered_seq == std::optional<std::uint64_t>(3));
+  auto at = j.events_at("r", 3);
+  REQUIRE(at.size() == 1);
+  CHECK(at[0].kind == "signal_delivered");
+  CHECK(at[0].data == json{{"name", "go"}, {"signal_id", go}});
+  const auto events_before = j.events("r").size();
+
+  SECTION("the same signal again, into another step: conflict, no second step") {
+    auto later = step;
+    later.result.seq = 4;
+    auto err = error_from([&] { j.deliver_signal(go, later); });
+    REQUIRE(err);
+    CHECK(err->code() == errc::conflict);
+    CHECK_THAT(err->what(), Catch::Contains("already delivered at step 3"));
+    CHECK(j.steps("r").size() == 1);
+    CHECK(j.signals("r")[0].delivered_seq == std::optional<std::uint64_t>(3));
+  }
+  SECTION("another signal into the journaled step: conflict, and that signal stays queued") {
+    auto err = error_from([&] { j.deliver_signal(again, step); });
+    REQUIRE(err);
+    CHECK(err->code() == errc::conflict);
+    CHECK_FALSE(j.signals("r")[1].delivered_seq);
+    CHECK(j.pending_signal("r", "go")->id == again);
+  }
+  SECTION("an unknown signal, or one of another run") {
+    auto err = error_from([&] { j.deliver_signal(again + 100, ok_step("r", 4, 1)); });
+    REQUIRE(err);
+    CHECK(err->code() == errc::not_found);
+    const auto theirs = j.enqueue_signal("other", "go", 1);
+    CHECK_THROWS_AS(j.deliver_signal(theirs, ok_step("r", 4, 1)), std::invalid_argument);
+    CHECK_FALSE(j.signals("other")[0].delivered_seq);
+  }
+  CHECK(j.steps("r").size() == 1);
+  CHECK(j.events("r").size() == events_before);
+}
+
+TEST_CASE("steps of every kind round-trip") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  using kind = protocol::step_kind;
+  const std::vector<kind> kinds{kind::step,  kind::now,    kind::random, kind::tool,
+                                kind::sleep, kind::signal, kind::child,  kind::join};
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    auto s = ok_step("r", i, static_cast<int>(i));
+    s.result.kind = kinds[i];
+    j.append_step(s);
+  }
+  auto steps = j.steps("r");
+  REQUIRE(steps.size() == kinds.size());
+  for (std::size_t i = 0; i < kinds.size(); ++i) CHECK(steps[i].result.kind == kinds[i]);
+}
+
+TEST_CASE("request_cancel marks an unfinished run once and reports a finished one") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.claim_run("r", "", "host");
+  CHECK(j.request_cancel("r"));
+  auto marked = j.find_run("r")->cancel_requested_at_ms;
+  REQUIRE(marked);
+  CHECK(j.find_run("r")->status == run_status::running);  // the engine stops it; this only asks
+  CHECK(j.request_cancel("r"));
+  CHECK(j.find_run("r")->cancel_requested_at_ms == marked);
+  CHECK(event_kinds(j, "r") == std::vector<std::string>{"cancel_requested"});
+
+  j.create_run(a_run("done"));
+  j.finish_run("done", run_status::completed, 1, std::nullopt);
+  CHECK_FALSE(j.request_cancel("done"));
+  CHECK_FALSE(j.find_run("done")->cancel_requested_at_ms);
+  CHECK(event_kinds(j, "done") == std::vector<std::string>{"run_completed"});
+
+  j.create_run(a_run("doubt"));
+  j.finish_run("doubt", run_status::in_doubt, nullptr, protocol::error_info{"maybe sent", "in_doubt"});
+  CHECK(j.request_cancel("doubt"));  // in_doubt has not finished
+
+  auto err = error_from([&] { j.request_cancel("missing"); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::not_found);
+}
+
+TEST_CASE("cancel_idle_run cancels only a pending or waiting run that nobody owns") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("running"));
+  j.claim_run("running", "", "host");
+  auto owned = a_run("owned-pending");
+  owned.owner = "host";
+  j.create_run(owned);
+  j.create_run(a_run("waiting"));
+  j.claim_run("waiting", "", "host");
+  j.suspend_run("waiting", wait_for("signal", "go", 2));
+  j.create_run(a_run("pending"));
+  j.create_run(a_run("done"));
+  j.finish_run("done", run_status::completed, 1, std::nullopt);
+
+  CHECK_FALSE(j.cancel_idle_run("running", "stop"));
+  CHECK(j.find_run("running")->status == run_status::running);
+  CHECK_FALSE(j.cancel_idle_run("owned-pending", "stop"));
+  CHECK(j.find_run("owned-pending")->status == run_status::pending);
+  CHECK_FALSE(j.cancel_idle_run("done", "stop"));
+  CHECK(j.find_run("done")->status == run_status::completed);
+  CHECK(j.events("running").empty());
+
+  CHECK(j.cancel_idle_run("waiting", "stopped by alice"));
+  auto run = *j.find_run("waiting");
+  CHECK(run.status == run_status::cancelled);
+  REQUIRE(run.error);
+  CHECK(run.error->message == "stopped by alice");
+  CHECK(run.error->type == "cancelled");
+  CHECK(run.finished_at_ms);
+  CHECK_FALSE(run.wait);
+  CHECK(j.events("waiting").back().kind == "run_cancelled");
+  CHECK_FALSE(j.claim_run("waiting", "", "host"));
+
+  CHECK(j.cancel_idle_run("pending", "stop"));
+  CHECK(j.find_run("pending")->status == run_status::cancelled);
+  CHECK_FALSE(j.cancel_idle_run("pending", "stop"));  // once
+
+  auto err = error_from([&] { j.cancel_idle_run("missing", "stop"); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::not_found);
+}
+
+TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs that can move") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  const std::int64_t now = 1'000'000;
+  std::vector<std::string> expected;  // in creation order
+  auto create = [&](const std::string& id, bool schedulable, std::string parent = "",
+                    std::optional<std::int64_t> deadline = std::nullopt) {
+    auto r = a_run(id);
+    r.parent_id = std::move(parent);
+    r.deadline_ms = deadline;
+    j.create_run(r);
+    if (schedulable) expected.push_back(id);
+  };
+  auto waits = [&](const std::string& id, bool schedulable, wait_spec w) {
+    create(id, schedulable);
+    j.suspend_run(id, w);
+  };
+
+  create("pending", true);
+  create("running", true);
+  j.claim_run("running", "", "host-a");
+  waits("timer-due", true, wait_for("timer", "", 1, now));
+  waits("timer-later", false, wait_for("timer", "", 1, now + 1));
+  waits("signal-queued", true, wait_for("signal", "go", 1));
+  j.enqueue_signal("signal-queued", "go", 1);
+  waits("signal-other-name", false, wait_for("signal", "go", 1));
+  j.enqueue_signal("signal-other-name", "stop", 1);
+  create("signal-used", false);
+  j.deliver_signal(j.enqueue_signal("signal-used", "go", 1), ok_step("signal-used", 0, 1));
+  j.suspend_run("signal-used", wait_for("signal", "go", 1));  // the one "go" was already delivered at step 0
+  waits("signal-timed-out", true, wait_for("signal", "go", 1, now - 1));
+  waits("signal-not-yet", false, wait_for("signal", "go", 1, now + 1));
+  for (auto [kid_status, parent_moves] : {std::pair{run_status::completed, true}, {run_status::failed, true},
+                                          {run_status::cancelled, true}, {run_status::running, false},
+                                          {run_status::in_doubt, false}}) {
+    const std::string parent = "waits-on-" + std::string(to_string(kid_status));
+    const std::string kid = "kid-" + std::string(to_string(kid_status));
+    create(parent, parent_moves);
+    create(kid, kid_status == run_status::running, parent);
+    if (kid_status == run_status::running) j.claim_run(kid, "", "host-b");
+    else if (kid_status == run_status::cancelled) j.cancel_idle_run(kid, "stop");
+    else if (kid_status == run_status::completed) j.finish_run(kid, kid_status, 1, std::nullopt);
+    else j.finish_run(kid, kid_status, nullptr, protocol::error_info{"x", "error"});
+    j.suspend_run(parent, wait_for("child", kid, 1));
+  }
+  waits("cancel-requested", true, wait_for("timer", "", 1, now + 1));
+  j.request_cancel("cancel-requested");
+  create("deadline-passed", true, "", now);
+  j.suspend_run("deadline-passed", wait_for("signal", "go", 1));
+  create("deadline-later", false, "", now + 1);
+  j.suspend_run("deadline-later", wait_for("signal", "go", 1));
+  for (auto id : {"completed", "failed", "cancelled", "in-doubt"}) create(id, false);
+  j.finish_run("completed", run_status::completed, 1, std::nullopt);
+  j.finish_run("failed", run_status::failed, nullptr, protocol::error_info{"x", "error"});
+  j.cancel_idle_run("cancelled", "stop");
+  j.finish_run("in-doubt", run_status::in_doubt, nullptr, protocol::error_info{"x", "in_doubt"});
+
+  auto briefs = j.schedulable(now);
+  std::vector<std::string> ids;
+  for (const auto& b : briefs) ids.push_back(b.id);
+  CHECK(ids == expected);
+  for (const auto& b : briefs) {
+    if (b.id == "running") {
+      CHECK(b.status == run_status::running);
+      CHECK(b.owner == "host-a");
+    } else if (b.id == "kid-running") {
+      CHECK(b.parent_id == "waits-on-running");
+      CHECK(b.owner == "host-b");
+    } else if (b.id == "pending") {
+      CHECK(b.status == run_status::pending);
+    } else {
+      CHECK(b.status == run_status::waiting);
+      CHECK(b.owner.empty());
+    }
+  }
+
+  // A millisecond later the later timer, timeout and deadline have come too.
+  ids.clear();
+  for (const auto& b : j.schedulable(now + 1)) ids.push_back(b.id);
+  for (auto id : {"timer-later", "signal-not-yet", "deadline-later"})
+    CHECK(std::find(ids.begin(), ids.end(), id) != ids.end());
+  CHECK(std::find(ids.begin(), ids.end(), "signal-other-name") == ids.end());
+  CHECK(std::find(ids.begin(), ids.end(), "completed") == ids.end());
+}
+
+TEST_CASE("count_by_status counts every status, zero included") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  for (auto id : {"a", "b", "c", "d", "e"}) j.create_run(a_run(id));
+  j.claim_run("b", "", "host");
+  j.claim_run("c", "", "host");
+  j.suspend_run("c", wait_for("timer", "", 0, 1));
+  j.finish_run("d", run_status::completed, 1, std::nullopt);
+  j.cancel_idle_run("e", "stop");
+  auto counts = j.count_by_status();
+  CHECK(counts == std::map<run_status, int>{{run_status::pending, 1},  {run_status::running, 1},
+                                            {run_status::waiting, 1},  {run_status::completed, 1},
+                                            {run_status::failed, 0},   {run_status::cancelled, 1},
+                                            {run_status::in_doubt, 0}});
 }
 
 TEST_CASE("everything survives closing and reopening") {

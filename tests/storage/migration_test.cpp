@@ -82,3 +82,108 @@ TEST_CASE("a version 1 journal is migrated in place: runs, steps and events kept
   SQLite::Statement fk(raw, "PRAGMA foreign_key_check");
   CHECK_FALSE(fk.executeStep());
 }
+
+namespace {
+
+// The on-disk format of schema version 2, as cairn 0.2 wrote it: version 1
+// with runs rebuilt (policy, the wider status CHECK) and events_by_seq.
+constexpr const char* schema_v2 = R"sql(
+CREATE TABLE runs (
+  id TEXT PRIMARY KEY, agent TEXT NOT NULL, input TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'waiting', 'completed', 'failed',
+                                         'cancelled', 'in_doubt')),
+  output TEXT, error_message TEXT, error_type TEXT, attempts INTEGER NOT NULL DEFAULT 0,
+  max_attempts INTEGER NOT NULL, owner TEXT NOT NULL DEFAULT '', sandbox TEXT NOT NULL, workspace TEXT NOT NULL,
+  created_at_ms INTEGER NOT NULL, updated_at_ms INTEGER NOT NULL, finished_at_ms INTEGER,
+  policy TEXT NOT NULL DEFAULT '{}');
+CREATE TABLE steps (
+  run_id TEXT NOT NULL REFERENCES runs (id), seq INTEGER NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('ok', 'error')), output TEXT, error_message TEXT, error_type TEXT,
+  attempt INTEGER NOT NULL, duration_us INTEGER NOT NULL, started_at_ms INTEGER NOT NULL,
+  finished_at_ms INTEGER NOT NULL, PRIMARY KEY (run_id, seq));
+CREATE TRIGGER steps_insert_once BEFORE INSERT ON steps
+  WHEN EXISTS (SELECT 1 FROM steps WHERE run_id = NEW.run_id AND seq = NEW.seq)
+  BEGIN SELECT RAISE(ABORT, 'steps are write-once: this step is already journaled'); END;
+CREATE TRIGGER steps_no_update BEFORE UPDATE ON steps
+  BEGIN SELECT RAISE(ABORT, 'steps are write-once: a journaled step cannot be updated'); END;
+CREATE TRIGGER steps_no_delete BEFORE DELETE ON steps
+  BEGIN SELECT RAISE(ABORT, 'steps are write-once: a journaled step cannot be deleted'); END;
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES runs (id), seq INTEGER,
+  kind TEXT NOT NULL, data TEXT NOT NULL, at_ms INTEGER NOT NULL);
+CREATE INDEX events_by_run ON events (run_id, id);
+CREATE INDEX events_by_seq ON events (run_id, seq);
+INSERT INTO runs VALUES ('done', '/bin/agent', '{"q":1}', 'completed', '"answer"', NULL, NULL, 1, 3, '', 'bwrap',
+                         '/ws/done', 1000, 2000, 2000, '{"network":"none"}');
+INSERT INTO runs VALUES ('busy', '/bin/agent', '{"q":2}', 'running', NULL, NULL, NULL, 2, 3, 'host-1:4121', 'none',
+                         '/ws/busy', 3000, 3500, NULL, '{}');
+INSERT INTO steps VALUES ('done', 0, 'plan', 'step', 'ok', '[1,2]', NULL, NULL, 1, 50, 1000, 1001);
+INSERT INTO steps VALUES ('busy', 0, 'clock', 'now', 'ok', '1700000000000', NULL, NULL, 1, 5, 3000, 3001);
+INSERT INTO steps VALUES ('busy', 1, 'search', 'tool', 'error', NULL, 'timed out', 'timeout', 2, 9, 3100, 3200);
+INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES ('done', NULL, 'run_completed', '{}', 2000);
+INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES ('busy', 1, 'step_retry', '{"delay_ms":250}', 3150);
+PRAGMA user_version = 2;
+)sql";
+
+}  // namespace
+
+TEST_CASE("a version 2 journal is migrated in place: runs, steps and events kept, and runs can wait") {
+  testing::temp_dir dir;
+  {
+    SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    raw.exec(schema_v2);
+  }
+  storage::journal j(dir / "cairn.db");
+  auto done = j.find_run("done");
+  REQUIRE(done);
+  CHECK(done->status == storage::run_status::completed);
+  CHECK(done->output == "answer");
+  CHECK(done->policy == json{{"network", "none"}});
+  CHECK(done->finished_at_ms == std::optional<std::int64_t>(2000));
+  auto busy = j.find_run("busy");
+  REQUIRE(busy);
+  CHECK(busy->status == storage::run_status::running);
+  CHECK(busy->owner == "host-1:4121");
+  CHECK(busy->attempts == 2);
+  CHECK(busy->input == json{{"q", 2}});
+  // The new columns start empty: no parent, no wait, no cancel, no deadline.
+  CHECK(busy->parent_id.empty());
+  CHECK_FALSE(busy->wait);
+  CHECK_FALSE(busy->cancel_requested_at_ms);
+  CHECK_FALSE(busy->deadline_ms);
+
+  auto steps = j.steps("busy");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].result.kind == protocol::step_kind::now);
+  CHECK(steps[0].result.output == 1700000000000);
+  CHECK_FALSE(steps[1].result.ok);
+  CHECK(steps[1].result.error.type == "timeout");
+  CHECK(steps[1].result.attempt == 2);
+  CHECK(j.steps("done").size() == 1);
+  auto retry = j.events_at("busy", 1);
+  REQUIRE(retry.size() == 1);
+  CHECK(retry[0].data == json{{"delay_ms", 250}});
+  CHECK(j.events("done").size() == 1);
+
+  // A migrated run can wait for a signal and be found by the scheduler once it comes.
+  j.suspend_run("busy", {"signal", "approval", 2, std::nullopt});
+  CHECK(j.schedulable(storage::now_ms()).empty());
+  j.enqueue_signal("busy", "approval", {{"ok", true}});
+  auto ready = j.schedulable(storage::now_ms());
+  REQUIRE(ready.size() == 1);
+  CHECK(ready[0].id == "busy");
+  try {
+    j.enqueue_signal("done", "approval", 1);
+    FAIL("a finished run accepted a signal");
+  } catch (const storage::storage_error& e) {
+    CHECK(e.code() == storage::errc::finished);
+  }
+  CHECK(j.signals("done").empty());
+
+  SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::journal::schema_version());
+  CHECK(storage::journal::schema_version() == 3);
+  SQLite::Statement fk(raw, "PRAGMA foreign_key_check");
+  CHECK_FALSE(fk.executeStep());
+  CHECK_THROWS_WITH(raw.exec("UPDATE steps SET output = '1'"), Catch::Contains("write-once"));
+}

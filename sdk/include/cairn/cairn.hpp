@@ -1,12 +1,15 @@
 // cairn SDK: what an agent program links. An agent is a `main` that hands its
 // workflow to cairn::main; every ctx.step result is journaled by the host
 // before the step returns, and on replay (after any crash) the recorded result
-// is returned without running the step again.
+// is returned without running the step again. Timers, signals and child runs
+// are journaled the same way, so a run can wait for days and survive restarts.
 //
 //   int main(int argc, char** argv) {
-//     return cairn::main(argc, argv, [](cairn::context& ctx, const cairn::json& input) {
+//     return cairn::main(argc, argv, [](cairn::context& ctx, const cairn::json& input) -> cairn::json {
 //       auto plan = ctx.step("plan", [&] { return make_plan(input); });
-//       return ctx.step("report", [&] { return write_report(plan); });
+//       auto approval = ctx.wait_signal("approved", std::chrono::hours(24));
+//       if (!approval) return "not approved in time";
+//       return ctx.step("report", [&] { return write_report(plan, *approval); });
 //     });
 //   }
 //
@@ -17,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -28,13 +32,20 @@ namespace cairn {
 
 using json = nlohmann::json;
 
-// How a failing step is retried inside the same run: attempt n waits
-// min(initial_delay * multiplier^(n-1), max_delay) before attempt n+1.
+// How a failing step is retried inside the same run: after attempt n fails it
+// waits min(initial_delay * multiplier^(n-1), max_delay), scaled by a random
+// factor in [1 - jitter, 1] so that runs failing together do not retry in
+// lockstep, then makes attempt n+1.
 struct retry_policy {
   int max_attempts = 3;
   std::chrono::milliseconds initial_delay{100};
   double multiplier = 2.0;
   std::chrono::milliseconds max_delay{10'000};
+  // Longest time one attempt may take; 0: the run policy's default. The host
+  // enforces it: it kills the sandbox of an attempt that overruns and counts a
+  // failed attempt, retried (in a new sandbox) while max_attempts allows.
+  std::chrono::milliseconds timeout{0};
+  double jitter = 0.2;  // clamped to [0, 1]; 0 gives the exact delays
 
   static retry_policy no_retry() { return retry_policy{1}; }
 };
@@ -78,13 +89,70 @@ class tool_error : public std::runtime_error {
   std::string tool_, type_;
 };
 
+// The host cancelled the run (`cairn cancel`, or its run timeout passed).
+// Thrown by every journaled ctx call from then on. The run ends as cancelled
+// whatever the workflow does, even if it catches this and returns.
+class cancelled_error : public std::runtime_error {
+ public:
+  explicit cancelled_error(std::string reason)
+      : std::runtime_error("the run was cancelled: " + reason), reason_(std::move(reason)) {}
+  const std::string& reason() const { return reason_; }  // as the host gave it
+
+ private:
+  std::string reason_;
+};
+
+// A started child run, as returned by ctx.start_child.
+struct child_handle {
+  std::string run_id;
+};
+
+// The host did not start a child run. Journaled: on replay the same error is
+// thrown again.
+class child_error : public std::runtime_error {
+ public:
+  child_error(std::string agent, std::string type, const std::string& message)
+      : std::runtime_error(message), agent_(std::move(agent)), type_(std::move(type)) {}
+  const std::string& agent() const { return agent_; }
+  // "no_such_agent", or "refused" (the run's policy does not allow it).
+  const std::string& type() const { return type_; }
+
+ private:
+  std::string agent_, type_;
+};
+
+// A joined child run failed or was cancelled, or the handle was not a child
+// of this run. Journaled like its output.
+class child_failed : public std::runtime_error {
+ public:
+  child_failed(std::string run_id, std::string type, const std::string& message)
+      : std::runtime_error("child run '" + run_id + "' " + (type == "child_cancelled" ? "was cancelled" : "failed") +
+                           ": " + message),
+        run_id_(std::move(run_id)),
+        type_(std::move(type)),
+        cause_(message) {}
+  const std::string& run_id() const { return run_id_; }
+  const std::string& type() const { return type_; }    // "child_failed", "child_cancelled" or "refused"
+  const std::string& cause() const { return cause_; }  // the child's error message
+
+ private:
+  std::string run_id_, type_, cause_;
+};
+
 class session;
 
+// The workflow's view of its run. Every journaled call (step, tool, sleep,
+// sleep_until, wait_signal, start_child, join, now, random) throws
+// cancelled_error once the run is cancelled, also while it waits for a timer,
+// signal or child. A cancel does not interrupt a running step or tool call:
+// its outcome is journaled, the step makes no further attempt, and the next
+// call throws.
 class context {
  public:
   // Runs `fn` once and journals its result (anything convertible to json;
   // void gives null). On replay returns the journaled result and does not call
   // `fn`. Throws step_failed when the step's attempts are exhausted.
+  // No journaled ctx call may be made inside `fn`.
   // `name` must be the same on every execution of the workflow: it is how
   // replay checks that the code still matches the journal.
   template <class F>
@@ -106,6 +174,31 @@ class context {
   //   auto page = ctx.tool("http.fetch", {{"url", "https://example.com/"}});
   //   auto reply = ctx.tool("llm.chat", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
   json tool(std::string_view name, const json& args = json::object());
+
+  // Durable timers: the host journals the sleep and wakes the run when it is
+  // due, even after a restart (it may suspend the run meanwhile). On replay a
+  // journaled sleep returns at once.
+  void sleep(std::chrono::milliseconds d);
+  void sleep_until(std::chrono::system_clock::time_point t);
+
+  // Waits until the signal `name` is sent to the run and returns its payload
+  // (json null if it has none), or nullopt when `timeout` passed first.
+  // Journaled: on replay the same outcome is returned at once.
+  std::optional<json> wait_signal(std::string_view name,
+                                  std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // Starts a run of agent `agent` with `input` as a child of this run and
+  // returns without waiting for it. Throws child_error when the host refuses.
+  // Journaled: on replay the same child is returned, not started again.
+  child_handle start_child(std::string_view agent, const json& input = json::object());
+  // Waits for the child run to end and returns its output; throws
+  // child_failed when it failed or was cancelled. Journaled: on replay the
+  // recorded output or error is returned at once.
+  json join(const child_handle& child);
+
+  // True once the host has cancelled the run. Checks the channel without
+  // blocking, so a long computation can poll it and stop early.
+  bool cancelled() const;
 
   // The wall clock, journaled: replay sees the time of the first execution.
   std::chrono::system_clock::time_point now();

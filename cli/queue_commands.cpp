@@ -1,0 +1,189 @@
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "cli/format.hpp"
+#include "cli/support.hpp"
+#include "engine/daemon_lock.hpp"
+#include "engine/owner.hpp"
+#include "engine/scheduler.hpp"
+
+namespace cairn::cli {
+namespace {
+
+std::atomic<bool> stop_requested{false};
+
+void request_stop(int) { stop_requested = true; }
+
+std::string now_stamp() { return format_time(storage::now_ms()); }
+
+void log_line(const std::string& line) {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  std::cout << now_stamp() << "  " << line << std::endl;
+}
+
+// What `cairn serve` prints: each run's attempts and how each execution ends.
+class serve_log : public engine::run_observer {
+ public:
+  explicit serve_log(bool verbose) : verbose_(verbose) {}
+  void on_attempt(const storage::run_record& run, int attempt) override {
+    log_line(fmt::format("run {}: attempt {} ({})", run.id, attempt,
+                         std::filesystem::path(run.agent).filename().string()));
+  }
+  void on_step(const storage::step_record& step) override {
+    if (verbose_) log_line(fmt::format("run {}:{}", step.run_id, step_line(step)));
+  }
+  void on_attempt_failed(int attempt, const std::string& reason, bool will_retry) override {
+    log_line(fmt::format("attempt {} crashed: {}{}", attempt, reason, will_retry ? "; retrying" : ""));
+  }
+  void on_warning(const std::string& message) override { log_line("warning: " + message); }
+
+ private:
+  bool verbose_;
+};
+
+std::string no_daemon_hint(const paths& p, const std::string& run_id) {
+  if (engine::daemon_holder(p.db)) return "";
+  return fmt::format("no `cairn serve` holds {}: unless a `cairn run` follows this run, start one or continue it "
+                     "with `cairn resume {}`",
+                     p.db.string(), run_id);
+}
+
+}  // namespace
+
+int submit_command(const paths& p, const run_args& args, bool as_json) {
+  return guarded([&] {
+    auto request = make_request(p, args);
+    if (!request) return 2;
+    storage::journal journal(p.db);
+    engine::engine eng(journal, options_for(p));
+    auto [run, created] = eng.submit(*request);
+    if (as_json) std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+    else std::cout << run.id << std::endl;
+    if (!created)
+      std::cerr << fmt::format("run {} already exists ({}); the id is an idempotency key", run.id,
+                               storage::to_string(run.status))
+                << std::endl;
+    if (auto hint = no_daemon_hint(p, run.id); !hint.empty()) std::cerr << hint << std::endl;
+    return 0;
+  });
+}
+
+int serve_command(const paths& p, const serve_args& args) {
+  return guarded([&] {
+    engine::daemon_lock lock(p.db);
+    struct sigaction sa {};
+    sa.sa_handler = request_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
+
+    engine::scheduler_options o;
+    o.db = p.db;
+    o.engine = options_for(p);
+    o.engine.suspend_after = std::chrono::milliseconds(args.suspend_after_ms);
+    o.max_concurrent = args.max_concurrent;
+    serve_log log(args.verbose);
+    o.observer_for = [&log](const std::string&) { return &log; };
+    o.on_return = [](const storage::run_record& run) {
+      switch (run.status) {
+        case storage::run_status::waiting:
+          log_line(fmt::format("run {} {}", run.id, describe_wait(run)));
+          break;
+        case storage::run_status::pending:
+          log_line(fmt::format("run {} handed back: it continues from its journal when a host takes it", run.id));
+          break;
+        default:
+          log_line(fmt::format("run {} {}{}", run.id, storage::to_string(run.status),
+                               run.error ? ": " + run.error->message : ""));
+      }
+    };
+    o.on_error = [](const std::string& id, const std::string& error) {
+      log_line(fmt::format("run {}: not executed: {}", id, error));
+    };
+    log_line(fmt::format("cairn serve: journal {}, up to {} runs at once, pid {} (SIGTERM stops it gracefully)",
+                         p.db.string(), args.max_concurrent, engine::current_owner().pid));
+    engine::scheduler runs(std::move(o));
+    std::thread announce([&runs] {
+      while (!stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      log_line(fmt::format("stopping: no new runs; {} in flight finish their step or are suspended", runs.busy()));
+    });
+    runs.run(nullptr, stop_requested);
+    stop_requested = true;
+    announce.join();
+    log_line("stopped; nothing journaled is lost");
+    return 0;
+  });
+}
+
+int signal_command(const paths& p, const std::string& run_id, const std::string& name, const std::string& data,
+                   bool as_json) {
+  return guarded([&] {
+    json payload = json::parse(data, nullptr, false);
+    if (payload.is_discarded()) {
+      std::cerr << "cairn signal: --data is not valid JSON\n";
+      return 2;
+    }
+    storage::journal journal(p.db);
+    engine::engine eng(journal, options_for(p));
+    auto sig = eng.signal(run_id, name, payload);
+    auto run = journal.find_run(run_id);
+    if (as_json) {
+      std::cout << to_json(sig).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+      return 0;
+    }
+    const bool awaited = run->status == storage::run_status::waiting && run->wait && run->wait->kind == "signal" &&
+                         run->wait->key == name;
+    std::cout << fmt::format("signal '{}' queued for run {} ({}); {}", name, run_id, storage::to_string(run->status),
+                             awaited ? "it waits for it and wakes now"
+                                     : "it is delivered once, when the run waits for it")
+              << std::endl;
+    if (run->status == storage::run_status::waiting)
+      if (auto hint = no_daemon_hint(p, run_id); !hint.empty()) std::cerr << hint << std::endl;
+    return 0;
+  });
+}
+
+int cancel_command(const paths& p, const std::string& run_id, const std::string& reason, bool wait, bool as_json) {
+  return guarded([&] {
+    storage::journal journal(p.db);
+    engine::engine eng(journal, options_for(p));
+    auto outcome = eng.cancel(run_id, reason);
+    auto run = *journal.find_run(run_id);
+    if (outcome == engine::engine::cancel_outcome::requested) {
+      if (!as_json)
+        std::cout << fmt::format("cancel requested: run {} is executed by {}, which tells the agent and kills its "
+                                 "sandbox if it has not stopped after the grace period",
+                                 run_id, engine::describe_owner(run.owner))
+                  << std::endl;
+      if (!wait) return 0;
+      while (run.status != storage::run_status::cancelled && run.status != storage::run_status::completed &&
+             run.status != storage::run_status::failed) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        run = *journal.find_run(run_id);
+        if (run.owner.empty() || engine::check_owner(run.owner) == engine::owner_state::dead) {
+          if (run.status == storage::run_status::cancelled) break;
+          eng.cancel(run_id, reason);  // its host died meanwhile: cancel it here
+          run = *journal.find_run(run_id);
+        }
+      }
+    }
+    if (as_json) {
+      std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+      return 0;
+    }
+    std::cout << fmt::format("run {} {}", run_id,
+                             run.status == storage::run_status::cancelled
+                                 ? "cancelled" + std::string(journal.children(run_id).empty() ? "" : ", and its unfinished children with it")
+                                 : fmt::format("ended {} before the cancel reached it", storage::to_string(run.status)))
+              << std::endl;
+    return 0;
+  });
+}
+
+}  // namespace cairn::cli

@@ -1,0 +1,177 @@
+#include "cli/support.hpp"
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "cli/format.hpp"
+#include "engine/scheduler.hpp"
+
+namespace cairn::cli {
+namespace {
+
+std::mutex output;
+
+bool over(storage::run_status s) {
+  return s == storage::run_status::completed || s == storage::run_status::failed ||
+         s == storage::run_status::cancelled || s == storage::run_status::in_doubt;
+}
+
+}  // namespace
+
+void progress_printer::say(const std::string& line) {
+  if (quiet_) return;
+  std::lock_guard lock(output);
+  std::cout << prefix_ << line << std::endl;
+}
+
+void progress_printer::end_stream() {
+  if (!streaming_) return;
+  std::lock_guard lock(output);
+  std::cout << std::endl;
+  streaming_ = false;
+}
+
+void progress_printer::on_attempt(const storage::run_record& run, int attempt) {
+  say(fmt::format("run {}: attempt {} in a {} sandbox, workspace {}", run.id, attempt, run.sandbox, run.workspace));
+}
+
+void progress_printer::on_step(const storage::step_record& step) {
+  end_stream();
+  say(step_line(step));
+}
+
+void progress_printer::on_retry(const protocol::retry_msg& m) {
+  say(fmt::format("       step {} '{}' attempt {} failed ({}); retrying in {} ms", m.seq, m.name, m.attempt,
+                  m.error.message, m.delay_ms));
+}
+
+// LLM tokens print as they stream, on one line; other events one per line.
+void progress_printer::on_emit(const json& data) {
+  if (data.is_object() && data.value("type", "") == "token" && data.contains("text") && data["text"].is_string()) {
+    if (quiet_) return;
+    std::lock_guard lock(output);
+    if (!streaming_) std::cout << prefix_ << "       " << data.value("tool", "tool") << " > ";
+    streaming_ = true;
+    std::cout << data["text"].get<std::string>() << std::flush;
+    return;
+  }
+  end_stream();
+  say("       emit " + preview(data, 100));
+}
+
+void progress_printer::on_attempt_failed(int attempt, const std::string& reason, bool will_retry) {
+  say(fmt::format("attempt {} crashed: {}{}", attempt, reason, will_retry ? "; retrying from the journal" : ""));
+}
+
+void progress_printer::on_warning(const std::string& message) {
+  std::lock_guard lock(output);
+  std::cerr << "warning: " << message << std::endl;
+}
+
+void progress_printer::on_wait(const storage::run_record& run, const storage::wait_spec&) {
+  say(fmt::format("run {} {}; suspended, it holds no sandbox", run.id, describe_wait(run)));
+}
+
+engine::engine_options options_for(const paths& p) {
+  engine::engine_options o;
+  o.log_dir = p.logs;
+  o.llm = engine::llm_endpoint_from_host(p.home / "config.json");
+  return o;
+}
+
+int report_end(const storage::run_record& run, bool as_json) {
+  if (as_json) {
+    std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+  } else if (run.status == storage::run_status::completed) {
+    double secs = (run.finished_at_ms.value_or(run.updated_at_ms) - run.created_at_ms) / 1000.0;
+    std::cout << fmt::format("run {} completed in {:.2f} s\n{}", run.id, secs,
+                             run.output.dump(2, ' ', false, json::error_handler_t::replace))
+              << std::endl;
+  }
+  if (run.status == storage::run_status::completed) return 0;
+  static const std::map<storage::run_status, std::string> verb = {{storage::run_status::in_doubt, "stopped in doubt"},
+                                                                  {storage::run_status::cancelled, "was cancelled"},
+                                                                  {storage::run_status::failed, "failed"}};
+  if (run.error && verb.count(run.status))
+    std::cerr << fmt::format("run {} {}: {}", run.id, verb.at(run.status), run.error->message) << std::endl;
+  return 1;
+}
+
+void print_history(storage::journal& journal, const std::string& run_id, bool quiet) {
+  auto steps = journal.steps(run_id);
+  if (quiet || steps.empty()) return;
+  std::cout << fmt::format("run {}: {} step{} already journaled, replaying them", run_id, steps.size(),
+                           steps.size() == 1 ? "" : "s")
+            << std::endl;
+  for (const auto& s : steps) std::cout << step_line(s) << std::endl;
+}
+
+// The run request of `cairn run` and `cairn submit`; nullopt (after saying
+// why) when the arguments are wrong.
+std::optional<engine::run_request> make_request(const paths& p, const run_args& args) {
+  engine::run_request request;
+  try {
+    request.input = json::parse(args.input);
+  } catch (const json::parse_error& e) {
+    std::cerr << "cairn: --input is not valid JSON: " << e.what() << "\n";
+    return std::nullopt;
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(args.agent, ec)) {
+    std::cerr << (ec && ec != std::errc::no_such_file_or_directory
+                      ? fmt::format("cairn: cannot reach agent program '{}': {}\n", args.agent, ec.message())
+                      : fmt::format("cairn: agent program '{}' not found (build it first: make build)\n", args.agent));
+    return std::nullopt;
+  }
+  request.id = args.id.empty() ? engine::new_run_id() : args.id;
+  request.agent = args.agent;
+  request.sandbox = args.sandbox;
+  request.max_attempts = args.max_attempts;
+  if (!args.policy.empty()) request.policy = engine::load_policy_file(args.policy);
+  request.workspace = args.workspace.empty() ? p.workspaces / request.id : std::filesystem::path(args.workspace);
+  return request;
+}
+
+storage::run_record follow(const paths& p, const std::string& root, bool quiet) {
+  engine::scheduler_options o;
+  o.db = p.db;
+  o.engine = options_for(p);
+  std::set<std::string> tree = {root};
+  o.accept = [&tree](const storage::run_brief& b) {
+    if (tree.count(b.id)) return true;
+    if (b.parent_id.empty() || !tree.count(b.parent_id)) return false;
+    tree.insert(b.id);
+    return true;
+  };
+  std::mutex printers_mutex;
+  std::map<std::string, std::unique_ptr<progress_printer>> printers;
+  o.observer_for = [&](const std::string& id) -> engine::run_observer* {
+    std::lock_guard lock(printers_mutex);
+    auto& slot = printers[id];
+    if (!slot) slot = std::make_unique<progress_printer>(quiet, id == root ? "" : "  [" + id + "] ");
+    return slot.get();
+  };
+  o.on_return = [&](const storage::run_record& run) {
+    if (run.id == root || quiet || !over(run.status)) return;
+    std::lock_guard lock(output);
+    std::cout << fmt::format("  [{}] child run {}", run.id, storage::to_string(run.status)) << std::endl;
+  };
+  o.on_error = [](const std::string& id, const std::string& error) {
+    std::lock_guard lock(output);
+    std::cerr << fmt::format("warning: run {}: {}", id, error) << std::endl;
+  };
+  engine::scheduler runs(std::move(o));
+  std::atomic<bool> never{false};
+  runs.run([&](storage::journal& journal) {
+    auto run = journal.find_run(root);
+    return !run || over(run->status);
+  }, never);
+  storage::journal journal(p.db);
+  return *journal.find_run(root);
+}
+
+}  // namespace cairn::cli

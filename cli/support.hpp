@@ -1,0 +1,83 @@
+// What the cairn subcommands share: the live printer of a run, the engine's
+// options for this machine, error handling, and the final report.
+#pragma once
+
+#include <iostream>
+#include <mutex>
+#include <string>
+
+#include "cli/commands.hpp"
+#include "cli/paths.hpp"
+#include "engine/engine.hpp"
+#include "runtime/sandbox.hpp"
+
+namespace cairn::cli {
+
+using json = nlohmann::json;
+
+// Prints each step the moment it is journaled. `prefix` names a child run.
+// Safe to use from several threads (each line is written whole).
+class progress_printer : public engine::run_observer {
+ public:
+  explicit progress_printer(bool quiet, std::string prefix = "") : quiet_(quiet), prefix_(std::move(prefix)) {}
+
+  void on_attempt(const storage::run_record& run, int attempt) override;
+  void on_step(const storage::step_record& step) override;
+  void on_retry(const protocol::retry_msg& m) override;
+  void on_emit(const json& data) override;
+  void on_attempt_failed(int attempt, const std::string& reason, bool will_retry) override;
+  void on_warning(const std::string& message) override;
+  void on_wait(const storage::run_record& run, const storage::wait_spec& wait) override;
+
+ private:
+  void say(const std::string& line);
+  void end_stream();
+  bool quiet_;
+  std::string prefix_;
+  bool streaming_ = false;
+};
+
+engine::engine_options options_for(const paths& p);
+
+// Runs `body`, turning every expected failure into one message and an exit code.
+template <class F>
+int guarded(F&& body) {
+  try {
+    return body();
+  } catch (const engine::engine_error& e) {
+    std::cerr << "cairn: " << e.what() << "\n";
+    return e.code() == engine::errc::busy ? 4 : 2;
+  } catch (const storage::storage_error& e) {
+    std::cerr << "cairn: " << e.what() << "\n";
+    return 3;
+  } catch (const runtime::sandbox_error& e) {
+    std::cerr << "cairn: " << e.what() << "\n";
+    return 3;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << "cairn: " << e.what() << "\n";
+    return 3;
+  } catch (const engine::policy_error& e) {
+    std::cerr << "cairn: " << e.what() << "\n";
+    return 2;
+  } catch (const std::runtime_error& e) {  // e.g. an unreadable host config file
+    std::cerr << "cairn: " << e.what() << "\n";
+    return 3;
+  }
+}
+
+// Prints how the run ended; the exit code: 0 completed, 1 anything else.
+int report_end(const storage::run_record& run, bool as_json);
+// The steps already journaled, before a resumed run goes on.
+void print_history(storage::journal& journal, const std::string& run_id, bool quiet);
+
+// The run request of `cairn run` and `cairn submit`; nullopt (after saying
+// why) when the arguments are wrong.
+std::optional<engine::run_request> make_request(const paths& p, const run_args& args);
+
+// Executes `root` and its child runs in this process until the root ends
+// (completed, failed, cancelled, in doubt), waiting out its timers, signals
+// and children; returns its final record. Runs that another live process
+// holds are left to it (and waited for).
+storage::run_record follow(const paths& p, const std::string& root, bool quiet);
+
+}  // namespace cairn::cli

@@ -1,0 +1,104 @@
+// The state machine behind run_attempt (attempt.hpp): talks to one agent,
+// journals what it sends, holds short waits and suspends long ones, and
+// watches limits, timeouts, cancellation and host shutdown. Private to the
+// engine; attempt.cpp holds the conversation, attempt_waits.cpp the waits.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/attempt.hpp"
+#include "engine/tool_broker.hpp"
+
+namespace cairn::engine {
+
+// The agent broke the protocol; the run fails.
+struct violation {
+  std::string message;
+};
+
+// The attempt is over with `result` (a limit, a timeout, a cancellation, a
+// suspension, the host stopping); the sandbox has been killed.
+struct attempt_end {
+  attempt_result result;
+};
+
+class attempt_driver {
+ public:
+  attempt_driver(storage::journal& journal, const storage::run_record& run, const policy& p, int attempt,
+                 const engine_options& options, run_observer& observer);
+
+  attempt_result drive(runtime::sandbox_backend& backend);
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  attempt_result converse(const protocol::start_msg& start);
+  std::optional<attempt_result> handle(const protocol::agent_message& message);
+
+  std::optional<attempt_result> on(const protocol::hello_msg&);
+  std::optional<attempt_result> on(const protocol::begin_msg& m);
+  std::optional<attempt_result> on(const protocol::step_msg& m);
+  std::optional<attempt_result> on(const protocol::tool_msg& m);
+  std::optional<attempt_result> on(const protocol::retry_msg& m);
+  std::optional<attempt_result> on(const protocol::emit_msg& m);
+  std::optional<attempt_result> on(const protocol::done_msg& m);
+  std::optional<attempt_result> on(const protocol::fail_msg& m);
+  // attempt_waits.cpp
+  std::optional<attempt_result> on(const protocol::sleep_msg& m);
+  std::optional<attempt_result> on(const protocol::wait_msg& m);
+  std::optional<attempt_result> on(const protocol::child_msg& m);
+  std::optional<attempt_result> on(const protocol::join_msg& m);
+
+  // Checks, at most every 100 ms, everything that can end the attempt from
+  // outside the conversation; throws attempt_end when one does.
+  void supervise();
+  void start_cancel(std::string reason, bool timed_out);
+  [[noreturn]] void step_timed_out();
+  [[noreturn]] void end(attempt_result result);
+  attempt_result cancelled_result() const;
+  bool stopping() const { return options_.stopping && options_.stopping->load(); }
+
+  // Polls `finish` (which journals the step and answers the agent when it
+  // can) every 50 ms; suspends the run as `wait` once it has waited
+  // `max_hold`. Returns when `finish` did, or when a cancel was sent.
+  void hold(const storage::wait_spec& wait, std::chrono::milliseconds max_hold, const std::function<bool()>& finish);
+  // Journals a step the host decided (sleep, signal, child, join, timeout)
+  // and sends it to the agent as the result of its request.
+  void record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id = std::nullopt);
+
+  void commit(const storage::step_record& record, std::optional<std::int64_t> signal_id = std::nullopt);
+  void expect_clean_exit(std::string_view last);
+  void check_seq(std::uint64_t seq, std::string_view what);
+  std::optional<protocol::agent_message> receive(std::chrono::milliseconds timeout);
+  attempt_result died(const std::string& how);
+  attempt_result exceeded(const std::string& message, const std::string& limit);
+  std::string log_excerpt() const;
+  int failed_attempts_of(std::uint64_t seq);
+  std::optional<json> event_at(std::uint64_t seq, std::string_view kind);
+
+  storage::journal& journal_;
+  const storage::run_record& run_;
+  const policy& policy_;
+  int attempt_;
+  const engine_options& options_;
+  run_observer& observer_;
+  tool_broker tools_;
+  std::unique_ptr<runtime::agent_process> process_;
+  clock::time_point started_, last_check_;
+  std::uint64_t expected_seq_ = 0;
+  std::optional<std::int64_t> begun_at_ms_;
+  // The step the agent is executing (begin seen, no step yet).
+  std::optional<protocol::begin_msg> in_step_;
+  clock::time_point step_started_;
+  // Cancellation: sent to the agent, and when the grace period ends.
+  bool cancel_sent_ = false, timed_out_ = false;
+  std::string cancel_reason_;
+  clock::time_point cancel_deadline_;
+  std::optional<clock::time_point> drain_deadline_;
+};
+
+}  // namespace cairn::engine

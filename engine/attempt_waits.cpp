@@ -1,0 +1,221 @@
+// The waits an agent asks the host for: timers, signals, child runs and
+// joins. Each is journaled as a step of its own kind once it is over; until
+// then the host holds it (a short wait keeps the sandbox) or suspends the run.
+//
+// Journal records (events, at the wait's seq), written on first sight so
+// that a replayed request finds the original deadline:
+//   timer_set     {"until_ms", "in_past"}
+//   wait_started  {"signal", "deadline_ms"}   deadline_ms null: no timeout
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include "engine/attempt_driver.hpp"
+#include "engine/crash_point.hpp"
+
+namespace cairn::engine {
+namespace {
+
+using namespace std::chrono_literals;
+using kind = attempt_result::kind;
+
+bool ended(storage::run_status s) {
+  return s == storage::run_status::completed || s == storage::run_status::failed ||
+         s == storage::run_status::cancelled;
+}
+
+std::string format_ms(std::int64_t ms) {
+  return fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", fmt::gmtime(static_cast<std::time_t>(ms / 1000)));
+}
+
+}  // namespace
+
+void attempt_driver::record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id) {
+  storage::step_record record;
+  record.run_id = run_.id;
+  record.started_at_ms = storage::now_ms();
+  record.finished_at_ms = record.started_at_ms;
+  record.result = std::move(r);
+  commit(record, signal_id);
+  process_->io().send(protocol::to_json(protocol::host_message{protocol::result_msg{record.result}}));
+  crash_point("after_ack");
+  observer_.on_step(record);
+}
+
+void attempt_driver::hold(const storage::wait_spec& wait, std::chrono::milliseconds max_hold,
+                          const std::function<bool()>& finish) {
+  const auto since = clock::now();
+  for (;;) {
+    if (finish()) return;
+    supervise();
+    if (cancel_sent_) return;  // the agent hears cancel instead of an answer
+    if (process_->poll_exit()) throw runtime::channel_closed("the agent ended while it waited", false);
+    if (stopping() || clock::now() - since >= max_hold) end({kind::suspended, nullptr, {}, wait});
+    auto pause = 50ms;
+    if (wait.wake_at_ms) {
+      auto left = std::chrono::milliseconds(*wait.wake_at_ms - storage::now_ms());
+      pause = std::clamp(left, 1ms, 50ms);
+    }
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+std::optional<attempt_result> attempt_driver::on(const protocol::sleep_msg& m) {
+  check_seq(m.seq, "sleep");
+  if (cancel_sent_) return std::nullopt;
+  std::int64_t until = 0;
+  if (auto set = event_at(m.seq, "timer_set")) {
+    until = set->at("until_ms").get<std::int64_t>();
+  } else {
+    const auto now = storage::now_ms();
+    until = m.until_ms ? *m.until_ms : now + std::max<std::int64_t>(*m.duration_ms, 0);
+    const bool in_past = m.until_ms ? *m.until_ms < now : *m.duration_ms < 0;
+    journal_.append_event(run_.id, "timer_set", {{"until_ms", until}, {"in_past", in_past}}, m.seq);
+    if (in_past)
+      observer_.on_warning(fmt::format("run {}: the timer at step {} was set for {}, which is in the past; it "
+                                       "fires now",
+                                       run_.id, m.seq, format_ms(until)));
+  }
+  auto fire = [&] {
+    const auto now = storage::now_ms();
+    if (now < until) return false;
+    protocol::step_result r;
+    r.seq = m.seq;
+    r.name = "sleep";
+    r.kind = protocol::step_kind::sleep;
+    r.output = {{"until_ms", until}, {"fired_at_ms", now}};
+    record_and_answer(std::move(r));
+    return true;
+  };
+  // A timer further off than suspend_after suspends the run at once.
+  const bool long_wait = until - storage::now_ms() > options_.suspend_after.count();
+  hold({"timer", "", m.seq, until}, long_wait ? 0ms : std::chrono::milliseconds(std::chrono::hours(24 * 365)), fire);
+  return std::nullopt;
+}
+
+std::optional<attempt_result> attempt_driver::on(const protocol::wait_msg& m) {
+  check_seq(m.seq, "wait");
+  if (m.signal.empty() || m.signal.size() > protocol::max_name_size)
+    throw violation{"a wait for a signal with an empty or over-long name"};
+  if (cancel_sent_) return std::nullopt;
+  std::optional<std::int64_t> deadline;
+  if (auto started = event_at(m.seq, "wait_started")) {
+    if (!started->at("deadline_ms").is_null()) deadline = started->at("deadline_ms").get<std::int64_t>();
+  } else {
+    if (m.timeout_ms) deadline = storage::now_ms() + std::max<std::int64_t>(*m.timeout_ms, 0);
+    journal_.append_event(run_.id, "wait_started",
+                          {{"signal", m.signal}, {"deadline_ms", deadline ? json(*deadline) : json(nullptr)}}, m.seq);
+  }
+  auto deliver = [&] {
+    protocol::step_result r;
+    r.seq = m.seq;
+    r.name = m.signal;
+    r.kind = protocol::step_kind::signal;
+    if (auto sig = journal_.pending_signal(run_.id, m.signal)) {
+      r.output = {{"signal", m.signal}, {"timed_out", false}, {"payload", sig->payload}};
+      record_and_answer(std::move(r), sig->id);
+      return true;
+    }
+    if (deadline && storage::now_ms() >= *deadline) {
+      r.output = {{"signal", m.signal}, {"timed_out", true}};
+      record_and_answer(std::move(r));
+      return true;
+    }
+    return false;
+  };
+  hold({"signal", m.signal, m.seq, deadline}, options_.suspend_after, deliver);
+  return std::nullopt;
+}
+
+std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
+  check_seq(m.seq, "child");
+  if (cancel_sent_) return std::nullopt;
+  protocol::step_result r;
+  r.seq = m.seq;
+  r.name = m.agent;
+  r.kind = protocol::step_kind::child;
+  auto refuse = [&](std::string type, std::string message) {
+    r.ok = false;
+    r.error = {std::move(message), std::move(type)};
+    record_and_answer(std::move(r));
+    return std::nullopt;
+  };
+
+  namespace fs = std::filesystem;
+  const fs::path folder = fs::path(run_.agent).parent_path();
+  fs::path program;
+  if (m.agent.empty() || m.agent.size() > protocol::max_name_size)
+    return refuse("no_such_agent", "a child agent needs a name");
+  if (m.agent.find('/') == std::string::npos) {
+    program = folder / m.agent;
+  } else {
+    program = (folder / m.agent).lexically_normal();
+    const auto& allowed = policy_.children.agents;
+    if (std::find(allowed.begin(), allowed.end(), program.string()) == allowed.end())
+      return refuse("refused", fmt::format("child agent '{}' is neither in this agent's folder ({}) nor listed in "
+                                           "the policy's children.agents",
+                                           m.agent, folder.string()));
+  }
+  std::error_code ec;
+  if (!fs::is_regular_file(program, ec) || ::access(program.c_str(), X_OK) != 0)
+    return refuse("no_such_agent", fmt::format("there is no agent program '{}' ({} is not an executable file)",
+                                               m.agent, program.string()));
+  const std::string id = fmt::format("{}.{}", run_.id, m.seq);
+  if (!journal_.find_run(id) && journal_.children(run_.id).size() >= policy_.children.max)
+    return refuse("refused", fmt::format("this run has started {} child runs, the most its policy allows "
+                                         "(children.max)",
+                                         policy_.children.max));
+  storage::new_run child;
+  child.id = id;
+  child.agent = program.string();
+  child.input = m.input;
+  child.max_attempts = run_.max_attempts;
+  child.sandbox = run_.sandbox;
+  child.workspace = (fs::path(run_.workspace).parent_path() / id).string();
+  child.policy = run_.policy;
+  child.parent_id = run_.id;
+  journal_.create_run(child);  // a replay after a crash finds the same id: created once
+  crash_point("child_created");
+  r.output = {{"run_id", id}};
+  record_and_answer(std::move(r));
+  return std::nullopt;
+}
+
+std::optional<attempt_result> attempt_driver::on(const protocol::join_msg& m) {
+  check_seq(m.seq, "join");
+  if (cancel_sent_) return std::nullopt;
+  protocol::step_result r;
+  r.seq = m.seq;
+  r.name = m.run_id;
+  r.kind = protocol::step_kind::join;
+  auto child = journal_.find_run(m.run_id);
+  if (!child || child->parent_id != run_.id) {
+    r.ok = false;
+    r.error = {fmt::format("run '{}' is not a child of run {}", m.run_id, run_.id), "refused"};
+    record_and_answer(std::move(r));
+    return std::nullopt;
+  }
+  auto joined = [&] {
+    auto c = journal_.find_run(m.run_id);
+    if (!c || !ended(c->status)) return false;
+    if (c->status == storage::run_status::completed) {
+      r.output = c->output;
+    } else {
+      r.ok = false;
+      const std::string why = c->error ? c->error->message : "no reason recorded";
+      r.error = c->status == storage::run_status::cancelled
+                    ? protocol::error_info{why, "child_cancelled"}
+                    : protocol::error_info{why, "child_failed"};
+    }
+    record_and_answer(std::move(r));
+    return true;
+  };
+  hold({"child", m.run_id, m.seq, std::nullopt}, options_.suspend_after, joined);
+  return std::nullopt;
+}
+
+}  // namespace cairn::engine

@@ -1,0 +1,122 @@
+#include "engine/scheduler.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "engine/owner.hpp"
+
+namespace cairn::engine {
+namespace {
+
+using clock = std::chrono::steady_clock;
+constexpr auto error_pause = std::chrono::seconds(5);
+
+}  // namespace
+
+// Worker threads, each with its own journal connection and engine (an engine
+// makes its sandbox backends once).
+struct scheduler::pool {
+  mutable std::mutex mutex;
+  std::condition_variable work, returned;
+  std::deque<std::string> queue;
+  std::set<std::string> in_flight;
+  std::map<std::string, clock::time_point> resting;  // run -> not before
+  bool closing = false;
+  std::vector<std::thread> threads;
+
+  void worker(const scheduler_options& options) {
+    std::unique_ptr<storage::journal> journal;
+    std::unique_ptr<engine> eng;
+    for (;;) {
+      std::string id;
+      {
+        std::unique_lock lock(mutex);
+        work.wait(lock, [&] { return closing || !queue.empty(); });
+        if (queue.empty()) return;
+        id = std::move(queue.front());
+        queue.pop_front();
+      }
+      std::string error;
+      try {
+        if (!journal) {
+          journal = std::make_unique<storage::journal>(options.db, options.journal);
+          eng = std::make_unique<engine>(*journal, options.engine);
+        }
+        auto* observer = options.observer_for ? options.observer_for(id) : nullptr;
+        auto end = eng->execute(id, observer);
+        if (options.on_return) options.on_return(end);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      if (!error.empty() && options.on_error) options.on_error(id, error);
+      std::lock_guard lock(mutex);
+      in_flight.erase(id);
+      if (!error.empty()) resting[id] = clock::now() + error_pause;
+      returned.notify_all();
+    }
+  }
+};
+
+scheduler::scheduler(scheduler_options options) : options_(std::move(options)), pool_(std::make_unique<pool>()) {
+  options_.engine.stopping = &stopping_;
+  if (options_.max_concurrent < 1) options_.max_concurrent = 1;
+  for (int i = 0; i < options_.max_concurrent; ++i) pool_->threads.emplace_back([this] { pool_->worker(options_); });
+}
+
+scheduler::~scheduler() {
+  stopping_ = true;
+  {
+    std::lock_guard lock(pool_->mutex);
+    pool_->closing = true;
+    pool_->queue.clear();
+  }
+  pool_->work.notify_all();
+  for (auto& t : pool_->threads) t.join();
+}
+
+std::size_t scheduler::busy() const {
+  std::lock_guard lock(pool_->mutex);
+  return pool_->in_flight.size();
+}
+
+void scheduler::run(const std::function<bool(storage::journal&)>& done, const std::atomic<bool>& stop) {
+  storage::journal journal(options_.db, options_.journal);
+  const std::string me = current_owner().str();
+  while (!stop) {
+    {
+      std::lock_guard lock(pool_->mutex);
+      if (pool_->in_flight.empty() && done && done(journal)) break;
+    }
+    for (const auto& brief : journal.schedulable(storage::now_ms())) {
+      std::lock_guard lock(pool_->mutex);
+      if (static_cast<int>(pool_->in_flight.size()) >= options_.max_concurrent) break;
+      if (pool_->in_flight.count(brief.id)) continue;
+      if (auto rest = pool_->resting.find(brief.id); rest != pool_->resting.end()) {
+        if (clock::now() < rest->second) continue;
+        pool_->resting.erase(rest);
+      }
+      if (options_.accept && !options_.accept(brief)) continue;
+      const bool held = brief.status != storage::run_status::waiting && !brief.owner.empty() && brief.owner != me;
+      if (held && check_owner(brief.owner) != owner_state::dead) continue;
+      pool_->in_flight.insert(brief.id);
+      pool_->queue.push_back(brief.id);
+      pool_->work.notify_one();
+    }
+    // Until the next poll, or sooner when an execution returns (a child that
+    // ended may wake its parent; a free slot may take the next run).
+    std::unique_lock lock(pool_->mutex);
+    pool_->returned.wait_for(lock, options_.poll);
+  }
+  stopping_ = true;
+  std::unique_lock lock(pool_->mutex);
+  for (const auto& id : pool_->queue) pool_->in_flight.erase(id);
+  pool_->queue.clear();
+  pool_->returned.wait(lock, [&] { return pool_->in_flight.empty(); });
+}
+
+}  // namespace cairn::engine

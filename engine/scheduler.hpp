@@ -1,0 +1,60 @@
+// Takes runs from the journal and executes them on a pool of threads: new
+// runs, runs whose wait is over (a timer is due, a signal came, a child
+// ended), and runs a dead host process left behind. `cairn serve` runs one
+// over the whole journal; `cairn run` runs one over its own run and its
+// children, so child runs and timers work without a daemon.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/engine.hpp"
+
+namespace cairn::engine {
+
+struct scheduler_options {
+  std::filesystem::path db;
+  storage::journal_options journal;
+  engine_options engine;  // engine.stopping is set by the scheduler
+  int max_concurrent = 8;
+  std::chrono::milliseconds poll{100};
+  // Only runs this accepts are taken (called on the scheduling thread, in
+  // creation order, so a child is seen after its parent). Empty: all.
+  std::function<bool(const storage::run_brief&)> accept;
+  // The observer of one execution, called on its worker thread; may be null.
+  std::function<run_observer*(const std::string& run_id)> observer_for;
+  // After each execution returns: the run ended, waits, or was handed back.
+  std::function<void(const storage::run_record&)> on_return;
+  // An execution that failed to run at all (journal error, busy, ...). The
+  // run is left alone for a few seconds before it is tried again.
+  std::function<void(const std::string& run_id, const std::string& error)> on_error;
+};
+
+class scheduler {
+ public:
+  explicit scheduler(scheduler_options options);
+  ~scheduler();
+  scheduler(const scheduler&) = delete;
+  scheduler& operator=(const scheduler&) = delete;
+
+  // Schedules until `done` (checked every poll, on this thread, with no
+  // execution in flight) says so, or until `stop` is set. Then, gracefully:
+  // no new runs; runs in flight finish their current step and are handed
+  // back, or are suspended (engine_options::stopping); returns when all are.
+  void run(const std::function<bool(storage::journal&)>& done, const std::atomic<bool>& stop);
+
+  // Executions in flight now.
+  std::size_t busy() const;
+
+ private:
+  struct pool;
+  scheduler_options options_;
+  std::atomic<bool> stopping_{false};
+  std::unique_ptr<pool> pool_;
+};
+
+}  // namespace cairn::engine
