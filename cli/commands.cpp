@@ -59,15 +59,21 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
     if (orphans.empty() && !as_json) std::cout << "nothing to resume: no run was left unfinished" << std::endl;
     int worst = 0;
     json results = json::array();
-    for (const auto& run : orphans) {
-      if (!run.parent_id.empty()) continue;  // followed with its parent
+    // A child is followed with its whole tree, from the top run down.
+    std::set<std::string> roots;
+    for (auto run : orphans) {
+      while (!run.parent_id.empty())
+        if (auto parent = journal.find_run(run.parent_id)) run = *parent;
+        else break;
+      if (!roots.insert(run.id).second) continue;
       if (!as_json) std::cout << fmt::format("resuming {} (left {} by {})", run.id, storage::to_string(run.status),
                                              run.owner.empty() ? "nobody" : engine::describe_owner(run.owner))
                               << std::endl;
       print_history(journal, run.id, as_json);
-      auto end = follow(p, run.id, as_json);
+      auto end = follow(p, run.id, as_json, true);
       results.push_back(to_json(end));
-      worst = std::max(worst, as_json ? (end.status == storage::run_status::completed ? 0 : 1) : report_end(end, false));
+      const bool fine = end.status == storage::run_status::completed || end.status == storage::run_status::waiting;
+      worst = std::max(worst, as_json ? (fine ? 0 : 1) : report_end(end, false));
     }
     if (as_json) std::cout << results.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     return worst;

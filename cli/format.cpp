@@ -110,6 +110,11 @@ std::string policy_summary(const json& policy) {
   for (const auto& [key, value] : policy["limits"].items())
     limits += fmt::format("{}{}={}", limits.empty() ? "" : " ", key, value.dump());
   std::string out = fmt::format("  network    {}\n  limits     {}\n", policy.value("network", "none"), limits);
+  if (policy.contains("timeouts") && policy["timeouts"].is_object()) {
+    const json& t = policy["timeouts"];
+    out += fmt::format("  timeouts   run {} s, step {} s, cancel grace {} s (0: none)\n", t.value("run_seconds", 0),
+                       t.value("step_seconds", 0), t.value("cancel_grace_seconds", 0));
+  }
   const json& tools = policy.value("tools", json::object());
   if (tools.empty()) out += "  tools      none granted\n";
   for (const auto& [name, grant] : tools.items()) {

@@ -140,7 +140,7 @@ int signal_command(const paths& p, const std::string& run_id, const std::string&
     const bool awaited = run->status == storage::run_status::waiting && run->wait && run->wait->kind == "signal" &&
                          run->wait->key == name;
     std::cout << fmt::format("signal '{}' queued for run {} ({}); {}", name, run_id, storage::to_string(run->status),
-                             awaited ? "it waits for it and wakes now"
+                             awaited ? "the run waits for it and takes it at its next wake-up"
                                      : "it is delivered once, when the run waits for it")
               << std::endl;
     if (run->status == storage::run_status::waiting)

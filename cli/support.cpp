@@ -93,6 +93,10 @@ int report_end(const storage::run_record& run, bool as_json) {
               << std::endl;
   }
   if (run.status == storage::run_status::completed) return 0;
+  if (run.status == storage::run_status::waiting) {
+    if (!as_json) std::cout << fmt::format("run {} {}", run.id, describe_wait(run)) << std::endl;
+    return 0;
+  }
   static const std::map<storage::run_status, std::string> verb = {{storage::run_status::in_doubt, "stopped in doubt"},
                                                                   {storage::run_status::cancelled, "was cancelled"},
                                                                   {storage::run_status::failed, "failed"}};
@@ -136,7 +140,7 @@ std::optional<engine::run_request> make_request(const paths& p, const run_args& 
   return request;
 }
 
-storage::run_record follow(const paths& p, const std::string& root, bool quiet) {
+storage::run_record follow(const paths& p, const std::string& root, bool quiet, bool until_idle) {
   engine::scheduler_options o;
   o.db = p.db;
   o.engine = options_for(p);
@@ -168,7 +172,12 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet) 
   std::atomic<bool> never{false};
   runs.run([&](storage::journal& journal) {
     auto run = journal.find_run(root);
-    return !run || over(run->status);
+    if (!run || over(run->status)) return true;
+    if (!until_idle) return false;
+    // Idle: nothing in the tree can move until a signal, a timer or another host does something.
+    for (const auto& b : journal.schedulable(storage::now_ms()))
+      if (tree.count(b.id) || tree.count(b.parent_id)) return false;
+    return true;
   }, never);
   storage::journal journal(p.db);
   return *journal.find_run(root);

@@ -65,7 +65,8 @@ int guarded(F&& body) {
   }
 }
 
-// Prints how the run ended; the exit code: 0 completed, 1 anything else.
+// Prints how the run ended (or what it waits for); the exit code: 0
+// completed or waiting, 1 failed, cancelled or in doubt.
 int report_end(const storage::run_record& run, bool as_json);
 // The steps already journaled, before a resumed run goes on.
 void print_history(storage::journal& journal, const std::string& run_id, bool quiet);
@@ -77,7 +78,9 @@ std::optional<engine::run_request> make_request(const paths& p, const run_args& 
 // Executes `root` and its child runs in this process until the root ends
 // (completed, failed, cancelled, in doubt), waiting out its timers, signals
 // and children; returns its final record. Runs that another live process
-// holds are left to it (and waited for).
-storage::run_record follow(const paths& p, const std::string& root, bool quiet);
+// holds are left to it (and waited for). With `until_idle`, returns as soon
+// as nothing in the tree can move without outside help (the root may then
+// be waiting, e.g. for a signal).
+storage::run_record follow(const paths& p, const std::string& root, bool quiet, bool until_idle = false);
 
 }  // namespace cairn::cli

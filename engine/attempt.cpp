@@ -120,7 +120,7 @@ void attempt_driver::supervise() {
   }
   if (!cancel_sent_) {
     auto fresh = journal_.find_run(run_.id);
-    if (fresh && fresh->cancel_requested_at_ms) start_cancel("the run was cancelled (cairn cancel)", false);
+    if (fresh && fresh->cancel_requested_at_ms) start_cancel(cancel_reason(journal_, run_.id), false);
     else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms)
       start_cancel(fmt::format("the run exceeded its timeout of {} s (timeouts.run_seconds in the policy)",
                                policy_.timeouts.run.count()),

@@ -105,7 +105,7 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
     run = journal_.find_run(run_id);
     if (run->cancel_requested_at_ms)
       return end_run(run_id, storage::run_status::cancelled, nullptr,
-                     protocol::error_info{"the run was cancelled (cairn cancel)", "cancelled"}, watch);
+                     protocol::error_info{cancel_reason(journal_, run_id), "cancelled"}, watch);
     if (run->deadline_ms && storage::now_ms() >= *run->deadline_ms)
       return end_run(run_id, storage::run_status::failed, nullptr,
                      protocol::error_info{fmt::format("the run exceeded its timeout of {} s (timeouts.run_seconds in "
@@ -237,7 +237,7 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
     return engine_error(errc::bad_request, fmt::format("run {} already ended ({}); there is nothing to cancel", r.id,
                                                        storage::to_string(r.status)));
   };
-  if (ended(run->status) || !journal_.request_cancel(run_id)) throw refuse(*journal_.find_run(run_id));
+  if (ended(run->status) || !journal_.request_cancel(run_id, reason)) throw refuse(*journal_.find_run(run_id));
   if (journal_.cancel_idle_run(run_id, reason)) {
     cancel_children(run_id, fmt::format("its parent run {} was cancelled", run_id));
     return cancel_outcome::cancelled;
@@ -252,6 +252,13 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
     return cancel_outcome::cancelled;
   }
   return cancel_outcome::requested;
+}
+
+std::string cancel_reason(storage::journal& journal, const std::string& run_id) {
+  std::string reason;
+  for (const auto& e : journal.events(run_id))
+    if (e.kind == "cancel_requested" && e.data.is_object()) reason = e.data.value("reason", "");
+  return reason.empty() ? "the run was cancelled" : reason;
 }
 
 bool wait_is_over(storage::journal& journal, const storage::run_record& run) {
@@ -310,8 +317,9 @@ runtime::sandbox_backend& engine::backend(const std::string& name) {
 std::vector<storage::run_record> engine::orphaned_runs() {
   std::vector<storage::run_record> found;
   for (auto& run : journal_.list_runs()) {
-    bool orphan = (run.status == storage::run_status::running || run.status == storage::run_status::pending) &&
-                  (run.owner.empty() || check_owner(run.owner) == owner_state::dead);
+    bool orphan = ((run.status == storage::run_status::running || run.status == storage::run_status::pending) &&
+                   (run.owner.empty() || check_owner(run.owner) == owner_state::dead)) ||
+                  (run.status == storage::run_status::waiting && wait_is_over(journal_, run));
     if (orphan) found.push_back(std::move(run));
   }
   std::reverse(found.begin(), found.end());

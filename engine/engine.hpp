@@ -120,7 +120,8 @@ class engine {
   storage::run_record settle(const std::string& run_id, std::uint64_t seq, const settlement& s);
 
   // Runs left unfinished by host processes that have died, oldest first,
-  // plus pending runs nobody has started.
+  // plus pending runs nobody has started and waiting runs whose wait is over
+  // (a timer that came due while no host was up).
   std::vector<storage::run_record> orphaned_runs();
 
   // Queues signal `name` for the run; the run gets it (once) from
@@ -159,6 +160,9 @@ class engine {
 // Can a waiting run move now (its timer is due, its signal is queued or timed
 // out, its child ended, it was cancelled or ran out of time)?
 bool wait_is_over(storage::journal& journal, const storage::run_record& run);
+
+// Why the run was cancelled, as `cairn cancel --reason` said.
+std::string cancel_reason(storage::journal& journal, const std::string& run_id);
 
 // A fresh run id: "run-" and 12 hex digits.
 std::string new_run_id();

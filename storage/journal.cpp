@@ -702,7 +702,7 @@ void journal::release_run(std::string_view id, std::string_view reason) {
   });
 }
 
-bool journal::request_cancel(std::string_view id) {
+bool journal::request_cancel(std::string_view id, std::string_view reason) {
   return impl_->guard(id, [&] {
     SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
     if (is_finished(impl_->status_of(id))) return false;
@@ -712,7 +712,7 @@ bool journal::request_cancel(std::string_view id) {
                   "WHERE id = ? AND cancel_requested_at_ms IS NULL",
                   now, now, id)
             .exec() == 1) {
-      impl_->event(id, "cancel_requested", json::object(), std::nullopt);
+      impl_->event(id, "cancel_requested", {{"reason", reason}}, std::nullopt);
       tx.commit();
     }
     return true;

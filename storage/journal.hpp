@@ -200,7 +200,7 @@ class journal {
   // Marks that someone asked to cancel the run; the engine acts on it. Records
   // cancel_requested the first time. True if the run is now marked (also when
   // it already was), false if it has finished.
-  bool request_cancel(std::string_view id);
+  bool request_cancel(std::string_view id, std::string_view reason = {});
   // Compare-and-set: cancels the run only if it is pending or waiting and has
   // no owner: status cancelled, error {message, "cancelled"}, finish time set,
   // wait cleared, event run_cancelled. Returns whether it did.
