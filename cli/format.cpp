@@ -92,7 +92,7 @@ std::string run_summary(const storage::run_record& r) {
   out += fmt::format("  input      {}\n", preview(r.input, 100));
   out += fmt::format("  sandbox    {}\n", r.sandbox);
   out += fmt::format("  workspace  {}\n", r.workspace);
-  out += fmt::format("  attempts   {} (up to {} per resume)\n", r.attempts, r.max_attempts);
+  out += fmt::format("  attempts   {} sandbox starts (up to {} crashes per resume)\n", r.attempts, r.max_attempts);
   out += fmt::format("  created    {}\n", format_time(r.created_at_ms));
   if (r.finished_at_ms) out += fmt::format("  finished   {}\n", format_time(*r.finished_at_ms));
   if (!r.owner.empty()) out += fmt::format("  owner      {}\n", r.owner);

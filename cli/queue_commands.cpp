@@ -111,7 +111,9 @@ int serve_command(const paths& p, const serve_args& args) {
     engine::scheduler runs(std::move(o));
     std::thread announce([&runs] {
       while (!stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      log_line(fmt::format("stopping: no new runs; {} in flight finish their step or are suspended", runs.busy()));
+      const auto busy = runs.busy();
+      log_line(fmt::format("stopping: no new runs; {} run{} in flight finish{} the current step or suspend{}", busy,
+                           busy == 1 ? "" : "s", busy == 1 ? "es" : "", busy == 1 ? "s" : ""));
     });
     runs.run(nullptr, stop_requested);
     stop_requested = true;

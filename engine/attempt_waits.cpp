@@ -51,10 +51,12 @@ void attempt_driver::hold(const storage::wait_spec& wait, std::chrono::milliseco
   const auto since = clock::now();
   for (;;) {
     if (finish()) return;
+    // Before supervise(), which hands back a run that is between steps: a waiting one is suspended.
+    if (stopping()) end({kind::suspended, nullptr, {}, wait});
     supervise();
     if (cancel_sent_) return;  // the agent hears cancel instead of an answer
     if (process_->poll_exit()) throw runtime::channel_closed("the agent ended while it waited", false);
-    if (stopping() || clock::now() - since >= max_hold) end({kind::suspended, nullptr, {}, wait});
+    if (clock::now() - since >= max_hold) end({kind::suspended, nullptr, {}, wait});
     auto pause = 50ms;
     if (wait.wake_at_ms) {
       auto left = std::chrono::milliseconds(*wait.wake_at_ms - storage::now_ms());

@@ -175,9 +175,12 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
 storage::run_record engine::end_run(const std::string& run_id, storage::run_status status, const json& output,
                                     const std::optional<protocol::error_info>& error, run_observer& watch) {
   crash_point("before_finish");
-  journal_.finish_run(run_id, status, output, error);
+  // Files first: once the journal says the run ended, nothing releases its
+  // workspace again. A crash in between only replays the run.
   auto run = *journal_.find_run(run_id);
   release_workspace(backend(run.sandbox), run, watch);
+  journal_.finish_run(run_id, status, output, error);
+  run = *journal_.find_run(run_id);
   cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
   return run;
 }

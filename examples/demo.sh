@@ -3,7 +3,10 @@
 # its sources and asks a model through the host (tools under its policy; a
 # local OpenAI-compatible mock stands in for the LLM, so no network or API key
 # is needed); a flaky agent crashes and is retried; the host process of a run
-# is killed with SIGKILL mid-run and the run resumed from the journal.
+# is killed with SIGKILL mid-run and the run resumed from the journal. Then
+# the daemon, `cairn serve`: a refund waits for a human's approval (a signal),
+# a lead agent fans work out to child agents, a run and its children are
+# cancelled, and the daemon stops gracefully on SIGTERM.
 set -euo pipefail
 
 build="${1:-build}"
@@ -39,7 +42,17 @@ show "$cairn" doctor
 step "A local OpenAI-compatible server stands in for the LLM and the web (loopback only)"
 scratch="$(mktemp -d)"
 mock_pid=""
+serve_pid=""
+waiting_runs=()  # this demo's runs that could be left waiting if it stops early
 cleanup() {
+  if [ -n "$serve_pid" ] && kill -0 "$serve_pid" 2>/dev/null; then
+    kill -TERM "$serve_pid" 2>/dev/null
+    for _ in $(seq 1 100); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$serve_pid" 2>/dev/null || true
+  fi
+  # Nothing of an interrupted demo may wait for a signal in the journal (a
+  # later `cairn resume --all` would follow it). Ended runs refuse the cancel.
+  for run in "${waiting_runs[@]}"; do "$cairn" cancel --no-wait "$run" >/dev/null 2>&1 || true; done
   [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null
   rm -rf "$scratch"
 }
@@ -70,8 +83,9 @@ step "The host dies just after a mail went out, before the result was journaled"
 echo "(cairn's crash-test hook CAIRN_CRASH_POINT kills the host at exactly that point)"
 input="{\"topic\":\"SQLite WAL\",\"sources\":$sources,\"notify\":\"team@example.com\"}"
 echo "\$ CAIRN_CRASH_POINT=tool_returned.send_email cairn run research_agent ... --id mail-$tag"
-( CAIRN_CRASH_POINT=tool_returned.send_email "$cairn" run "$build/examples/research_agent" \
-  --policy "$here/research_agent.policy.json" --input "$input" --id "mail-$tag" >/dev/null 2>&1 ) 2>/dev/null || true
+# (in braces, so that bash's own "Killed" notice goes to /dev/null too)
+{ ( CAIRN_CRASH_POINT=tool_returned.send_email "$cairn" run "$build/examples/research_agent" \
+  --policy "$here/research_agent.policy.json" --input "$input" --id "mail-$tag" >/dev/null 2>&1 ); } 2>/dev/null || true
 echo "send_email is at-most-once: cairn will not guess whether the mail went out"
 show "$cairn" resume "mail-$tag" || true
 echo "--- the operator checks the outbox: the mail is there"
@@ -95,9 +109,103 @@ for _ in $(seq 1 100); do
 done
 cat "$out"
 echo "\$ kill -9 $host   # the cairn host process, with the agent mid-step"
-kill -9 "$host"
-wait "$host" 2>/dev/null || true
+{ kill -9 "$host"; wait "$host"; } 2>/dev/null || true   # braces: bash's "Killed" notice too
 rm -f "$out"
 show "$cairn" ls
 show "$cairn" resume --all
 show "$cairn" show "killed-$tag"
+
+# The status of run $1, from `cairn ls`.
+status_of() { "$cairn" ls | awk -v id="$1" '$1 == id { print $2 }'; }
+# Waits until run $1 has status $2: at most $3 seconds (default 20), then the demo fails.
+await() {
+  local deadline=$((SECONDS + ${3:-20}))
+  until [ "$(status_of "$1")" = "$2" ]; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "demo: run $1 is '$(status_of "$1")', not $2, after ${3:-20} s; the daemon's log:" >&2
+      cat "$scratch/serve.log" >&2
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+# Waits until run $1 has journaled at least $2 steps (at most 20 s).
+await_steps() {
+  local deadline=$((SECONDS + 20))
+  until [ "$("$cairn" ls | awk -v id="$1" '$1 == id { print $4 }')" -ge "$2" ] 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "demo: run $1 has not journaled $2 steps after 20 s; the daemon's log:" >&2
+      cat "$scratch/serve.log" >&2
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+# `cairn ls`, only the header and the rows of runs whose id starts with $1.
+ls_runs() {
+  printf '$ cairn ls   # the header and the rows of %s*\n' "$1"
+  "$cairn" ls | awk -v p="$1" 'NR == 1 || index($1, p) == 1'
+}
+
+step "The daemon: cairn serve runs what is submitted, fires timers, delivers signals"
+echo "\$ cairn serve --max-concurrent 4 >serve.log &"
+"$cairn" serve --max-concurrent 4 >"$scratch/serve.log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 1 100); do [ -s "$scratch/serve.log" ] && break; sleep 0.1; done
+cat "$scratch/serve.log"
+kill -0 "$serve_pid" 2>/dev/null || { echo "demo: cairn serve did not start (see above)" >&2; exit 1; }
+echo "--- one daemon per journal:"
+printf '$ cairn serve\n'
+timeout 10 "$cairn" serve || echo "(exit $?)"
+
+step "A refund that a human must approve: the run waits for a signal, holding no sandbox"
+refund="refund-$tag"
+waiting_runs+=("$refund")
+show "$cairn" submit "$build/examples/approval_agent" --id "$refund" \
+  --input '{"order":"A-1042","customer":"ada@example.com","amount":120,"currency":"EUR","reason":"parcel arrived damaged","cool_down_s":1}'
+await "$refund" waiting
+ls_runs "$refund"
+show "$cairn" show "$refund"
+echo "--- an approver decides:"
+show "$cairn" signal "$refund" approval --data '{"approved":true,"by":"maria","note":"photo of the damage attached"}'
+await "$refund" completed
+show "$cairn" show "$refund"
+echo "--- its audit log and the refund it issued, in its workspace:"
+cat "$CAIRN_HOME/workspaces/$refund/audit.log" "$CAIRN_HOME/workspaces/$refund/refunds/A-1042.json"
+
+step "A lead agent fans a task out to three worker agents (child runs) and merges what they return"
+team="team-$tag"
+show "$cairn" submit "$build/examples/team_agent" --id "$team" --input '{"workers":3,"fail_part":2}'
+await "$team" completed
+ls_runs "$team"
+show "$cairn" show "$team"
+
+step "Cancel a run: its children are cancelled with it"
+crew="crew-$tag"
+waiting_runs+=("$crew")
+echo "(each worker pauses 60 s between its steps, with ctx.sleep)"
+show "$cairn" submit "$build/examples/team_agent" --id "$crew" --input '{"workers":2,"pause_ms":60000}'
+for run in "$crew" "$crew.1" "$crew.2"; do await "$run" waiting; done
+ls_runs "$crew"
+show "$cairn" cancel "$crew" --reason "the task was withdrawn"
+ls_runs "$crew"
+
+step "SIGTERM stops the daemon gracefully: a run in flight is suspended, nothing is lost"
+late="refund-late-$tag"
+waiting_runs+=("$late")
+show "$cairn" submit "$build/examples/approval_agent" --id "$late" \
+  --input '{"order":"A-1043","customer":"bob@example.com","amount":80,"currency":"EUR","reason":"ordered twice"}'
+await_steps "$late" 1   # its proposal is drafted; it waits for a decision, its sandbox still alive
+echo "\$ kill -TERM $serve_pid   # cairn serve"
+kill -TERM "$serve_pid"
+for _ in $(seq 1 150); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$serve_pid" 2>/dev/null; then echo "demo: cairn serve did not stop within 15 s" >&2; exit 1; fi
+serve_rc=0
+wait "$serve_pid" || serve_rc=$?
+serve_pid=""
+echo "--- the daemon's log (it exited with $serve_rc):"
+cat "$scratch/serve.log"
+ls_runs "$late"
+echo "--- no daemon now: the run waits in the journal; a signal, and cairn resume finishes it in this process"
+show "$cairn" signal "$late" approval --data '{"approved":false,"by":"lee","note":"duplicate of A-1042"}'
+show "$cairn" resume "$late"

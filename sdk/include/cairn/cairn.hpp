@@ -208,8 +208,9 @@ class context {
   void emit(const json& data);
 
   const std::string& run_id() const;
-  // The run's attempt, 1-based: 2 and up after the sandbox crashed and the
-  // run was resumed from its journal.
+  // The run's attempt, 1-based: each start of its sandbox counts, so 2 and up
+  // after the sandbox crashed, a step timed out, or the run woke from a
+  // suspension (a long sleep or wait) and was resumed from its journal.
   int attempt() const;
   // True while the workflow is being fast-forwarded through journaled steps.
   bool replaying() const;
