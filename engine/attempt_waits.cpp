@@ -180,6 +180,8 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
   child.workspace = (fs::path(run_.workspace).parent_path() / id).string();
   child.policy = run_.policy;
   child.parent_id = run_.id;
+  if (policy_.timeouts.run.count() > 0)
+    child.deadline_ms = storage::now_ms() + std::chrono::milliseconds(policy_.timeouts.run).count();
   journal_.create_run(child);  // a replay after a crash finds the same id: created once
   crash_point("child_created");
   r.output = {{"run_id", id}};

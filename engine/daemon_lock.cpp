@@ -32,6 +32,8 @@ std::string read_all(int fd) {
 
 daemon_lock::daemon_lock(const std::filesystem::path& journal) {
   const auto path = lock_path(journal);
+  std::error_code ec;
+  if (journal.has_parent_path()) std::filesystem::create_directories(journal.parent_path(), ec);
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw engine_error(errc::bad_request, fmt::format("cannot open the daemon lock {}: {}", path.string(),

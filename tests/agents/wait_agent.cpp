@@ -13,9 +13,11 @@
 //                                                    a step that takes `ms` (longer on attempt 1 only
 //                                                    when "first_only" is true), with a timeout
 //   {"op": "fail", "message": "boom"}                 throw from the workflow
+//   {"op": "crash"}                                  abort outside any step, on every attempt
 // With "catch": true a child_failed / step_failed / child_error is caught and
 // recorded in the output instead of failing the run.
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -76,6 +78,7 @@ json run_op(cairn::context& ctx, const json& op, std::vector<cairn::child_handle
     }, policy);
   }
   if (kind == "fail") throw std::runtime_error(op.value("message", "the plan says fail"));
+  if (kind == "crash") std::abort();
   throw cairn::terminal_error("unknown op " + kind);
 }
 

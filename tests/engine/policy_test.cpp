@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <set>
 
 #include "engine/policy.hpp"
 #include "tests/temp_dir.hpp"
@@ -121,4 +122,85 @@ TEST_CASE("a user tool's program may be named relative to its policy file") {
   auto p = engine::load_policy_file(dir / "p.json");
   CHECK(p.commands.at("mailer").command ==
         std::vector<std::string>{(dir / "tools" / "mailer.sh").string(), "--fast"});
+}
+
+TEST_CASE("timeouts, retry and children are parsed strictly, naming the key") {
+  CHECK_THAT(rejection({{"timeouts", 5}}), Catch::StartsWith("timeouts | ") && Catch::Contains("JSON object"));
+  CHECK_THAT(rejection({{"timeouts", {{"run", 5}}}}), Catch::StartsWith("timeouts.run | "));
+  CHECK_THAT(rejection({{"timeouts", {{"step_seconds", "10"}}}}),
+             Catch::StartsWith("timeouts.step_seconds | ") && Catch::Contains("whole number"));
+  CHECK_THAT(rejection({{"timeouts", {{"run_seconds", -1}}}}), Catch::StartsWith("timeouts.run_seconds | "));
+  CHECK_THAT(rejection({{"timeouts", {{"cancel_grace_seconds", 7200}}}}),
+             Catch::StartsWith("timeouts.cancel_grace_seconds | ") && Catch::Contains("impossible"));
+  CHECK_THAT(rejection({{"retry", {{"backoff", 1}}}}), Catch::StartsWith("retry.backoff | "));
+  CHECK_THAT(rejection({{"retry", {{"jitter", 1.5}}}}), Catch::StartsWith("retry.jitter | "));
+  CHECK_THAT(rejection({{"retry", {{"jitter", "some"}}}}), Catch::StartsWith("retry.jitter | "));
+  CHECK_THAT(rejection({{"retry", {{"multiplier", 0.5}}}}), Catch::StartsWith("retry.multiplier | "));
+  CHECK_THAT(rejection({{"retry", {{"initial_ms", 500}, {"max_ms", 100}}}}),
+             Catch::StartsWith("retry.max_ms | ") && Catch::Contains("initial_ms"));
+  CHECK_THAT(rejection({{"children", {{"max", -1}}}}), Catch::StartsWith("children.max | "));
+  CHECK_THAT(rejection({{"children", {{"agent", json::array()}}}}), Catch::StartsWith("children.agent | "));
+  CHECK_THAT(rejection({{"children", {{"agents", {"agents/helper"}}}}}),
+             Catch::StartsWith("children.agents | ") && Catch::Contains("absolute path"));
+  CHECK_THAT(rejection({{"children", {{"agents", "/bin/true"}}}}), Catch::StartsWith("children.agents | "));
+}
+
+TEST_CASE("timeouts, retry and children have defaults and survive the normalized form") {
+  auto d = engine::parse_policy(json::object());
+  CHECK(d.timeouts.run.count() == 0);
+  CHECK(d.timeouts.step.count() == 0);
+  CHECK(d.timeouts.cancel_grace == std::chrono::seconds(10));
+  CHECK(d.retry.initial == std::chrono::milliseconds(200));
+  CHECK(d.children.max == 100);
+  CHECK(d.children.agents.empty());
+
+  json j = {{"timeouts", {{"run_seconds", 60}, {"step_seconds", 5}, {"cancel_grace_seconds", 2}}},
+            {"retry", {{"initial_ms", 100}, {"multiplier", 3}, {"max_ms", 5000}, {"jitter", 0.5}}},
+            {"children", {{"max", 4}, {"agents", {"/usr/lib/agents/helper"}}}}};
+  auto p = engine::parse_policy(j);
+  CHECK(p.timeouts.run == std::chrono::seconds(60));
+  CHECK(p.timeouts.step == std::chrono::seconds(5));
+  CHECK(p.timeouts.cancel_grace == std::chrono::seconds(2));
+  CHECK(p.retry.initial == std::chrono::milliseconds(100));
+  CHECK(p.retry.multiplier == 3.0);
+  CHECK(p.retry.max == std::chrono::milliseconds(5000));
+  CHECK(p.retry.jitter == 0.5);
+  CHECK(p.children.max == 4);
+  CHECK(p.children.agents == std::vector<std::string>{"/usr/lib/agents/helper"});
+
+  json normalized = engine::to_json(p);
+  CHECK(normalized["timeouts"] == j["timeouts"]);
+  CHECK(normalized["retry"] == j["retry"]);
+  CHECK(normalized["children"] == j["children"]);
+  CHECK(engine::to_json(engine::parse_policy(normalized)) == normalized);
+}
+
+TEST_CASE("a children.agents path is taken relative to its policy file") {
+  testing::temp_dir dir;
+  std::ofstream(dir / "p.json") << R"({"children": {"agents": ["agents/helper"]}})";
+  auto p = engine::load_policy_file(dir / "p.json");
+  CHECK(p.children.agents == std::vector<std::string>{(dir / "agents" / "helper").string()});
+}
+
+TEST_CASE("the run retry delay grows by its multiplier, stays within its jitter and respects max") {
+  engine::run_retry r;
+  r.initial = std::chrono::milliseconds(1000);
+  r.multiplier = 2.0;
+  r.max = std::chrono::milliseconds(5000);
+  r.jitter = 0.25;
+  for (int crashes = 1; crashes <= 6; ++crashes) {
+    const std::int64_t full = std::min<std::int64_t>(1000 << (crashes - 1), 5000);
+    std::set<std::int64_t> seen;
+    for (int i = 0; i < 200; ++i) {
+      const auto d = r.delay_after(crashes).count();
+      CHECK(d >= full * 3 / 4);
+      CHECK(d <= full);
+      seen.insert(d);
+    }
+    CHECK(seen.size() > 1);  // the jitter spreads runs that crashed together
+  }
+  r.jitter = 0;
+  CHECK(r.delay_after(1) == std::chrono::milliseconds(1000));
+  CHECK(r.delay_after(3) == std::chrono::milliseconds(4000));
+  CHECK(r.delay_after(10) == std::chrono::milliseconds(5000));
 }
