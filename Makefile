@@ -25,6 +25,8 @@ bench: build
 	@$(BUILD)/bench/step_latency
 	@$(BUILD)/bench/sandbox_start
 	@$(BUILD)/bench/tool_call
+	@$(BUILD)/bench/concurrency
+	@$(BUILD)/bench/suspended
 
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

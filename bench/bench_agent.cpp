@@ -1,7 +1,10 @@
 // Benchmark agent: N empty steps, each timed from the call to ctx.step until
 // the host's ack returns (the step is then durable); or, with "tool", N calls
-// of that tool, each timed until its journaled result returns.
-// input: {"steps": N, "tool": "echo"}  output: {"step_us": [...]}
+// of that tool, each timed until its journaled result returns. With
+// "wait_signal", it then waits (no timeout) for that signal and returns its
+// payload too.
+// input: {"steps": N, "tool": "echo", "wait_signal": "go"}
+// output: {"step_us": [...], "signal": payload}
 #include <chrono>
 
 #include <cairn/cairn.hpp>
@@ -10,6 +13,7 @@ int main(int argc, char** argv) {
   return cairn::main(argc, argv, [](cairn::context& ctx, const cairn::json& input) -> cairn::json {
     const int n = input.value("steps", 1000);
     const std::string tool = input.value("tool", "");
+    const std::string signal = input.value("wait_signal", "");
     cairn::json us = cairn::json::array();
     for (int i = 0; i < n; ++i) {
       auto t0 = std::chrono::steady_clock::now();
@@ -17,6 +21,7 @@ int main(int argc, char** argv) {
       else ctx.tool(tool, {{"i", i}});
       us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
-    return {{"step_us", us}};
+    if (signal.empty()) return {{"step_us", us}};
+    return {{"step_us", us}, {"signal", *ctx.wait_signal(signal)}};
   });
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 
 #include <chrono>
 #include <thread>
@@ -64,14 +65,46 @@ unique_fd open_folder(const fs::path& folder) {
   return fd;
 }
 
-// The mounts of this process, by workspace folder; guards every mount and
-// unmount of a workspace image, so that one never races another.
+// The mounts of this process, by workspace folder. registry_mutex guards the
+// maps only (held for moments); the slow work on one workspace (copy, mount,
+// unmount, release) is serialized by that folder's own lock, so sandboxes of
+// different runs start and end in parallel. A sweep excludes all of them.
 struct registry_entry {
   std::shared_ptr<mounted_workspace> mount;
   int leases = 0;
 };
 std::mutex registry_mutex;
 std::map<fs::path, registry_entry> registry;
+std::map<fs::path, std::shared_ptr<std::mutex>> folder_locks;
+std::shared_mutex sweep_mutex;
+
+// Holds the lock of one workspace folder (and keeps sweeps out) while alive.
+class folder_guard {
+ public:
+  explicit folder_guard(fs::path folder) : sweep_(sweep_mutex), folder_(std::move(folder)) {
+    {
+      std::lock_guard lock(registry_mutex);
+      auto& slot = folder_locks[folder_];
+      if (!slot) slot = std::make_shared<std::mutex>();
+      mutex_ = slot;
+    }
+    mutex_->lock();
+  }
+  ~folder_guard() {
+    mutex_->unlock();
+    std::lock_guard lock(registry_mutex);
+    mutex_.reset();
+    auto it = folder_locks.find(folder_);
+    if (it != folder_locks.end() && it->second.use_count() == 1) folder_locks.erase(it);
+  }
+  folder_guard(const folder_guard&) = delete;
+  folder_guard& operator=(const folder_guard&) = delete;
+
+ private:
+  std::shared_lock<std::shared_mutex> sweep_;
+  fs::path folder_;
+  std::shared_ptr<std::mutex> mutex_;
+};
 
 std::optional<std::string> size_warning(const fs::path& image, std::uint64_t quota) {
   struct stat st {};
@@ -187,12 +220,17 @@ bool mounted_workspace::full() const {
 
 void workspace_lease::release() noexcept {
   if (!mount_) return;
-  std::lock_guard lock(registry_mutex);
-  auto entry = registry.find(folder_);
-  if (entry != registry.end() && --entry->second.leases == 0) {
-    entry->second.mount->unmount();
-    registry.erase(entry);
+  folder_guard busy(folder_);
+  std::shared_ptr<mounted_workspace> last;
+  {
+    std::lock_guard lock(registry_mutex);
+    auto entry = registry.find(folder_);
+    if (entry != registry.end() && --entry->second.leases == 0) {
+      last = entry->second.mount;
+      registry.erase(entry);
+    }
   }
+  if (last) last->unmount();
   mount_.reset();
 }
 
@@ -207,13 +245,16 @@ workspace_lease& workspace_lease::operator=(workspace_lease&& other) noexcept {
 
 workspace_mount_result mount_workspace_image(const quota_support& support, const fs::path& workspace,
                                              std::uint64_t bytes, uid_t uid, gid_t gid) {
-  std::lock_guard lock(registry_mutex);
+  folder_guard busy(workspace);
   workspace_mount_result result;
   fs::path image = workspace_image_path(workspace);
-  if (auto entry = registry.find(workspace); entry != registry.end()) {
-    ++entry->second.leases;
-    result.lease = workspace_lease(workspace, entry->second.mount);
-    return result;
+  {
+    std::lock_guard lock(registry_mutex);
+    if (auto entry = registry.find(workspace); entry != registry.end()) {
+      ++entry->second.leases;
+      result.lease = workspace_lease(workspace, entry->second.mount);
+      return result;
+    }
   }
   bool fresh = !fs::exists(image);
   const std::uint64_t image_bytes = workspace_image_size(bytes);
@@ -235,13 +276,16 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
         workspace.string(), e.what()));
     return result;
   }
-  registry[workspace] = {mount, 1};
+  {
+    std::lock_guard lock(registry_mutex);
+    registry[workspace] = {mount, 1};
+  }
   result.lease = workspace_lease(workspace, mount);
   return result;
 }
 
 std::size_t sweep_orphaned_workspace_mounts() {
-  std::lock_guard lock(registry_mutex);
+  std::unique_lock lock(sweep_mutex);
   std::size_t swept = 0;
   for (const auto& m : read_mountinfo()) {
     if (m.fstype != "ext4" || m.root != "/" || m.source.rfind("/dev/loop", 0) != 0) continue;
@@ -255,12 +299,17 @@ std::size_t sweep_orphaned_workspace_mounts() {
 }
 
 void release_workspace_image(const fs::path& given) {
-  std::lock_guard lock(registry_mutex);
   fs::path workspace = fs::weakly_canonical(given);
+  folder_guard busy(workspace);
   fs::path image = workspace_image_path(workspace);
   fs::path staging = workspace.string() + ".released";
   std::error_code ec;
-  if (registry.count(workspace))
+  bool in_use;
+  {
+    std::lock_guard lock(registry_mutex);
+    in_use = registry.count(workspace) > 0;
+  }
+  if (in_use)
     throw sandbox_error(sandbox_errc::bad_spec,
                         fmt::format("workspace {} is still used by a sandbox; destroy it first", workspace.string()));
   if (!fs::exists(image)) {

@@ -5,10 +5,12 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -446,12 +448,35 @@ std::int64_t now_ms() {
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
+// SQLite's own busy handler sleeps 1, 2, 5, ... 100 ms between tries. With a
+// writer per run (cairn serve) commits then queue behind those sleeps, one
+// run starving while another commits at once. Trying again every 0.1-2 ms
+// keeps the lock handed on as soon as it is free, up to busy_timeout.
+struct busy_wait {
+  std::chrono::milliseconds timeout;
+  std::chrono::steady_clock::time_point since;
+
+  static int on_busy(void* self, int tries) {
+    auto* w = static_cast<busy_wait*>(self);
+    const auto now = std::chrono::steady_clock::now();
+    if (tries == 0) w->since = now;
+    if (now - w->since >= w->timeout) return 0;
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(100 * (tries + 1), 2000)));
+    return 1;
+  }
+};
+
 struct journal::impl {
   fs::path path;
   SQLite::Database db;
+  busy_wait busy;
 
   impl(const fs::path& p, const journal_options& options)
-      : path(p), db(guard({}, [&] { return options.read_only ? open_read_only(p, options) : open_writable(p, options); })) {}
+      : path(p),
+        db(guard({}, [&] { return options.read_only ? open_read_only(p, options) : open_writable(p, options); })),
+        busy{options.busy_timeout, {}} {
+    sqlite3_busy_handler(db.getHandle(), &busy_wait::on_busy, &busy);
+  }
 
   // Runs `body`, turning SQLite's failures into storage_error. A transaction
   // inside `body` has rolled back by the time the error leaves.

@@ -1,0 +1,326 @@
+// What the daemon benchmarks (concurrency, suspended) need from the host: start
+// and stop `cairn` processes, read a process tree's memory and CPU from /proc,
+// measure disk use, and time the raw operation a run is built on: a bwrap
+// sandbox running /usr/bin/true, with the same flags as bench/sandbox_start.
+#pragma once
+
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/daemon_lock.hpp"
+#include "runtime/sandbox.hpp"
+
+namespace bench {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+inline double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+// The `cairn serve` a benchmark runs now (0: none), stopped by die().
+inline pid_t running_daemon = 0;
+
+[[noreturn]] inline void die(const std::string& message) {
+  std::fprintf(stderr, "bench: %s\n", message.c_str());
+  if (running_daemon > 0 && kill(running_daemon, SIGTERM) == 0) waitpid(running_daemon, nullptr, 0);
+  std::exit(1);
+}
+
+// Starts `argv` with CAIRN_HOME=home, stdout and stderr appended to `log`;
+// it gets SIGTERM if the benchmark dies first.
+inline pid_t start_process(const std::vector<std::string>& argv, const fs::path& home, const fs::path& log) {
+  pid_t pid = fork();
+  if (pid < 0) die("fork failed");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(126);
+    setenv("CAIRN_HOME", home.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for `pid`; its exit code, or 128 + the signal that killed it.
+inline int wait_exit(pid_t pid) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+inline int run_process(const std::vector<std::string>& argv, const fs::path& home, const fs::path& log) {
+  return wait_exit(start_process(argv, home, log));
+}
+
+// The whole of a file; "" when it cannot be read (e.g. the process of a /proc file is gone).
+// Plain read(2): an ifstream throws when a process exits while it reads.
+inline std::string read_whole_file(const std::string& path) {
+  std::string text;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return text;
+  char buf[8192];
+  for (;;) {
+    ssize_t got = ::read(fd, buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    text.append(buf, static_cast<std::size_t>(got));
+  }
+  ::close(fd);
+  return text;
+}
+
+// Waits until the `cairn serve` at `daemon` holds the journal `db` and has
+// created it, then a little longer for it to start its threads (so that its
+// RSS reads as idle). Dies if it exits or takes over 20 s.
+inline void wait_for_daemon(pid_t daemon, const fs::path& db, const fs::path& log) {
+  auto t0 = clock_type::now();
+  while (!cairn::engine::daemon_holder(db) || !fs::exists(db)) {
+    int status = 0;
+    if (waitpid(daemon, &status, WNOHANG) == daemon) die("cairn serve exited; see " + log.string());
+    if (ms_since(t0) > 20'000) die("cairn serve did not start within 20 s; see " + log.string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
+
+// A field of /proc/PID/status in kB ("VmRSS", "VmHWM"), or the count for
+// "Threads"; -1 when the process is gone.
+inline long status_field(pid_t pid, const std::string& name) {
+  std::istringstream in(read_whole_file("/proc/" + std::to_string(pid) + "/status"));
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(name + ":", 0) == 0) return std::atol(line.c_str() + name.size() + 1);
+  return -1;
+}
+
+// Proportional set size in kB (shared pages split among their users); -1 if unknown.
+inline long pss_kb(pid_t pid) {
+  std::istringstream in(read_whole_file("/proc/" + std::to_string(pid) + "/smaps_rollup"));
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("Pss:", 0) == 0) return std::atol(line.c_str() + 4);
+  return -1;
+}
+
+struct proc_stat {
+  pid_t ppid = 0;
+  std::string comm;
+  long long cpu_ticks = 0;        // utime + stime
+  long long child_cpu_ticks = 0;  // cutime + cstime: its reaped children's
+};
+
+inline std::optional<proc_stat> read_stat(pid_t pid) {
+  const std::string text = read_whole_file("/proc/" + std::to_string(pid) + "/stat");
+  auto open = text.find('('), close = text.rfind(')');
+  if (open == std::string::npos || close == std::string::npos) return std::nullopt;
+  proc_stat s;
+  s.comm = text.substr(open + 1, close - open - 1);
+  std::istringstream rest(text.substr(close + 2));
+  std::string state;
+  long long field = 0;
+  rest >> state >> s.ppid;
+  // Fields 5..13 (pgrp .. majflt, cmajflt), then 14 utime and 15 stime.
+  for (int i = 5; i <= 13; ++i) rest >> field;
+  long long utime = 0, stime = 0, cutime = 0, cstime = 0;
+  rest >> utime >> stime >> cutime >> cstime;
+  s.cpu_ticks = utime + stime;
+  s.child_cpu_ticks = cutime + cstime;
+  return s;
+}
+
+inline double ticks_to_seconds(long long ticks) {
+  return static_cast<double>(ticks) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// CPU time of the process itself, or with its reaped children.
+inline double cpu_seconds(pid_t pid, bool with_children = false) {
+  auto s = read_stat(pid);
+  if (!s) return 0;
+  return ticks_to_seconds(s->cpu_ticks + (with_children ? s->child_cpu_ticks : 0));
+}
+
+// CPU time of this process's reaped children.
+inline double own_children_seconds() {
+  struct rusage ru {};
+  getrusage(RUSAGE_CHILDREN, &ru);
+  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return secs(ru.ru_utime) + secs(ru.ru_stime);
+}
+
+// Every process on the host, pid -> its stat.
+inline std::map<pid_t, proc_stat> all_processes() {
+  std::map<pid_t, proc_stat> procs;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator("/proc", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = std::atoi(name.c_str());
+    if (auto s = read_stat(pid)) procs[pid] = *s;
+  }
+  return procs;
+}
+
+// CPU time of the kernel's threads (children of kthreadd: kworkers, loop
+// devices, RCU, softirq): work a sandbox causes outside any process. Unlike
+// the host's total busy time, it leaves out unrelated processes.
+inline double kernel_threads_seconds() {
+  long long ticks = 0;
+  for (const auto& [pid, s] : all_processes())
+    if (pid == 2 || s.ppid == 2) ticks += s.cpu_ticks;
+  return ticks_to_seconds(ticks);
+}
+
+// The process tree under `root` (children, their children, ...), root excluded.
+struct process_tree {
+  std::vector<pid_t> descendants;
+  int sandboxes = 0;  // children named bwrap: one per live sandbox
+  long rss_kb = 0, pss_kb = 0;
+};
+
+inline process_tree tree_of(pid_t root) {
+  auto procs = all_processes();
+  process_tree tree;
+  std::vector<pid_t> frontier{root};
+  while (!frontier.empty()) {
+    pid_t parent = frontier.back();
+    frontier.pop_back();
+    for (const auto& [pid, s] : procs) {
+      if (s.ppid != parent) continue;
+      if (parent == root && s.comm == "bwrap") ++tree.sandboxes;
+      tree.descendants.push_back(pid);
+      frontier.push_back(pid);
+    }
+  }
+  for (pid_t pid : tree.descendants) {
+    tree.rss_kb += std::max(0L, status_field(pid, "VmRSS"));
+    tree.pss_kb += std::max(0L, pss_kb(pid));
+  }
+  return tree;
+}
+
+struct disk_use {
+  std::uintmax_t allocated = 0, apparent = 0, files = 0, folders = 0;
+};
+
+// Allocated blocks and apparent size of the files and folders under `dir`
+// (sparse files count what they hold).
+inline disk_use disk_use_of(const fs::path& dir) {
+  disk_use use;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) continue;
+    use.allocated += static_cast<std::uintmax_t>(st.st_blocks) * 512;
+    use.apparent += static_cast<std::uintmax_t>(st.st_size);
+    ++(S_ISDIR(st.st_mode) ? use.folders : use.files);
+  }
+  return use;
+}
+
+// Mounts (the workspaces' loop-mounted images) under `dir`.
+inline int mounts_under(const fs::path& dir) {
+  std::istringstream in(read_whole_file("/proc/self/mounts"));
+  std::string device, point, rest;
+  int n = 0;
+  while (in >> device >> point && std::getline(in, rest))
+    if (point.rfind(dir.string(), 0) == 0) ++n;
+  return n;
+}
+
+// Lines of a `cairn serve` log that report a warning or an execution error.
+inline std::vector<std::string> serve_warnings(const fs::path& log) {
+  std::istringstream in(read_whole_file(log.string()));
+  std::vector<std::string> found;
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find("warning:") != std::string::npos || line.find("not executed:") != std::string::npos)
+      found.push_back(line);
+  return found;
+}
+
+inline double mib(double kb) { return kb / 1024.0; }
+
+// The raw operation: `bwrap <sandbox_start's flags> /usr/bin/true`, spawned
+// and reaped as the sandbox uid. `count` starts with up to `concurrency` at
+// once; returns each start's latency in ms and, in `wall_ms`, the whole batch.
+// It reaps any child: call it while the caller has no other child process.
+struct raw_starts {
+  std::vector<double> ms;
+  double wall_ms = 0;
+  double cpu_ms = 0;  // per start: CPU of the bwrap processes and of kernel threads over the batch
+  double per_second() const { return wall_ms > 0 ? 1000.0 * static_cast<double>(ms.size()) / wall_ms : 0; }
+};
+
+inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
+  auto user = cairn::runtime::resolve_sandbox_user();
+  fs::create_directories(ws);
+  if (user) fs::permissions(ws, fs::perms::all);
+  std::vector<std::string> args{"bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop",
+                                "ALL", "--clearenv", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+                                "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc",
+                                "--dev", "/dev", "--tmpfs", "/tmp", "--bind", ws.string(), "/workspace",
+                                "/usr/bin/true"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  raw_starts out;
+  std::map<pid_t, clock_type::time_point> live;
+  auto reap_one = [&] {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) die("waitpid failed");
+    auto it = live.find(pid);
+    if (it == live.end()) return;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("raw bwrap failed, status " + std::to_string(status));
+    out.ms.push_back(ms_since(it->second));
+    live.erase(it);
+  };
+  auto t0 = clock_type::now();
+  const double cpu0 = own_children_seconds() + kernel_threads_seconds();
+  for (int i = 0; i < count; ++i) {
+    while (static_cast<int>(live.size()) >= concurrency) reap_one();
+    auto start = clock_type::now();
+    pid_t pid = fork();
+    if (pid == 0) {
+      if (user && (setgroups(0, nullptr) != 0 || setresgid(user->gid, user->gid, user->gid) != 0 ||
+                   setresuid(user->uid, user->uid, user->uid) != 0))
+        _exit(126);
+      execvp("bwrap", argv.data());
+      _exit(127);
+    }
+    live[pid] = start;
+  }
+  while (!live.empty()) reap_one();
+  out.wall_ms = ms_since(t0);
+  out.cpu_ms = 1000.0 * (own_children_seconds() + kernel_threads_seconds() - cpu0) / count;
+  return out;
+}
+
+}  // namespace bench

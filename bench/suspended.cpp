@@ -1,0 +1,219 @@
+// bench/suspended: what parked runs cost the host, and how fast they wake.
+// Under `cairn serve --max-concurrent M --suspend-after 0` (fresh CAIRN_HOME
+// under /var/tmp) it parks N runs (default 1000) of an agent that does one
+// step, then ctx.wait_signal("go") with no timeout; runs are submitted
+// in-process (engine::submit, what `cairn submit` does, without N process
+// starts). Once all N are waiting it reports the processes the host holds for
+// them, the daemon's RSS and idle CPU, the journal's size and the workspaces'
+// disk use. Then it queues signal "go" for every run in-process
+// (engine::signal, what `cairn signal` does) and times until every run has
+// completed. The raw operation, measured in the same run before the daemon
+// starts: `bwrap ... /usr/bin/true`, one at a time and with up to M at once.
+// usage: suspended [N] [M]     (defaults 1000 and 8, cairn serve's default)
+#include <atomic>
+#include <cstdio>
+
+#include "bench/host_probe.hpp"
+#include "bench/stats.hpp"
+#include "engine/engine.hpp"
+
+using namespace cairn;
+using bench::clock_type;
+using bench::ms_since;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string run_id(int i) { return "park-" + std::to_string(i); }
+
+// Peak daemon RSS and live sandboxes while runs park or wake; read them after
+// run() has returned.
+struct peak_sampler {
+  explicit peak_sampler(pid_t pid) : daemon(pid) {}
+  pid_t daemon;
+  std::atomic<bool> stop{false};
+  long rss_kb = 0;
+  int live = 0;
+
+  void run() {
+    while (!stop) {
+      rss_kb = std::max(rss_kb, bench::status_field(daemon, "VmRSS"));
+      live = std::max(live, bench::tree_of(daemon).sandboxes);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+};
+
+// Polls until `count` runs have status `want`, printing progress; dies if one
+// ends otherwise or the deadline passes.
+double wait_for(storage::journal& journal, storage::run_status want, int count, clock_type::time_point t0,
+                const fs::path& log) {
+  auto last_report = clock_type::now();
+  for (;;) {
+    auto counts = journal.count_by_status();
+    if (counts[want] == count) return ms_since(t0);
+    for (auto bad : {storage::run_status::failed, storage::run_status::cancelled, storage::run_status::in_doubt})
+      if (counts[bad] > 0 && bad != want) bench::die("a run ended " + std::string(storage::to_string(bad)) + "; see " + log.string());
+    if (ms_since(t0) > 900'000) bench::die("not done after 15 min; see " + log.string());
+    if (ms_since(last_report) > 10'000) {
+      std::fprintf(stderr, "  %.0f s: %d/%d %s\n", ms_since(t0) / 1000, counts[want], count,
+                   std::string(storage::to_string(want)).c_str());
+      last_report = clock_type::now();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1000;
+  const int m = argc > 2 ? std::max(1, std::atoi(argv[2])) : 8;  // cairn serve's default
+  const fs::path base = fs::path("/var/tmp") / ("cairn-bench-suspended-" + std::to_string(getpid()));
+  const fs::path home = base / "home", db = home / "cairn.db", log = home / "serve.log";
+  fs::create_directories(home);
+
+  auto raw_seq = bench::raw_bwrap(base / "raw-ws", 30, 1);
+  auto raw_conc = bench::raw_bwrap(base / "raw-ws", std::min(n, 200), m);
+  const double raw_p50 = summarize(raw_seq.ms).p50;
+
+  pid_t daemon = bench::start_process(
+      {CAIRN_BIN, "serve", "--max-concurrent", std::to_string(m), "--suspend-after", "0"}, home, log);
+  bench::running_daemon = daemon;
+  bench::wait_for_daemon(daemon, db, log);
+  const long idle_rss = bench::status_field(daemon, "VmRSS");
+
+  storage::journal journal(db);
+  engine::engine_options options;
+  options.log_dir = home / "logs";
+  engine::engine eng(journal, options);
+
+  // Park.
+  peak_sampler parking(daemon);
+  std::thread sampling([&] { parking.run(); });
+  auto t_park = clock_type::now();
+  double kernel0 = bench::kernel_threads_seconds(), daemon0 = bench::cpu_seconds(daemon, true);
+  for (int i = 0; i < n; ++i) {
+    engine::run_request r;
+    r.id = run_id(i);
+    r.agent = BENCH_AGENT;
+    r.input = {{"steps", 1}, {"wait_signal", "go"}};
+    r.workspace = home / "workspaces" / r.id;
+    eng.submit(r);
+  }
+  const double submit_ms = ms_since(t_park);
+  const double park_ms = wait_for(journal, storage::run_status::waiting, n, t_park, log);
+  const double park_kernel_cpu = 1000.0 * (bench::kernel_threads_seconds() - kernel0) / n,
+               park_daemon_cpu = 1000.0 * (bench::cpu_seconds(daemon, true) - daemon0) / n;
+  parking.stop = true;
+  sampling.join();
+
+  // All parked: what the host holds for them. The daemon's CPU over a quiet
+  // window shows what N waiting runs cost its scheduler.
+  const auto tree = bench::tree_of(daemon);
+  const long parked_rss = bench::status_field(daemon, "VmRSS"), threads = bench::status_field(daemon, "Threads");
+  const double cpu0 = bench::cpu_seconds(daemon);
+  const auto quiet0 = clock_type::now();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const double idle_cpu_pct = 100.0 * (bench::cpu_seconds(daemon) - cpu0) / (ms_since(quiet0) / 1000.0);
+  std::uintmax_t journal_bytes = 0;
+  for (const char* suffix : {"", "-wal", "-shm"})
+    if (fs::exists(db.string() + suffix)) journal_bytes += fs::file_size(db.string() + suffix);
+  const auto ws = bench::disk_use_of(home / "workspaces");
+  const int mounts = bench::mounts_under(home);
+
+  // Wake.
+  peak_sampler waking(daemon);
+  sampling = std::thread([&] { waking.run(); });
+  std::vector<double> signal_ms;
+  auto t_wake = clock_type::now();
+  kernel0 = bench::kernel_threads_seconds();
+  daemon0 = bench::cpu_seconds(daemon, true);
+  for (int i = 0; i < n; ++i) {
+    auto t0 = clock_type::now();
+    eng.signal(run_id(i), "go", {{"i", i}});
+    signal_ms.push_back(ms_since(t0));
+  }
+  const double signalled_ms = ms_since(t_wake);
+  const double wake_ms = wait_for(journal, storage::run_status::completed, n, t_wake, log);
+  const double wake_kernel_cpu = 1000.0 * (bench::kernel_threads_seconds() - kernel0) / n,
+               wake_daemon_cpu = 1000.0 * (bench::cpu_seconds(daemon, true) - daemon0) / n;
+  waking.stop = true;
+  sampling.join();
+
+  kill(daemon, SIGTERM);
+  bench::running_daemon = 0;
+  const int serve_exit = bench::wait_exit(daemon);
+  const auto warnings = bench::serve_warnings(log);
+
+  // Per run, from the journal: the parking attempt (attempt started -> waiting)
+  // and the waking one (attempt started -> completed), and signal -> done.
+  std::vector<double> park_exec, wake_exec, signal_to_done, queued;
+  for (int i = 0; i < n; ++i) {
+    auto run = journal.find_run(run_id(i));
+    std::vector<std::int64_t> attempts;
+    std::int64_t waiting_at = 0;
+    for (const auto& e : journal.events(run_id(i))) {
+      if (e.kind == "attempt_started") attempts.push_back(e.at_ms);
+      if (e.kind == "run_waiting" && waiting_at == 0) waiting_at = e.at_ms;
+    }
+    auto sigs = journal.signals(run_id(i));
+    if (!run || !run->finished_at_ms || attempts.size() < 2 || waiting_at == 0 || sigs.empty()) continue;
+    queued.push_back(static_cast<double>(attempts.front() - run->created_at_ms));
+    park_exec.push_back(static_cast<double>(waiting_at - attempts.front()));
+    wake_exec.push_back(static_cast<double>(*run->finished_at_ms - attempts.back()));
+    signal_to_done.push_back(static_cast<double>(*run->finished_at_ms - sigs.front().sent_at_ms));
+  }
+  const auto park_exec_s = summarize(park_exec), wake_exec_s = summarize(wake_exec),
+             signal_s = summarize(signal_ms), sig_done_s = summarize(signal_to_done);
+
+  std::printf("suspended: %d runs (1 step, then ctx.wait_signal(\"go\")) under `cairn serve --max-concurrent %d "
+              "--suspend-after 0`;\nsubmitted and signalled in-process (engine::submit, engine::signal)\n\n",
+              n, m);
+  std::printf("raw bwrap /usr/bin/true: one at a time p50 %.1f ms (%.1f starts/s); %zu with up to %d at once: "
+              "%.1f starts/s, CPU %.1f ms per start (bwrap + kernel threads)\n\n",
+              raw_p50, 1000.0 / raw_p50, raw_conc.ms.size(), m, raw_conc.per_second(), raw_conc.cpu_ms);
+  std::printf("park: submit %.0f ms; all %d waiting after %.1f s = %.1f runs parked/s (%.2f x raw starts/s at %d)\n",
+              submit_ms, n, park_ms / 1000, 1000.0 * n / park_ms, 1000.0 * n / park_ms / raw_conc.per_second(), m);
+  std::printf("      per run: queued p50 %.0f ms; attempt -> waiting p50 %.0f ms, p99 %.0f ms (%.2f x raw start p50)\n",
+              summarize(queued).p50, park_exec_s.p50, park_exec_s.p99, park_exec_s.p50 / raw_p50);
+  std::printf("      CPU per parked run: %.1f ms = daemon and its children %.1f + kernel threads %.1f (%.2f x raw start)\n",
+              park_daemon_cpu + park_kernel_cpu, park_daemon_cpu, park_kernel_cpu,
+              (park_daemon_cpu + park_kernel_cpu) / raw_conc.cpu_ms);
+  std::printf("      peak while parking: daemon RSS %.1f MiB, %d live sandboxes\n\n", bench::mib(parking.rss_kb),
+              parking.live);
+  std::printf("parked (%d waiting):\n", n);
+  std::printf("  processes held for them              %zu: the daemon and %zu descendants (%d live sandboxes)\n",
+              1 + tree.descendants.size(), tree.descendants.size(), tree.sandboxes);
+  std::printf("  daemon RSS                           %.1f MiB (idle before submits %.1f MiB; %.1f KiB per parked "
+              "run); %ld threads\n",
+              bench::mib(parked_rss), bench::mib(idle_rss), static_cast<double>(parked_rss - idle_rss) / n, threads);
+  std::printf("  daemon CPU with nothing to do        %.1f %% of one core (3 s window)\n", idle_cpu_pct);
+  std::printf("  journal (db + wal + shm)             %.2f MiB (%.1f KiB per run)\n",
+              static_cast<double>(journal_bytes) / 1048576, static_cast<double>(journal_bytes) / 1024 / n);
+  std::printf("  workspaces                           %.2f MiB allocated, %.2f MiB apparent; %ju files, %ju folders; "
+              "%d mounted\n\n",
+              static_cast<double>(ws.allocated) / 1048576, static_cast<double>(ws.apparent) / 1048576, ws.files,
+              ws.folders, mounts);
+  std::printf("wake: %d signals queued in %.0f ms (p50 %.2f ms, p99 %.2f ms each); all completed %.1f s after the "
+              "first = %.1f runs woken/s (%.2f x raw starts/s at %d)\n",
+              n, signalled_ms, signal_s.p50, signal_s.p99, wake_ms / 1000, 1000.0 * n / wake_ms,
+              1000.0 * n / wake_ms / raw_conc.per_second(), m);
+  std::printf("      per run: wake attempt -> completed p50 %.0f ms, p99 %.0f ms (%.2f x raw start p50); "
+              "signal -> completed p50 %.0f ms\n",
+              wake_exec_s.p50, wake_exec_s.p99, wake_exec_s.p50 / raw_p50, sig_done_s.p50);
+  std::printf("      CPU per woken run: %.1f ms = daemon and its children %.1f + kernel threads %.1f (%.2f x raw start)\n",
+              wake_daemon_cpu + wake_kernel_cpu, wake_daemon_cpu, wake_kernel_cpu,
+              (wake_daemon_cpu + wake_kernel_cpu) / raw_conc.cpu_ms);
+  std::printf("      peak while waking: daemon RSS %.1f MiB, %d live sandboxes\n", bench::mib(waking.rss_kb),
+              waking.live);
+  std::printf("cairn serve exited %d on SIGTERM; its log has %zu warnings%s%s\n", serve_exit, warnings.size(),
+              warnings.empty() ? "" : ", first: ", warnings.empty() ? "" : warnings.front().c_str());
+
+  if (serve_exit != 0 || mounts != 0 || bench::mounts_under(home) != 0) {
+    std::fprintf(stderr, "bench: left %s in place for inspection\n", base.c_str());
+    return 1;
+  }
+  fs::remove_all(base);
+  return 0;
+}
