@@ -72,13 +72,15 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   return journal_.create_run(run);
 }
 
-storage::run_record engine::execute(const std::string& run_id, run_observer* observer) {
+storage::run_record engine::execute(const std::string& run_id, run_observer* observer, bool revive_failed) {
   null_observer quiet;
   run_observer& watch = observer ? *observer : quiet;
 
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
   if (run->status == storage::run_status::completed || run->status == storage::run_status::cancelled) return *run;
+  if (!revive_failed && (run->status == storage::run_status::failed || run->status == storage::run_status::in_doubt))
+    return *run;
   // A wait that is not over is left to whoever polls for it: no sandbox for nothing.
   if (run->status == storage::run_status::waiting && !wait_is_over(journal_, *run)) return *run;
 

@@ -111,7 +111,9 @@ class engine {
   // given a fresh set of attempts. A completed run is returned as it is.
   // A run whose next step is an at-most-once tool call that was started but
   // never recorded stops in_doubt instead (see settle).
-  storage::run_record execute(const std::string& run_id, run_observer* observer = nullptr);
+  // With `revive_failed` false a failed or in-doubt run is returned as it is
+  // (a scheduler must never restart what stopped; `cairn resume` may).
+  storage::run_record execute(const std::string& run_id, run_observer* observer = nullptr, bool revive_failed = true);
 
   // Records the outcome of the in-doubt call at `seq` (or that it is to be
   // made again) and makes the run pending, ready for execute. Refused

@@ -48,7 +48,7 @@ struct scheduler::pool {
           eng = std::make_unique<engine>(*journal, options.engine);
         }
         auto* observer = options.observer_for ? options.observer_for(id) : nullptr;
-        auto end = eng->execute(id, observer);
+        auto end = eng->execute(id, observer, /*revive_failed=*/false);
         if (options.on_return) options.on_return(end);
       } catch (const std::exception& e) {
         error = e.what();

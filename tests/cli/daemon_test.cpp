@@ -1,0 +1,860 @@
+// The `cairn serve` daemon driven from outside, as users and scripts drive
+// it: submit, concurrency limit, one daemon per journal, graceful SIGTERM;
+// SIGKILL of the daemon while runs sleep, wait for signals, have children in
+// flight and are being cancelled (from outside, and at exact engine points),
+// then a new daemon; and bad input through the CLI. Everything is checked in
+// the journal (read-only) and in each run's exec.log (one line per real
+// execution of a step body, written by tests/agents/wait_agent).
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "storage/journal.hpp"
+#include "tests/temp_dir.hpp"
+
+using namespace cairn;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+namespace fs = std::filesystem;
+using steady = std::chrono::steady_clock;
+using storage::run_status;
+
+constexpr auto patience = 30s;  // for anything the daemon should do by itself; generous for 2 busy cores
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool ended(run_status s) {
+  return s == run_status::completed || s == run_status::failed || s == run_status::cancelled ||
+         s == run_status::in_doubt;
+}
+
+struct result {
+  int code = -1;
+  std::string out, err;
+};
+
+// A CAIRN_HOME of its own, and the `cairn` commands run against it.
+class cairn_home {
+ public:
+  cairn_home() = default;
+  // A test that fails midway kills its daemon (see daemon_process) and may
+  // leave workspace images mounted in here: unmount them so the folder goes.
+  ~cairn_home() {
+    std::ifstream mounts("/proc/self/mounts");
+    std::vector<std::string> inside;
+    for (std::string device, point, rest; mounts >> device >> point && std::getline(mounts, rest);)
+      if (point.rfind(dir_.path().string() + "/", 0) == 0) inside.push_back(point);
+    for (auto it = inside.rbegin(); it != inside.rend(); ++it) umount2(it->c_str(), MNT_DETACH);
+  }
+  cairn_home(const cairn_home&) = delete;
+  cairn_home& operator=(const cairn_home&) = delete;
+
+  fs::path home() const { return dir_ / "home"; }
+  fs::path db() const { return home() / "cairn.db"; }
+  fs::path workspace(const std::string& run) const { return home() / "workspaces" / run; }
+  fs::path file(const std::string& name) const { return dir_ / name; }
+
+  // Starts `cairn ARGS...` with stdout and stderr in `out` and `err`, and
+  // CAIRN_CRASH_POINT set to `crash_point` (unset when empty).
+  pid_t spawn(std::vector<std::string> args, const fs::path& out, const fs::path& err,
+              const std::string& crash_point = "") const {
+    args.insert(args.begin(), CAIRN_BIN);
+    pid_t pid = fork();
+    if (pid == 0) {
+      if (chdir(dir_.path().c_str()) != 0) _exit(126);
+      setenv("CAIRN_HOME", home().c_str(), 1);
+      if (crash_point.empty()) unsetenv("CAIRN_CRASH_POINT");
+      else setenv("CAIRN_CRASH_POINT", crash_point.c_str(), 1);
+      int o = open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      int e = out == err ? o : open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      dup2(o, 1);
+      dup2(e, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    REQUIRE(pid > 0);
+    return pid;
+  }
+
+  // Runs `cairn ARGS...` to its end.
+  result cli(const std::vector<std::string>& args) {
+    const int n = calls_++;
+    const auto out = file("cli-" + std::to_string(n) + ".out"), err = file("cli-" + std::to_string(n) + ".err");
+    pid_t pid = spawn(args, out, err);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out), slurp(err)};
+  }
+
+  // `cairn submit` of wait_agent with this plan; checks that it only prints the id.
+  void submit(const std::string& id, const json& plan, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"submit", WAIT_AGENT, "--id", id, "--input", json{{"plan", plan}}.dump()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = cli(args);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    REQUIRE(r.out == id + "\n");
+  }
+
+  void signal(const std::string& run, const std::string& name, const json& payload) {
+    auto r = cli({"signal", run, name, "--data", payload.dump()});
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+  }
+
+  std::unique_ptr<storage::journal> journal() const {
+    return std::make_unique<storage::journal>(db(), storage::journal_options{.read_only = true});
+  }
+
+  std::vector<std::string> exec_log(const std::string& run) const {
+    std::ifstream in(workspace(run) / "exec.log");
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  }
+
+  // Lines of the run's exec.log equal to `line`, or starting with it when `prefix`.
+  int executions(const std::string& run, const std::string& line, bool prefix = false) const {
+    int n = 0;
+    for (const auto& l : exec_log(run)) n += prefix ? l.rfind(line, 0) == 0 : l == line;
+    return n;
+  }
+
+ private:
+  testing::temp_dir dir_;
+  int calls_ = 0;
+};
+
+// A `cairn serve` process. Killed (SIGKILL) if a test leaves it running.
+class daemon_process {
+ public:
+  daemon_process(const cairn_home& home, const std::string& name, std::vector<std::string> args = {},
+                 const std::string& crash_point = "")
+      : log_(home.file(name + ".log")) {
+    args.insert(args.begin(), "serve");
+    pid_ = home.spawn(args, log_, log_, crash_point);
+  }
+  ~daemon_process() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  daemon_process(const daemon_process&) = delete;
+  daemon_process& operator=(const daemon_process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Its output, and whether it still runs (for failure messages).
+  std::string log() {
+    std::string state = "(still running)";
+    if (pid_ > 0) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        exited_ = status;
+      }
+    }
+    if (exited_)
+      state = WIFEXITED(*exited_) ? "(exited " + std::to_string(WEXITSTATUS(*exited_)) + ")"
+                                  : "(killed by signal " + std::to_string(WTERMSIG(*exited_)) + ")";
+    return "cairn serve " + state + ":\n" + slurp(log_);
+  }
+
+  // The wait status once the process has exited, or nullopt after `limit`.
+  std::optional<int> wait_for(std::chrono::milliseconds limit) {
+    const auto deadline = steady::now() + limit;
+    for (;;) {
+      if (pid_ <= 0) return exited_;
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        exited_ = status;
+        continue;
+      }
+      if (steady::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+
+  void kill9() {
+    const bool running = pid_ > 0 && ::kill(pid_, SIGKILL) == 0;
+    auto status = wait_for(10s);
+    INFO(log());
+    REQUIRE(running);
+    REQUIRE(status);
+    REQUIRE(WIFSIGNALED(*status));
+    REQUIRE(WTERMSIG(*status) == SIGKILL);
+  }
+
+  // SIGTERM; the daemon must exit 0 within the engine's drain time and then some.
+  void stop() {
+    const bool running = pid_ > 0 && ::kill(pid_, SIGTERM) == 0;
+    auto status = wait_for(20s);
+    INFO(log());
+    REQUIRE(running);
+    REQUIRE(status);
+    REQUIRE(WIFEXITED(*status));
+    REQUIRE(WEXITSTATUS(*status) == 0);
+  }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  std::optional<int> exited_;  // its wait status, once reaped
+};
+
+// Polls `ready` until it holds; fails the test after `limit`, showing `context`.
+void eventually(const std::string& what, const std::function<bool()>& ready,
+                const std::function<std::string()>& context = {}, std::chrono::seconds limit = patience) {
+  const auto deadline = steady::now() + limit;
+  while (!ready()) {
+    if (steady::now() >= deadline) FAIL("gave up after " << limit.count() << " s waiting until " << what << "\n"
+                                                         << (context ? context() : ""));
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+bool has_event(storage::journal& j, const std::string& run, const std::string& kind) {
+  for (const auto& e : j.events(run))
+    if (e.kind == kind) return true;
+  return false;
+}
+
+bool every_run_ended(const cairn_home& h) {
+  auto j = h.journal();
+  for (const auto& r : j->list_runs())
+    if (!ended(r.status)) return false;
+  return true;
+}
+
+// What each run has journaled at one moment (e.g. right after a SIGKILL).
+using snapshot = std::map<std::string, std::vector<storage::step_record>>;
+
+snapshot take_snapshot(const cairn_home& h) {
+  auto j = h.journal();
+  snapshot s;
+  for (const auto& r : j->list_runs()) s[r.id] = j->steps(r.id);
+  return s;
+}
+
+std::string show_runs(const cairn_home& h) {
+  std::string out;
+  auto j = h.journal();
+  for (const auto& r : j->list_runs())
+    out += r.id + " " + std::string(storage::to_string(r.status)) + " steps " + std::to_string(j->steps(r.id).size()) +
+           (r.error ? " error: " + r.error->message : "") + "\n";
+  return out;
+}
+
+// Checks a completed run of wait_agent against its plan, and its children
+// recursively: one step per operation, of the right kind, at the right seq;
+// every step journaled in `before` unchanged and executed exactly once (no
+// acknowledged step ran again); every timer set once and fired once, no
+// earlier than it was set for; every signal delivered once, into one step;
+// every child created once, with the id PARENT.SEQ, and joined with its output.
+void check_completed(const cairn_home& h, const std::string& id, const json& plan, const snapshot& before) {
+  INFO("run " << id);
+  auto j = h.journal();
+  auto run = j->find_run(id);
+  REQUIRE(run);
+  INFO((run->error ? run->error->message : ""));
+  REQUIRE(run->status == run_status::completed);
+  const auto steps = j->steps(id);
+
+  const auto was = before.find(id);
+  if (was != before.end()) {
+    REQUIRE(was->second.size() <= steps.size());
+    for (std::size_t i = 0; i < was->second.size(); ++i) {
+      INFO("seq " << i);
+      CHECK(steps[i].result.output == was->second[i].result.output);
+      CHECK(steps[i].result.name == was->second[i].result.name);
+    }
+  }
+  auto journaled_before = [&](std::uint64_t seq) { return was != before.end() && seq < was->second.size(); };
+
+  std::uint64_t seq = 0;
+  std::vector<std::pair<std::uint64_t, json>> children;  // the child op's seq, its plan
+  json expected_output = json::array();
+  auto next = [&](protocol::step_kind kind) -> const storage::step_record& {
+    INFO("seq " << seq);
+    REQUIRE(seq < steps.size());
+    const auto& s = steps[seq];
+    REQUIRE(s.result.seq == seq);
+    CHECK(s.result.kind == kind);
+    CHECK(s.result.ok);
+    return s;
+  };
+  int signal_steps = 0;
+  for (const auto& op : plan) {
+    const std::string kind = op["op"];
+    INFO("op " << op.dump() << " at seq " << seq);
+    if (kind == "step" || kind == "slow") {
+      const auto& s = next(protocol::step_kind::step);
+      const std::string name = op["name"];
+      CHECK(s.result.output == name);
+      const int n = kind == "step" ? h.executions(id, "step " + name) : h.executions(id, "slow " + name + " ", true);
+      if (journaled_before(seq)) CHECK(n == 1);
+      else CHECK(n >= 1);
+      expected_output.push_back(name);
+    } else if (kind == "sleep" || kind == "sleep_until") {
+      const auto& s = next(protocol::step_kind::sleep);
+      int timers = 0;
+      for (const auto& e : j->events_at(id, seq)) {
+        if (e.kind != "timer_set") continue;
+        ++timers;
+        CHECK(s.result.output["until_ms"] == e.data["until_ms"]);  // the deadline survives every crash
+      }
+      CHECK(timers == 1);
+      CHECK(s.result.output["fired_at_ms"].get<std::int64_t>() >= s.result.output["until_ms"].get<std::int64_t>());
+      expected_output.push_back("slept");
+    } else if (kind == "signal") {
+      const auto& s = next(protocol::step_kind::signal);
+      ++signal_steps;
+      CHECK(s.result.output["timed_out"] == false);
+      int delivered_here = 0;
+      for (const auto& sig : j->signals(id)) {
+        if (sig.delivered_seq != seq) continue;
+        ++delivered_here;
+        CHECK(sig.name == op["name"]);
+        CHECK(s.result.output["payload"] == sig.payload);
+        int events = 0;
+        for (const auto& e : j->events(id)) events += e.kind == "signal_delivered" && e.data["signal_id"] == sig.id;
+        CHECK(events == 1);
+      }
+      CHECK(delivered_here == 1);
+      expected_output.push_back({{"signal", s.result.output["payload"]}});
+    } else if (kind == "child") {
+      const auto& s = next(protocol::step_kind::child);
+      CHECK(s.result.output["run_id"] == id + "." + std::to_string(seq));
+      children.emplace_back(seq, op["input"]["plan"]);
+      expected_output.push_back(id + "." + std::to_string(seq));
+    } else if (kind == "join_all") {
+      json joined = json::array();
+      for (const auto& [child_seq, child_plan] : children) {
+        const auto& s = next(protocol::step_kind::join);
+        auto child = j->find_run(id + "." + std::to_string(child_seq));
+        REQUIRE(child);
+        CHECK(s.result.output == child->output);
+        joined.push_back(child->output);
+        ++seq;
+      }
+      expected_output.push_back(joined);
+      continue;  // one seq per join, counted above
+    } else {
+      FAIL("the test plan has an op this check does not know: " << kind);
+    }
+    ++seq;
+  }
+  CHECK(steps.size() == seq);
+  CHECK(run->output == expected_output);
+
+  auto signals = j->signals(id);
+  CHECK(signals.size() == static_cast<std::size_t>(signal_steps));
+  for (const auto& sig : signals) CHECK(sig.delivered_seq.has_value());
+
+  auto rows = j->children(id);
+  CHECK(rows.size() == children.size());
+  for (const auto& [child_seq, child_plan] : children) {
+    auto child = j->find_run(id + "." + std::to_string(child_seq));
+    REQUIRE(child);
+    CHECK(child->parent_id == id);
+    check_completed(h, child->id, child_plan, before);
+  }
+}
+
+// prefix + i (appending: GCC 12 warns, wrongly, about "x" + std::to_string(i)).
+std::string numbered(std::string prefix, int i) { return prefix += std::to_string(i); }
+
+json step(const std::string& name) { return {{"op", "step"}, {"name", name}}; }
+json nap(int ms) { return {{"op", "sleep"}, {"ms", ms}}; }
+json wait_for_signal(const std::string& name) { return {{"op", "signal"}, {"name", name}}; }
+json slow(const std::string& name, int ms) { return {{"op", "slow"}, {"name", name}, {"ms", ms}}; }
+// A plan: always a JSON array (json{x} of one element x would be x itself).
+json plan_of(std::vector<json> ops) { return json(std::move(ops)); }
+json child(std::vector<json> plan) {
+  return {{"op", "child"}, {"agent", "wait_agent"}, {"input", {{"plan", plan_of(std::move(plan))}}}};
+}
+json join_all() { return {{"op", "join_all"}}; }
+
+// Each execution of a run, from attempt_started to the event that ends it.
+std::vector<std::pair<std::int64_t, std::int64_t>> executions_of(storage::journal& j, const std::string& run) {
+  static const std::set<std::string> ends = {"run_completed", "run_failed", "run_cancelled", "run_waiting",
+                                             "run_released", "run_in_doubt"};
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  std::optional<std::int64_t> open;
+  for (const auto& e : j.events(run)) {
+    if (e.kind == "attempt_started" && !open) open = e.at_ms;
+    if (ends.count(e.kind) && open) {
+      out.emplace_back(*open, e.at_ms);
+      open.reset();
+    }
+  }
+  REQUIRE_FALSE(open);
+  return out;
+}
+
+// The most intervals open at one instant; an interval ending at t does not
+// overlap one starting at t (a worker ends one run before it takes the next).
+int max_overlap(const std::vector<std::pair<std::int64_t, std::int64_t>>& intervals) {
+  std::vector<std::pair<std::int64_t, int>> edges;
+  for (const auto& [from, to] : intervals) {
+    edges.emplace_back(from, +1);
+    edges.emplace_back(to, -1);
+  }
+  std::sort(edges.begin(), edges.end());  // at equal times -1 sorts first
+  int now = 0, most = 0;
+  for (const auto& [t, d] : edges) most = std::max(most, now += d);
+  return most;
+}
+
+}  // namespace
+
+TEST_CASE("cairn submit prints only the run id and returns without executing anything") {
+  cairn_home h;
+  auto r = h.cli({"submit", WAIT_AGENT, "--id", "q1", "--input", json{{"plan", plan_of({step("a")})}}.dump()});
+  REQUIRE(r.code == 0);
+  CHECK(r.out == "q1\n");
+  CHECK_THAT(r.err, Catch::Contains("no `cairn serve` holds"));  // a hint, on stderr only
+  {
+    auto j = h.journal();
+    auto run = j->find_run("q1");
+    REQUIRE(run);
+    CHECK(run->status == run_status::pending);
+    CHECK(run->attempts == 0);
+    CHECK(run->owner.empty());
+    CHECK(j->steps("q1").empty());
+  }
+
+  auto generated = h.cli({"submit", WAIT_AGENT, "--input", json{{"plan", plan_of({step("a")})}}.dump()});
+  REQUIRE(generated.code == 0);
+  CHECK(std::regex_match(generated.out, std::regex("run-[0-9a-f]{12}\n")));
+  CHECK(h.journal()->find_run(generated.out.substr(0, generated.out.size() - 1)));
+
+  auto again = h.cli({"submit", WAIT_AGENT, "--id", "q1", "--input", json{{"plan", plan_of({step("other")})}}.dump()});
+  CHECK(again.code == 0);
+  CHECK(again.out == "q1\n");
+  CHECK_THAT(again.err, Catch::Contains("run q1 already exists (pending)"));
+  CHECK(h.journal()->find_run("q1")->input == json{{"plan", plan_of({step("a")})}});
+}
+
+TEST_CASE("serve --max-concurrent 2 runs every submitted run, never more than 2 at once; a second daemon exits 4") {
+  cairn_home h;
+  const json plan = plan_of({step("a"), slow("s", 300), step("b")});
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back(numbered("c", i));
+    h.submit(ids.back(), plan);
+  }
+  daemon_process serve(h, "serve", {"--max-concurrent", "2", "--suspend-after", "500"});
+  auto context = [&] { return serve.log() + show_runs(h); };
+  eventually("the daemon starts a run", [&] { return h.journal()->find_run("c0")->attempts > 0; }, context);
+
+  // Runs submitted while it serves: no hint, since a daemon holds the journal.
+  for (int i = 4; i < 6; ++i) {
+    ids.push_back(numbered("c", i));
+    auto r = h.cli({"submit", WAIT_AGENT, "--id", ids.back(), "--input", json{{"plan", plan}}.dump()});
+    REQUIRE(r.code == 0);
+    CHECK(r.out == ids.back() + "\n");
+    CHECK(r.err.empty());
+  }
+
+  auto second = h.cli({"serve", "--max-concurrent", "4"});
+  CHECK(second.code == 4);
+  CHECK_THAT(second.err, Catch::Contains("pid " + std::to_string(serve.pid())));
+  CHECK(second.out.empty());
+
+  eventually("every run completed", [&] { return every_run_ended(h); }, context);
+  std::vector<std::pair<std::int64_t, std::int64_t>> intervals;
+  {
+    auto j = h.journal();
+    for (const auto& id : ids) {
+      INFO(id);
+      auto run = j->find_run(id);
+      CHECK(run->status == run_status::completed);
+      CHECK(run->attempts == 1);
+      auto e = executions_of(*j, id);
+      intervals.insert(intervals.end(), e.begin(), e.end());
+    }
+  }
+  CHECK(intervals.size() == ids.size());
+  CHECK(max_overlap(intervals) == 2);  // the limit holds, and is used
+  for (const auto& id : ids) check_completed(h, id, plan, {});
+  serve.stop();
+}
+
+TEST_CASE("SIGTERM: the step in progress finishes, the run is handed back, exit 0; the next daemon completes it") {
+  cairn_home h;
+  const json busy_plan = plan_of({step("a"), slow("s", 1500), step("b")});
+  const json waiter_plan = plan_of({wait_for_signal("go"), step("after")});
+  h.submit("busy", busy_plan);
+  h.submit("waiter", waiter_plan);
+  snapshot before;
+  {
+    daemon_process serve(h, "serve-1", {"--max-concurrent", "2", "--suspend-after", "500"});
+    auto context = [&] { return serve.log() + show_runs(h); };
+    eventually("busy is inside its slow step and waiter waits",
+               [&] {
+                 auto j = h.journal();
+                 return h.executions("busy", "slow s ", true) == 1 && has_event(*j, "waiter", "wait_started");
+               },
+               context);
+    serve.stop();
+    before = take_snapshot(h);
+    auto j = h.journal();
+    auto busy = j->find_run("busy");
+    INFO(serve.log());
+    CHECK(busy->status == run_status::pending);
+    CHECK(busy->owner.empty());
+    CHECK(has_event(*j, "busy", "run_released"));
+    REQUIRE(j->steps("busy").size() == 2);  // the slow step finished and was journaled
+    CHECK(j->steps("busy")[1].result.output == "s");
+    auto waiter = j->find_run("waiter");
+    CHECK(waiter->status == run_status::waiting);  // suspended, not handed back: its wait is journaled
+    REQUIRE(waiter->wait);
+    CHECK(waiter->wait->kind == "signal");
+    CHECK(waiter->wait->key == "go");
+  }
+  daemon_process serve(h, "serve-2", {"--suspend-after", "500"});
+  h.signal("waiter", "go", {{"ok", true}});
+  eventually("both runs completed", [&] { return every_run_ended(h); }, [&] { return serve.log() + show_runs(h); });
+  check_completed(h, "busy", busy_plan, before);
+  check_completed(h, "waiter", waiter_plan, before);
+  CHECK(h.executions("busy", "step b") == 1);
+  serve.stop();
+}
+
+TEST_CASE("SIGKILL of the daemon while runs sleep, wait for signals, have children in flight and are being cancelled") {
+  cairn_home h;
+  // nap sleeps below --suspend-after (held with its sandbox), doze above it (suspended at once).
+  json nap_plan = json::array();
+  for (int i = 0; i < 14; ++i) {
+    nap_plan.push_back(step(numbered("n", i)));
+    nap_plan.push_back(nap(450));
+  }
+  nap_plan.push_back(step("end"));
+  const json doze_plan = plan_of({step("d0"), nap(4000), step("d1")});
+  // Signalled: early before the kill, late after the restart, queued before it even waits.
+  const json early_plan = plan_of({step("e0"), wait_for_signal("go"), step("e1")});
+  const json late_plan = plan_of({step("l0"), wait_for_signal("go"), step("l1")});
+  const json queued_plan = plan_of({step("q0"), nap(300), wait_for_signal("go"), step("q1")});
+  const json fan_plan = plan_of({step("f0"),
+                                 child({step("c0"), slow("s", 4000), step("c1")}),        // fan.1: running at the kill
+                                 child({step("c0"), nap(1200), step("c1")}),              // fan.2: sleeping
+                                 child({step("c0"), wait_for_signal("go"), step("c1")}),  // fan.3: signalled later
+                                 join_all(),
+                                 step("f1")});
+  const json doomed_plan = plan_of({step("x0"), child({wait_for_signal("never")}), child({wait_for_signal("never")}),
+                                    slow("s", 20000), step("x1")});
+  std::ofstream(h.file("grace.json")) << R"({"timeouts": {"cancel_grace_seconds": 3}})";
+
+  h.submit("nap", nap_plan);
+  h.submit("doze", doze_plan);
+  h.submit("early", early_plan);
+  h.submit("late", late_plan);
+  h.submit("queued", queued_plan);
+  h.signal("queued", "go", {{"who", "queued"}});
+  h.submit("fan", fan_plan);
+  h.submit("doomed", doomed_plan, {"--policy", h.file("grace.json").string()});
+
+  // nap is inside a held sleep with at least 150 ms of it left.
+  auto nap_mid_sleep = [&] {
+    auto j = h.journal();
+    auto run = j->find_run("nap");
+    if (run->status != run_status::running) return false;
+    const auto steps = j->steps("nap").size();
+    for (const auto& e : j->events_at("nap", steps))
+      if (e.kind == "timer_set") return e.data["until_ms"].get<std::int64_t>() - storage::now_ms() >= 150;
+    return false;
+  };
+
+  snapshot before;
+  std::int64_t doze_wakes_at = 0;
+  int doomed_attempts = 0;
+  {
+    daemon_process serve(h, "serve-1", {"--max-concurrent", "16", "--suspend-after", "500"});
+    auto context = [&] { return serve.log() + show_runs(h); };
+    bool early_sent = false;
+    eventually("every run is where the kill should find it",
+               [&] {
+                 auto j = h.journal();
+                 if (!early_sent && has_event(*j, "early", "wait_started")) {
+                   h.signal("early", "go", {{"who", "early"}});
+                   early_sent = true;
+                 }
+                 auto doze = j->find_run("doze");
+                 return early_sent && doze->status == run_status::waiting && has_event(*j, "late", "wait_started") &&
+                        j->children("fan").size() == 3 && h.executions("fan.1", "slow s ", true) == 1 &&
+                        j->find_run("fan.1")->status == run_status::running && j->find_run("fan.3") &&
+                        has_event(*j, "fan.3", "wait_started") && h.executions("doomed", "slow s ", true) == 1 &&
+                        j->children("doomed").size() == 2;
+               },
+               context);
+    auto cancel = h.cli({"cancel", "doomed", "--no-wait"});
+    INFO(cancel.out << cancel.err);
+    REQUIRE(cancel.code == 0);
+    CHECK_THAT(cancel.out, Catch::Contains("cancel requested"));
+    eventually("the agent of doomed is told to stop, and nap sleeps with its sandbox",
+               [&] {
+                 auto j = h.journal();
+                 return has_event(*j, "doomed", "cancel_sent") && nap_mid_sleep();
+               },
+               context, 2s);  // well within the 3 s grace
+    serve.kill9();
+
+    before = take_snapshot(h);
+    auto j = h.journal();
+    // What the kill interrupted.
+    auto nap = j->find_run("nap");
+    CHECK(nap->status == run_status::running);
+    CHECK(j->steps("nap").size() % 2 == 1);  // stopped at a sleep
+    auto doze = j->find_run("doze");
+    REQUIRE(doze->status == run_status::waiting);
+    REQUIRE(doze->wait);
+    CHECK(doze->owner.empty());
+    doze_wakes_at = *doze->wait->wake_at_ms;
+    CHECK(doze_wakes_at > storage::now_ms());
+    auto doomed = j->find_run("doomed");
+    CHECK(doomed->status == run_status::running);
+    CHECK(doomed->cancel_requested_at_ms);
+    doomed_attempts = doomed->attempts;
+    CHECK(j->find_run("fan.1")->status == run_status::running);
+  }
+
+  // doze's timer comes due while no daemon runs.
+  eventually("doze's timer is due", [&] { return storage::now_ms() > doze_wakes_at; });
+  daemon_process serve(h, "serve-2", {"--max-concurrent", "16", "--suspend-after", "500"});
+  h.signal("late", "go", {{"who", "late"}});
+  h.signal("fan.3", "go", {{"who", "fan.3"}});
+  eventually("every run ended", [&] { return every_run_ended(h); }, [&] { return serve.log() + show_runs(h); });
+  serve.stop();
+
+  INFO(serve.log());
+  check_completed(h, "nap", nap_plan, before);
+  check_completed(h, "doze", doze_plan, before);
+  CHECK(h.journal()->steps("doze")[1].finished_at_ms >= doze_wakes_at);
+  check_completed(h, "early", early_plan, before);
+  check_completed(h, "late", late_plan, before);
+  check_completed(h, "queued", queued_plan, before);
+  check_completed(h, "fan", fan_plan, before);
+
+  // The cancel survives the kill: doomed is cancelled without another attempt, its children with it.
+  auto j = h.journal();
+  auto doomed = j->find_run("doomed");
+  REQUIRE(doomed->status == run_status::cancelled);
+  REQUIRE(doomed->error);
+  CHECK(doomed->error->type == "cancelled");
+  CHECK(doomed->attempts == doomed_attempts);
+  CHECK(j->steps("doomed").size() == 3);
+  CHECK(j->steps("doomed").size() == before["doomed"].size());
+  CHECK(h.executions("doomed", "slow s ", true) == 1);
+  CHECK(h.executions("doomed", "step x1") == 0);
+  auto doomed_children = j->children("doomed");
+  REQUIRE(doomed_children.size() == 2);
+  for (const auto& c : doomed_children) {
+    INFO(c.id);
+    CHECK(c.status == run_status::cancelled);
+    CHECK(j->steps(c.id).empty());
+  }
+}
+
+TEST_CASE("SIGKILL of the daemon at exact engine points, then a new daemon finishes every run") {
+  const json w1 = plan_of({step("a"), nap(100), wait_for_signal("go"), step("b")});
+  const json w2 = plan_of({step("a"), child({step("c"), nap(350), step("d")}),
+                           child({step("c"), nap(350), step("d")}), join_all(), step("e")});
+  const json w3 = plan_of({step("a"), nap(400), step("b"), wait_for_signal("late"), step("c")});
+  // Sleeps below and above --suspend-after 250. Daemon 1 can reach 19 commits, about 10 hellos and 4 run
+  // ends (w3 waits for a signal sent after the restart).
+  const std::vector<std::string> points = {
+      "after_spawn:2",    "after_hello:4",  "after_hello:7", "before_commit:1", "before_commit:6",
+      "before_commit:16", "after_commit:3", "after_commit:9", "after_commit:14", "after_ack:2",
+      "after_ack:7",      "after_ack:12",   "child_created:1", "child_created:2", "before_finish:1",
+      "before_finish:3",  "before_finish:4"};
+  for (const auto& point : points) {
+    DYNAMIC_SECTION("CAIRN_CRASH_POINT=" << point) {
+      cairn_home h;
+      h.submit("w1", w1);
+      h.signal("w1", "go", {{"to", "w1"}});
+      h.submit("w2", w2);
+      h.submit("w3", w3);
+      snapshot before;
+      {
+        daemon_process serve(h, "serve-1", {"--suspend-after", "250"}, point);
+        auto status = serve.wait_for(patience);
+        INFO(serve.log() << show_runs(h));
+        REQUIRE(status);
+        REQUIRE(WIFSIGNALED(*status));
+        REQUIRE(WTERMSIG(*status) == SIGKILL);
+        before = take_snapshot(h);
+      }
+      daemon_process serve(h, "serve-2", {"--suspend-after", "250"});
+      h.signal("w3", "late", {{"to", "w3"}});
+      eventually("every run ended", [&] { return every_run_ended(h); }, [&] { return serve.log() + show_runs(h); });
+      serve.stop();
+      INFO(serve.log());
+      check_completed(h, "w1", w1, before);
+      check_completed(h, "w2", w2, before);
+      check_completed(h, "w3", w3, before);
+    }
+  }
+}
+
+TEST_CASE("a run the journal calls completed has its files in its workspace, even if the daemon dies right then") {
+  cairn_home h;
+  const json plan = plan_of({step("a"), step("b"), step("c")});
+  for (int i = 0; i < 4; ++i) h.submit(numbered("r", i), plan);
+  std::set<std::string> completed;
+  {
+    daemon_process serve(h, "serve-1", {"--max-concurrent", "4"});
+    eventually("a run completed",
+               [&] {
+                 auto j = h.journal();
+                 for (const auto& r : j->list_runs())
+                   if (r.status == run_status::completed) completed.insert(r.id);
+                 return !completed.empty();
+               },
+               [&] { return serve.log() + show_runs(h); });
+    serve.kill9();
+  }
+  for (const auto& id : completed) {
+    INFO(id);
+    CHECK(h.exec_log(id) == std::vector<std::string>{"step a", "step b", "step c"});
+    CHECK_FALSE(fs::exists(h.workspace(id).string() + ".img"));  // nothing left for a later release
+  }
+  daemon_process serve(h, "serve-2");
+  eventually("every run ended", [&] { return every_run_ended(h); }, [&] { return serve.log() + show_runs(h); });
+  serve.stop();
+  for (int i = 0; i < 4; ++i) check_completed(h, numbered("r", i), plan, {});
+}
+
+namespace {
+
+// Everything a command could change in the journal, run by run.
+json fingerprint(const cairn_home& h) {
+  auto j = h.journal();
+  json out = json::array();
+  for (const auto& r : j->list_runs())
+    out.push_back({r.id, storage::to_string(r.status), r.attempts, r.updated_at_ms,
+                   r.cancel_requested_at_ms.has_value(), j->steps(r.id).size(), j->events(r.id).size(),
+                   j->signals(r.id).size()});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bad input through the CLI: a clear message, the right exit code, and nothing else changed") {
+  cairn_home h;
+  auto done = h.cli({"run", WAIT_AGENT, "--id", "done", "--input", json{{"plan", plan_of({step("a")})}}.dump()});
+  INFO(done.out << done.err);
+  REQUIRE(done.code == 0);
+  const json unchanged = fingerprint(h);
+
+  SECTION("a signal for an unknown run") {
+    auto r = h.cli({"signal", "ghost", "go", "--data", "{}"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("no run 'ghost'"));
+    CHECK(r.out.empty());
+  }
+  SECTION("a signal for a completed run is not queued") {
+    auto r = h.cli({"signal", "done", "go", "--data", "{}"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("run done already finished (completed)"));
+    CHECK(h.journal()->signals("done").empty());
+  }
+  SECTION("a signal whose payload is not JSON") {
+    auto r = h.cli({"signal", "done", "go", "--data", "{nope"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--data is not valid JSON"));
+  }
+  SECTION("a cancel of a completed run") {
+    auto r = h.cli({"cancel", "done"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("run done already ended (completed); there is nothing to cancel"));
+    auto run = h.journal()->find_run("done");
+    CHECK(run->status == run_status::completed);
+    CHECK_FALSE(run->cancel_requested_at_ms);
+    CHECK_FALSE(has_event(*h.journal(), "done", "cancel_requested"));
+  }
+  SECTION("a cancel of an unknown run") {
+    auto r = h.cli({"cancel", "ghost", "--no-wait"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("no run 'ghost'"));
+  }
+  CHECK(fingerprint(h) == unchanged);
+}
+
+TEST_CASE("a timer in the past fires at once, with a warning, and is journaled as such") {
+  cairn_home h;
+  const std::int64_t at = storage::now_ms() - 60'000;
+  const json plan = plan_of({json{{"op", "sleep_until"}, {"at_ms", at}}, step("after")});
+  for (const bool as_json : {false, true}) {
+    const std::string id = as_json ? "past-json" : "past";
+    std::vector<std::string> args{"run", WAIT_AGENT, "--id", id, "--input", json{{"plan", plan}}.dump()};
+    if (as_json) args.push_back("--json");
+    auto r = h.cli(args);
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.err, Catch::Contains("in the past"));
+    if (as_json) CHECK(json::parse(r.out)["status"] == "completed");
+    auto j = h.journal();
+    auto set = j->events_at(id, 0);
+    REQUIRE(set.size() == 1);
+    CHECK(set[0].kind == "timer_set");
+    CHECK(set[0].data["in_past"] == true);
+    CHECK(set[0].data["until_ms"] == at);
+    auto steps = j->steps(id);
+    REQUIRE(steps.size() == 2);
+    CHECK(steps[0].result.kind == protocol::step_kind::sleep);
+    CHECK(steps[0].result.output["until_ms"] == at);
+    CHECK(j->find_run(id)->status == run_status::completed);
+  }
+}
+
+TEST_CASE("a child agent that does not exist: the parent's step records no_such_agent, no child run is made") {
+  cairn_home h;
+  const json plan = plan_of({json{{"op", "child"}, {"agent", "no_such_agent"}}, step("after")});
+  auto r = h.cli({"run", WAIT_AGENT, "--id", "parent", "--input", json{{"plan", plan}, {"catch", true}}.dump()});
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  auto j = h.journal();
+  auto steps = j->steps("parent");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].result.kind == protocol::step_kind::child);
+  CHECK_FALSE(steps[0].result.ok);
+  CHECK(steps[0].result.error.type == "no_such_agent");
+  CHECK_THAT(steps[0].result.error.message, Catch::Contains("no_such_agent"));
+  auto run = j->find_run("parent");
+  CHECK(run->status == run_status::completed);
+  CHECK(run->output[0].contains("child_error"));
+  CHECK(run->output[1] == "after");
+  CHECK(j->children("parent").empty());
+  CHECK_FALSE(j->find_run("parent.0"));
+  CHECK(j->list_runs().size() == 1);
+}
