@@ -4,6 +4,24 @@
 
 #include "cli/commands.hpp"
 
+namespace {
+
+// What `cairn run` and `cairn submit` take: the agent and how to run it.
+void add_run_options(CLI::App* cmd, cairn::cli::run_args& args) {
+  cmd->add_option("agent", args.agent, "the agent program (built with the cairn SDK)")->required();
+  cmd->add_option("--input", args.input, "the run's input, a JSON value");
+  cmd->add_option("--id", args.id, "run id; also the idempotency key (default: generated)");
+  cmd->add_option("--workspace", args.workspace, "host folder mounted at /workspace (default $CAIRN_HOME/workspaces/ID)");
+  cmd->add_option("--sandbox", args.sandbox, "bwrap (default) or none (no isolation)")
+      ->check(CLI::IsMember({"bwrap", "none"}));
+  cmd->add_option("--max-attempts", args.max_attempts, "sandbox crashes tolerated before the run fails")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--policy", args.policy, "policy file: the tools the run may call, its limits (default: no "
+                                           "tools, no network)");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"cairn: durable, sandboxed AI agent workflows"};
   app.require_subcommand(1);
@@ -13,29 +31,12 @@ int main(int argc, char** argv) {
 
   cairn::cli::run_args run;
   auto* run_cmd = app.add_subcommand("run", "start a run of AGENT and follow it to the end");
-  run_cmd->add_option("agent", run.agent, "the agent program (built with the cairn SDK)")->required();
-  run_cmd->add_option("--input", run.input, "the run's input, a JSON value");
-  run_cmd->add_option("--id", run.id, "run id; also the idempotency key (default: generated)");
-  run_cmd->add_option("--workspace", run.workspace, "host folder mounted at /workspace (default $CAIRN_HOME/workspaces/ID)");
-  run_cmd->add_option("--sandbox", run.sandbox, "bwrap (default) or none (no isolation)")
-      ->check(CLI::IsMember({"bwrap", "none"}));
-  run_cmd->add_option("--max-attempts", run.max_attempts, "sandbox crashes tolerated before the run fails")
-      ->check(CLI::Range(1, 1000));
-  run_cmd->add_option("--policy", run.policy, "policy file: the tools the run may call, its limits (default: no "
-                                             "tools, no network)");
+  add_run_options(run_cmd, run);
   run_cmd->add_flag("--json", as_json, "print the final run as JSON instead of progress");
 
   cairn::cli::run_args submit;
   auto* submit_cmd = app.add_subcommand("submit", "queue a run of AGENT for `cairn serve` and print its id at once");
-  submit_cmd->add_option("agent", submit.agent, "the agent program (built with the cairn SDK)")->required();
-  submit_cmd->add_option("--input", submit.input, "the run's input, a JSON value");
-  submit_cmd->add_option("--id", submit.id, "run id; also the idempotency key (default: generated)");
-  submit_cmd->add_option("--workspace", submit.workspace, "host folder mounted at /workspace");
-  submit_cmd->add_option("--sandbox", submit.sandbox, "bwrap (default) or none (no isolation)")
-      ->check(CLI::IsMember({"bwrap", "none"}));
-  submit_cmd->add_option("--max-attempts", submit.max_attempts, "sandbox crashes tolerated before the run fails")
-      ->check(CLI::Range(1, 1000));
-  submit_cmd->add_option("--policy", submit.policy, "policy file (default: no tools, no network)");
+  add_run_options(submit_cmd, submit);
   submit_cmd->add_flag("--json", as_json, "print the queued run as JSON instead of its id");
 
   cairn::cli::serve_args serve;
