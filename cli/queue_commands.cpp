@@ -76,12 +76,12 @@ int submit_command(const paths& p, const run_args& args, bool as_json) {
 
 int serve_command(const paths& p, const serve_args& args) {
   return guarded([&] {
-    engine::daemon_lock lock(p.db);
     struct sigaction sa {};
     sa.sa_handler = request_stop;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, nullptr);
     sigaction(SIGINT, &sa, nullptr);
+    engine::daemon_lock lock(p.db);
 
     engine::scheduler_options o;
     o.db = p.db;

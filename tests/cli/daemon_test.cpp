@@ -216,6 +216,11 @@ class daemon_process {
 
   // SIGTERM; the daemon must exit 0 within the engine's drain time and then some.
   void stop() {
+    // Its SIGTERM handler is in place once it has said where it serves; a
+    // SIGTERM before that would find the default action.
+    const auto deadline = steady::now() + 10s;
+    while (pid_ > 0 && slurp(log_).find("cairn serve: journal") == std::string::npos && steady::now() < deadline)
+      std::this_thread::sleep_for(10ms);
     const bool running = pid_ > 0 && ::kill(pid_, SIGTERM) == 0;
     auto status = wait_for(20s);
     INFO(log());
