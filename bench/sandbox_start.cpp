@@ -4,14 +4,13 @@
 // agent: create the sandbox -> hello/start -> first step journaled and acked ->
 // done -> destroy, plus the run's own journal rows.
 // Target: cairn p50 <= 1.3 x raw p50.
-#include <sys/wait.h>
 #include <unistd.h>
-#include <grp.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 
+#include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
 
@@ -23,39 +22,6 @@ namespace {
 
 double ms_since(clock_type::time_point t0) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
-summary raw_bwrap(const fs::path& ws, int n) {
-  auto user = runtime::resolve_sandbox_user();
-  if (user) fs::permissions(ws, fs::perms::all);
-  std::vector<std::string> args{"bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop",
-                                "ALL", "--clearenv", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
-                                "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc",
-                                "--dev", "/dev", "--tmpfs", "/tmp", "--bind", ws.string(), "/workspace",
-                                "/usr/bin/true"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<double> ms;
-  for (int i = 0; i < n; ++i) {
-    auto t0 = clock_type::now();
-    pid_t pid = fork();
-    if (pid == 0) {
-      if (user && (setgroups(0, nullptr) != 0 || setresgid(user->gid, user->gid, user->gid) != 0 ||
-                   setresuid(user->uid, user->uid, user->uid) != 0))
-        _exit(126);
-      execvp("bwrap", argv.data());
-      _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "raw bwrap failed (status %d)\n", status);
-      std::exit(1);
-    }
-    ms.push_back(ms_since(t0));
-  }
-  return summarize(ms);
 }
 
 summary cairn_runs(const fs::path& dir, int n) {
@@ -89,7 +55,7 @@ int main(int argc, char** argv) {
   fs::path dir = fs::temp_directory_path() / ("cairn-bench-start-" + std::to_string(getpid()));
   fs::create_directories(dir / "raw-ws");
 
-  auto raw = raw_bwrap(dir / "raw-ws", n);
+  auto raw = summarize(bench::raw_bwrap(dir / "raw-ws", n, 1).ms);
   auto ours = cairn_runs(dir, n);
 
   std::printf("sandbox_start: %d sandboxes each, times in milliseconds\n", n);
