@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "protocol/bounded_json.hpp"
+
 
 namespace cairn::protocol {
 namespace {
@@ -10,28 +12,6 @@ std::uint32_t read_be32(const char* p) {
   auto b = reinterpret_cast<const unsigned char*>(p);
   return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) |
          std::uint32_t{b[3]};
-}
-
-// Deepest nesting of arrays and objects in a JSON text, counted without
-// parsing. Copying or printing a json value recurses once per level, so a
-// small frame nested 60,000 deep would overflow the receiver's stack.
-std::size_t nesting_depth(std::string_view text) {
-  std::size_t depth = 0, deepest = 0;
-  bool in_string = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 }  // namespace
@@ -80,10 +60,7 @@ std::optional<json> frame_decoder::next() {
   if (buffered() < frame_header_size + n) return std::nullopt;
   std::string_view payload(buffer_.data() + consumed_ + frame_header_size, n);
   consumed_ += frame_header_size + n;
-  if (nesting_depth(payload) > max_depth)
-    throw protocol_error("frame payload nests deeper than " + std::to_string(max_depth) + " levels");
-  json message = json::parse(payload, nullptr, /*allow_exceptions=*/false);
-  if (message.is_discarded()) throw protocol_error("frame payload is not valid JSON");
+  json message = parse_bounded(payload, "frame payload", {max_depth, max_frame_});
   if (!message.is_object()) throw protocol_error("frame payload is JSON but not an object");
   if (consumed_ == buffer_.size()) {
     buffer_.clear();
