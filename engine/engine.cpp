@@ -73,6 +73,17 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
 }
 
 storage::run_record engine::execute(const std::string& run_id, run_observer* observer, bool revive_failed) {
+  try {
+    return drive_run(run_id, observer, revive_failed);
+  } catch (const storage::storage_error& e) {
+    // Another process took the run over: the attempt's sandbox died as the
+    // error unwound it; stop here and never write again (the new owner has it).
+    if (e.code() != storage::errc::fenced) throw;
+    throw engine_error(errc::busy, e.what());
+  }
+}
+
+storage::run_record engine::drive_run(const std::string& run_id, run_observer* observer, bool revive_failed) {
   null_observer quiet;
   run_observer& watch = observer ? *observer : quiet;
 
@@ -137,6 +148,7 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
       case kind::restart:
         continue;
       case kind::suspended:
+        journal_.confirm_held(run_id);
         release_workspace(sandboxes, *run, watch);
         journal_.suspend_run(run_id, result.wait);
         run = journal_.find_run(run_id);
@@ -180,6 +192,7 @@ storage::run_record engine::end_run(const std::string& run_id, storage::run_stat
   // Files first: once the journal says the run ended, nothing releases its
   // workspace again. A crash in between only replays the run.
   auto run = *journal_.find_run(run_id);
+  journal_.confirm_held(run_id);  // the workspace of a run taken over is the new owner's
   release_workspace(backend(run.sandbox), run, watch);
   journal_.finish_run(run_id, status, output, error);
   run = *journal_.find_run(run_id);

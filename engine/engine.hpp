@@ -107,7 +107,9 @@ class engine {
 
   // Drives the run to its end (completed or failed) in this process and
   // returns the final record. A run owned by a live process is refused
-  // (errc::busy); one owned by a dead process is taken over. A failed run is
+  // (errc::busy); one owned by a dead process is taken over. If another
+  // process takes the run over meanwhile, its sandbox is killed and this is
+  // errc::busy too, with nothing more written. A failed run is
   // given a fresh set of attempts. A completed run is returned as it is.
   // A run whose next step is an at-most-once tool call that was started but
   // never recorded stops in_doubt instead (see settle).
@@ -146,6 +148,8 @@ class engine {
   // Backends are made once per engine: making one checks the bwrap version
   // and sweeps orphaned sandboxes.
   runtime::sandbox_backend& backend(const std::string& name);
+  // execute() but for a run taken over meanwhile, which throws storage_error(fenced).
+  storage::run_record drive_run(const std::string& run_id, run_observer* observer, bool revive_failed);
   // Records the end, releases the workspace, cancels unfinished children.
   storage::run_record end_run(const std::string& run_id, storage::run_status status, const json& output,
                               const std::optional<protocol::error_info>& error, run_observer& watch);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace cairn::engine {
@@ -41,6 +42,7 @@ std::string hostname() {
 }  // namespace
 
 std::string owner_id::str() const {
+  if (boot_id.empty()) return hostname + ":" + std::to_string(pid);
   return hostname + ":" + boot_id + ":" + std::to_string(pid) + ":" + std::to_string(start_ticks);
 }
 
@@ -53,14 +55,29 @@ std::optional<owner_id> owner_id::parse(std::string_view s) {
     s.remove_prefix(colon + 1);
     return true;
   };
-  std::string pid;
-  if (!take(o.hostname) || !take(o.boot_id) || !take(pid) || s.empty()) return std::nullopt;
-  try {
-    o.pid = static_cast<pid_t>(std::stol(pid));
-    o.start_ticks = std::stoull(std::string(s));
-  } catch (const std::exception&) {
-    return std::nullopt;
+  auto number = [](std::string_view digits) -> std::optional<unsigned long long> {
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+    try {
+      return std::stoull(std::string(digits));
+    } catch (const std::out_of_range&) {
+      return std::nullopt;
+    }
+  };
+  if (!take(o.hostname)) return std::nullopt;
+  std::optional<unsigned long long> pid;
+  if (s.find(':') == std::string_view::npos) {
+    pid = number(s);  // the older "HOSTNAME:PID"
+  } else {
+    std::string digits;
+    if (!take(o.boot_id) || o.boot_id.empty() || !take(digits)) return std::nullopt;
+    pid = number(digits);
+    auto ticks = number(s);
+    if (!ticks) return std::nullopt;
+    o.start_ticks = *ticks;
   }
+  if (!pid || *pid == 0 || *pid > static_cast<unsigned long long>(std::numeric_limits<pid_t>::max()))
+    return std::nullopt;
+  o.pid = static_cast<pid_t>(*pid);
   return o;
 }
 
@@ -81,8 +98,9 @@ owner_state check_owner(std::string_view owner) {
   if (!o) return owner_state::unknown;
   const auto& me = current_owner();
   if (o->hostname != me.hostname) return owner_state::unknown;
-  if (o->boot_id != me.boot_id) return owner_state::dead;
   auto ticks = start_ticks_of(o->pid);
+  if (o->boot_id.empty()) return ticks ? owner_state::alive : owner_state::dead;
+  if (o->boot_id != me.boot_id) return owner_state::dead;
   return ticks && *ticks == o->start_ticks ? owner_state::alive : owner_state::dead;
 }
 

@@ -1,7 +1,9 @@
 // Which host process executes a run, and whether that process still lives.
 // An owner is "HOSTNAME:BOOT_ID:PID:START_TICKS": the boot id and the
 // process start time (from /proc/PID/stat) make a recycled pid or a reboot
-// distinguishable from the original process.
+// distinguishable from the original process. Journals from before the boot
+// id hold "HOSTNAME:PID" (boot_id empty, start_ticks 0), judged by the pid
+// alone as then.
 #pragma once
 
 #include <optional>
@@ -26,8 +28,11 @@ const owner_id& current_owner();
 
 enum class owner_state { alive, dead, unknown };
 
-// dead: same machine and the process is gone, or the machine rebooted since.
-// unknown: another host; only that host can tell.
+// dead: same hostname and the process is gone, its pid now names a process
+// that started at another time, or the boot id differs (the machine rebooted,
+// or it is another machine of that name: the journal's fencing stops the old
+// owner from writing if it still lives). unknown: another host; only that
+// host can tell.
 owner_state check_owner(std::string_view owner);
 
 // "pid 4121 on host1" for messages.

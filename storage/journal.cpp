@@ -143,6 +143,12 @@ CREATE TABLE signals (
 CREATE INDEX signals_undelivered ON signals (run_id, name, id) WHERE delivered_seq IS NULL;
 CREATE INDEX signals_by_run ON signals (run_id, id);  -- a run's signals, delivered or not
 )sql",
+    // 4: fencing. Each claim of a run counts one more epoch; a process writes
+    // for a run it claimed only while (owner, epoch) is still what its claim
+    // set, so one that lost the run (judged dead, taken over) cannot write.
+    R"sql(
+ALTER TABLE runs ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 constexpr int latest_version = static_cast<int>(std::size(migrations));
 
@@ -352,7 +358,7 @@ SQLite::Database open_read_only(const fs::path& path, const journal_options& opt
 constexpr const char* run_columns =
     "SELECT id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner, sandbox, "
     "workspace, created_at_ms, updated_at_ms, finished_at_ms, policy, parent_id, wait_kind, wait_key, wait_seq, "
-    "wake_at_ms, cancel_requested_at_ms, deadline_ms FROM runs ";
+    "wake_at_ms, cancel_requested_at_ms, deadline_ms, epoch FROM runs ";
 
 std::optional<std::int64_t> optional_int64(const SQLite::Column& c) {
   if (c.isNull()) return std::nullopt;
@@ -394,6 +400,7 @@ run_record read_run(SQLite::Statement& s) {
                        static_cast<std::uint64_t>(s.getColumn(19).getInt64()), optional_int64(s.getColumn(20))};
   r.cancel_requested_at_ms = optional_int64(s.getColumn(21));
   r.deadline_ms = optional_int64(s.getColumn(22));
+  r.epoch = s.getColumn(23).getInt64();
   return r;
 }
 
@@ -526,6 +533,42 @@ struct journal::impl {
     return *status;
   }
 
+  // The runs this object claimed, with the owner and epoch each claim set.
+  struct claim {
+    std::string owner;
+    std::int64_t epoch = 0;
+  };
+  std::unordered_map<std::string, claim> held;
+
+  // Inside a write transaction: refuses the write if this object claimed the
+  // run and someone has claimed it since. The claim stays, so every later
+  // write is refused too.
+  void fence(std::string_view run_id) {
+    auto h = held.find(std::string(run_id));
+    if (h == held.end()) return;
+    auto s = statement(db, "SELECT owner, epoch FROM runs WHERE id = ?", run_id);
+    require_run(s.executeStep() ? 1 : 0, run_id);
+    const std::string owner = s.getColumn(0).getString();
+    const std::int64_t epoch = s.getColumn(1).getInt64();
+    if (owner == h->second.owner && epoch == h->second.epoch) return;
+    throw storage_error(errc::fenced,
+                        fmt::format("run {} was taken over by {} (epoch {}); this process (epoch {}) no longer "
+                                    "holds it and writes nothing more to it",
+                                    run_id, owner.empty() ? "another process, which has let it go since" : owner,
+                                    epoch, h->second.epoch));
+  }
+
+  // `write` under the fence: in one transaction with the check when this
+  // object holds the run, else as it is (a single statement commits alone).
+  template <class F>
+  void fenced(std::string_view run_id, F&& write) {
+    if (!held.count(std::string(run_id))) return write();
+    SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
+    fence(run_id);
+    write();
+    tx.commit();
+  }
+
   // Why an update guarded by "not finished" changed nothing.
   [[noreturn]] void throw_finished_or_missing(std::string_view run_id, std::string_view doing) {
     const auto status = status_of(run_id);
@@ -572,13 +615,17 @@ int journal::schema_version() { return latest_version; }
 std::pair<run_record, bool> journal::create_run(const new_run& run) {
   return impl_->guard(run.id, [&] {
     const auto now = now_ms();
-    int inserted = statement(impl_->db,
+    int inserted = 0;
+    // A child is created for its parent's attempt: fenced by the parent's claim.
+    impl_->fenced(run.parent_id, [&] {
+      inserted = statement(impl_->db,
                              "INSERT INTO runs (id, agent, input, status, max_attempts, sandbox, workspace, "
                              "created_at_ms, updated_at_ms, policy, parent_id, owner, deadline_ms) "
                              "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                              run.id, run.agent, dump(run.input), run.max_attempts, run.sandbox, run.workspace, now, now,
                              dump(run.policy), null_if_empty(run.parent_id), run.owner, run.deadline_ms)
-                       .exec();
+                     .exec();
+    });
     auto record = find_run(run.id);
     if (!record) throw storage_error(errc::io, "run " + run.id + " vanished right after it was created");
     return std::pair{std::move(*record), inserted == 1};
@@ -615,18 +662,31 @@ std::vector<run_record> journal::list_runs() {
 
 bool journal::claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) {
   return impl_->guard(id, [&] {
-    return statement(impl_->db,
-                     "UPDATE runs SET status = 'running', owner = ?, updated_at_ms = ?, wait_kind = NULL, "
-                     "wait_key = NULL, wait_seq = NULL, wake_at_ms = NULL "
-                     "WHERE id = ? AND owner = ? AND status NOT IN ('completed', 'cancelled')",
-                     new_owner, now_ms(), id, expected_owner)
-               .exec() == 1;
+    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    if (statement(impl_->db,
+                  "UPDATE runs SET status = 'running', owner = ?, epoch = epoch + 1, updated_at_ms = ?, "
+                  "wait_kind = NULL, wait_key = NULL, wait_seq = NULL, wake_at_ms = NULL "
+                  "WHERE id = ? AND owner = ? AND status NOT IN ('completed', 'cancelled')",
+                  new_owner, now_ms(), id, expected_owner)
+            .exec() != 1)
+      return false;
+    auto s = statement(impl_->db, "SELECT epoch FROM runs WHERE id = ?", id);
+    s.executeStep();
+    const std::int64_t epoch = s.getColumn(0).getInt64();
+    tx.commit();
+    impl_->held[std::string(id)] = {std::string(new_owner), epoch};
+    return true;
   });
+}
+
+void journal::confirm_held(std::string_view id) {
+  impl_->guard(id, [&] { impl_->fence(id); });
 }
 
 int journal::begin_attempt(std::string_view id) {
   return impl_->guard(id, [&] {
     SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl_->fence(id);
     impl_->require_run(
         statement(impl_->db, "UPDATE runs SET attempts = attempts + 1, updated_at_ms = ? WHERE id = ?", now_ms(), id)
             .exec(),
@@ -650,6 +710,7 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
     const bool ok = status == run_status::completed;
     const auto now = now_ms();
     SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl_->fence(id);
     std::optional<std::string> out, message, type;
     if (ok) {
       out = dump(output);
@@ -672,12 +733,14 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
                                                         : "run_in_doubt",
                       {{"error", {{"message", *message}, {"type", *type}}}}, std::nullopt);
     tx.commit();
+    impl_->held.erase(std::string(id));
   });
 }
 
 void journal::reset_attempts(std::string_view id) {
   impl_->guard(id, [&] {
     SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl_->fence(id);
     auto before = statement(impl_->db, "SELECT status, attempts FROM runs WHERE id = ?", id);
     impl_->require_run(before.executeStep() ? 1 : 0, id);
     json data = {{"status", before.getColumn(0).getString()}, {"attempts", before.getColumn(1).getInt()}};
@@ -689,6 +752,7 @@ void journal::reset_attempts(std::string_view id) {
         .exec();
     impl_->event(id, "run_reset", data, std::nullopt);
     tx.commit();
+    impl_->held.erase(std::string(id));
   });
 }
 
@@ -699,6 +763,7 @@ void journal::suspend_run(std::string_view id, const wait_spec& w) {
   const auto seq = static_cast<std::int64_t>(w.seq);
   impl_->guard(id, [&] {
     SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl_->fence(id);
     if (statement(impl_->db,
                   "UPDATE runs SET status = 'waiting', owner = '', wait_kind = ?, wait_key = ?, wait_seq = ?, "
                   "wake_at_ms = ?, updated_at_ms = ? WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
@@ -709,12 +774,14 @@ void journal::suspend_run(std::string_view id, const wait_spec& w) {
                  {{"kind", w.kind}, {"key", w.key}, {"seq", w.seq}, {"wake_at_ms", w.wake_at_ms ? json(*w.wake_at_ms) : json()}},
                  seq);
     tx.commit();
+    impl_->held.erase(std::string(id));
   });
 }
 
 void journal::release_run(std::string_view id, std::string_view reason) {
   impl_->guard(id, [&] {
     SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl_->fence(id);
     if (statement(impl_->db,
                   "UPDATE runs SET status = 'pending', owner = '', updated_at_ms = ?, wait_kind = NULL, "
                   "wait_key = NULL, wait_seq = NULL, wake_at_ms = NULL "
@@ -724,6 +791,7 @@ void journal::release_run(std::string_view id, std::string_view reason) {
       impl_->throw_finished_or_missing(id, "release it");
     impl_->event(id, "run_released", {{"reason", reason}}, std::nullopt);
     tx.commit();
+    impl_->held.erase(std::string(id));
   });
 }
 
@@ -848,6 +916,7 @@ void journal::deliver_signal(std::int64_t signal_id, const step_record& step) {
     // The check and both writes share one write transaction: two hosts racing
     // to deliver the same signal cannot both succeed.
     SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl_->fence(step.run_id);
     std::string name;
     {
       auto s = statement(impl_->db, "SELECT run_id, name, delivered_seq FROM signals WHERE id = ?", signal_id);
@@ -883,8 +952,8 @@ std::vector<signal_record> journal::signals(std::string_view run_id) {
 }
 
 void journal::append_step(const step_record& step) {
-  // One statement, so one transaction: durable when it returns.
-  impl_->guard(step.run_id, [&] { impl_->insert_step(step); });
+  // Durable when it returns.
+  impl_->guard(step.run_id, [&] { impl_->fenced(step.run_id, [&] { impl_->insert_step(step); }); });
 }
 
 std::vector<step_record> journal::steps(std::string_view run_id) {
@@ -918,7 +987,7 @@ void journal::append_event(std::string_view run_id, std::string_view kind, const
                            std::optional<std::uint64_t> seq) {
   std::optional<std::int64_t> s;
   if (seq) s = static_cast<std::int64_t>(*seq);
-  impl_->guard(run_id, [&] { impl_->event(run_id, kind, data, s); });
+  impl_->guard(run_id, [&] { impl_->fenced(run_id, [&] { impl_->event(run_id, kind, data, s); }); });
 }
 
 std::vector<event_record> journal::events(std::string_view run_id) {

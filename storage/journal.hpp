@@ -33,6 +33,7 @@ enum class errc {
   conflict,        // a write-once row already exists
   not_found,       // no such run (or signal); in read-only mode, no journal file yet
   finished,        // the run already ended (completed, failed or cancelled)
+  fenced,          // another process took the run over: this journal object no longer holds it
   io,              // any other failure to open, read or write
 };
 
@@ -75,6 +76,7 @@ struct run_record {
   int attempts = 0;                            // attempts started so far
   int max_attempts = 3;
   std::string owner;       // host process executing it ("" when none), see engine/owner.hpp
+  std::int64_t epoch = 0;  // how many times the run was claimed; fences a stale owner's writes
   std::string sandbox;     // backend name: "bwrap" or "none"
   std::string workspace;   // host folder mounted at /workspace
   std::int64_t created_at_ms = 0;
@@ -173,8 +175,22 @@ class journal {
 
   // Compare-and-set of the owner: succeeds only if the run's owner is still
   // `expected_owner` and the run is neither completed nor cancelled. Sets
-  // status running (also from waiting, clearing the wait).
+  // status running (also from waiting, clearing the wait) and counts one more
+  // epoch. From then on this journal object holds the run at that epoch:
+  // every write for the run made through it (begin_attempt, append_step,
+  // append_event, deliver_signal, create_run of a child, finish_run,
+  // suspend_run, release_run, reset_attempts) first checks, in the same
+  // transaction, that the run's owner is still `new_owner` at that epoch, and
+  // otherwise throws storage_error(fenced) without writing anything, for good:
+  // a process that lost its run never writes to it again. finish_run,
+  // suspend_run, release_run and reset_attempts end the hold. Requests from
+  // outside (enqueue_signal, request_cancel, cancel_idle_run) and writes
+  // through a journal object that never claimed the run are not fenced.
   bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner);
+  // Throws storage_error(fenced) if this journal object held the run and
+  // another process has taken it over since; for work outside the journal
+  // (releasing the workspace) that must not happen to a run lost meanwhile.
+  void confirm_held(std::string_view id);
   // Counts one more attempt and returns its number (1-based); records an event.
   int begin_attempt(std::string_view id);
   // Ends the run: completed with `output`; failed or cancelled with `error`

@@ -36,6 +36,7 @@ struct StringMaker<errc> {
       case errc::conflict: return "conflict";
       case errc::not_found: return "not_found";
       case errc::finished: return "finished";
+      case errc::fenced: return "fenced";
       case errc::io: return "io";
     }
     return "?";
@@ -1211,4 +1212,89 @@ TEST_CASE("a full disk loses nothing that was committed") {
   REQUIRE(steps.size() == committed.size() + 1);
   for (std::size_t i = 0; i < committed.size(); ++i) check_same_step(steps[i], committed[i]);
   CHECK(steps.back().result.output == "after freeing space");
+}
+
+TEST_CASE("a journal that lost its run to another is fenced: none of its writes reach the journal") {
+  temp_dir dir;
+  journal a(dir / "cairn.db"), b(dir / "cairn.db");
+  a.create_run(a_run("r"));
+  a.create_run(a_run("other"));
+  const auto queued = a.enqueue_signal("r", "go", 1);
+  REQUIRE(a.claim_run("r", "", "host-a"));
+  CHECK(a.find_run("r")->epoch == 1);
+  CHECK(a.begin_attempt("r") == 1);
+  a.append_step(ok_step("r", 0, "a0"));
+  a.append_event("r", "by_a", json::object(), 0);
+
+  // host-a is judged dead (or forced out); host-b takes the run over.
+  REQUIRE(b.claim_run("r", "host-a", "host-b"));
+  CHECK(b.find_run("r")->epoch == 2);
+  const auto events_before = b.events("r");
+
+  new_run child = a_run("r.1");
+  child.parent_id = "r";
+  const std::vector<std::pair<std::string, std::function<void()>>> writes = {
+      {"append_step", [&] { a.append_step(ok_step("r", 1, "a1")); }},
+      {"append_event", [&] { a.append_event("r", "by_a", json::object(), 1); }},
+      {"begin_attempt", [&] { a.begin_attempt("r"); }},
+      {"deliver_signal", [&] { a.deliver_signal(queued, ok_step("r", 1, "a-signal")); }},
+      {"create_run of a child", [&] { a.create_run(child); }},
+      {"suspend_run", [&] { a.suspend_run("r", {"timer", "", 1, now_ms() + 60'000}); }},
+      {"release_run", [&] { a.release_run("r", "a shuts down"); }},
+      {"reset_attempts", [&] { a.reset_attempts("r"); }},
+      {"finish_run", [&] { a.finish_run("r", run_status::completed, "a-done", std::nullopt); }},
+      {"append_step again", [&] { a.append_step(ok_step("r", 1, "a1")); }},
+      {"confirm_held", [&] { a.confirm_held("r"); }},
+  };
+  int refused = 0;
+  for (const auto& [name, write] : writes) {
+    INFO(name);
+    auto err = error_from(write);
+    REQUIRE(err);
+    CHECK(err->code() == errc::fenced);
+    CHECK_THAT(err->what(), Catch::Contains("run r was taken over by host-b (epoch 2)"));
+    ++refused;
+  }
+  CHECK(refused == 11);
+
+  // Nothing of host-a's is in the journal after the takeover.
+  auto run = b.find_run("r");
+  CHECK(run->owner == "host-b");
+  CHECK(run->status == run_status::running);
+  CHECK(run->epoch == 2);
+  CHECK(run->attempts == 1);
+  CHECK_FALSE(run->wait);
+  REQUIRE(b.steps("r").size() == 1);
+  CHECK(b.steps("r")[0].result.output == "a0");
+  CHECK(b.events("r").size() == events_before.size());
+  CHECK_FALSE(b.find_run("r.1"));
+  CHECK_FALSE(b.signals("r")[0].delivered_seq);
+
+  // The new owner writes as usual, to the end; a run host-a never claimed is not fenced.
+  CHECK(b.begin_attempt("r") == 2);
+  b.append_step(ok_step("r", 1, "b1"));
+  b.deliver_signal(queued, ok_step("r", 2, "b-signal"));
+  b.finish_run("r", run_status::completed, "b-done", std::nullopt);
+  CHECK(b.find_run("r")->output == "b-done");
+  a.append_event("other", "by_a", json::object());
+  CHECK(a.events("other").size() == 1);
+}
+
+TEST_CASE("two journal objects of one process with the same owner are told apart by the epoch") {
+  temp_dir dir;
+  journal first(dir / "cairn.db"), second(dir / "cairn.db");
+  first.create_run(a_run("r"));
+  REQUIRE(first.claim_run("r", "", "host-a"));
+  first.append_step(ok_step("r", 0, "first"));
+  REQUIRE(second.claim_run("r", "host-a", "host-a"));  // another worker thread of the same process
+  auto err = error_from([&] { first.append_step(ok_step("r", 1, "first")); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::fenced);
+  second.append_step(ok_step("r", 1, "second"));
+  second.release_run("r", "shutting down");
+  // Released, the run is claimed afresh and the new claim holds.
+  REQUIRE(first.claim_run("r", "", "host-a"));
+  CHECK(first.find_run("r")->epoch == 3);
+  first.finish_run("r", run_status::completed, "first", std::nullopt);
+  CHECK(first.steps("r").size() == 2);
 }

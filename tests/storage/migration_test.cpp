@@ -182,8 +182,51 @@ TEST_CASE("a version 2 journal is migrated in place: runs, steps and events kept
 
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
   CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::journal::schema_version());
-  CHECK(storage::journal::schema_version() == 3);
   SQLite::Statement fk(raw, "PRAGMA foreign_key_check");
   CHECK_FALSE(fk.executeStep());
   CHECK_THROWS_WITH(raw.exec("UPDATE steps SET output = '1'"), Catch::Contains("write-once"));
+}
+
+TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0 and claims fence from there") {
+  testing::temp_dir dir;
+  {
+    storage::journal current(dir / "cairn.db");
+    storage::new_run r;
+    r.id = "busy";
+    r.agent = "/bin/agent";
+    r.sandbox = "none";
+    r.owner = "host-1:1b4e28ba-2fa1-11d2-883f-0016d3cca427:4121:987654";
+    current.create_run(r);
+    storage::step_record step;
+    step.run_id = "busy";
+    step.result.name = "plan";
+    step.result.output = json{1};
+    current.append_step(step);
+    // Schema 3 is schema 4 without runs.epoch.
+    SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
+    raw.exec("ALTER TABLE runs DROP COLUMN epoch; PRAGMA user_version = 3");
+  }
+  storage::journal a(dir / "cairn.db");
+  auto busy = a.find_run("busy");
+  REQUIRE(busy);
+  CHECK(busy->epoch == 0);
+  CHECK(busy->owner == "host-1:1b4e28ba-2fa1-11d2-883f-0016d3cca427:4121:987654");
+  CHECK(a.steps("busy").size() == 1);
+
+  REQUIRE(a.claim_run("busy", busy->owner, "host-2:a:1:1"));
+  CHECK(a.find_run("busy")->epoch == 1);
+  storage::journal b(dir / "cairn.db");
+  REQUIRE(b.claim_run("busy", "host-2:a:1:1", "host-3:b:2:2"));
+  try {
+    a.append_event("busy", "late", json::object());
+    FAIL("a journal that lost the run wrote to it");
+  } catch (const storage::storage_error& e) {
+    CHECK(e.code() == storage::errc::fenced);
+  }
+  b.append_event("busy", "on_time", json::object());
+  CHECK(b.events("busy").size() == 1);
+
+  SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READONLY);
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == 4);
+  CHECK(storage::journal::schema_version() == 4);
 }
