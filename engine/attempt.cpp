@@ -221,13 +221,18 @@ std::optional<attempt_result> attempt_driver::on(const protocol::step_msg& m) {
   record.result = m.result;
   record.finished_at_ms = storage::now_ms();
   record.started_at_ms = begun_at_ms_.value_or(record.finished_at_ms - m.result.duration_us / 1000);
+#ifdef CAIRN_TEST_UNSAFE_EARLY_ACK  // a test-only build (CMake CAIRN_TEST_UNSAFE) that ack_order_test must fail
+  process_->io().send(protocol::to_json(protocol::host_message{protocol::ack_msg{m.result.seq}}));
+#endif
   commit(record);
   // Shutting down: the step is durable; stop the agent before an ack lets it begin the next one.
   if (stopping() && !cancel_sent_) {
     observer_.on_step(record);
     end({kind::released, nullptr, {}, {}});
   }
+#ifndef CAIRN_TEST_UNSAFE_EARLY_ACK
   process_->io().send(protocol::to_json(protocol::host_message{protocol::ack_msg{m.result.seq}}));
+#endif
   crash_point("after_ack");
   observer_.on_step(record);
   return std::nullopt;
