@@ -17,6 +17,22 @@ attempt_result failed(std::string message, std::string type) {
 
 attempt_result crashed(std::string message) { return {kind::crashed, nullptr, {std::move(message), "crash"}, {}}; }
 
+std::chrono::milliseconds timeout_of(const protocol::begin_msg& step, const policy& p) {
+  return step.timeout_ms > 0 ? std::chrono::milliseconds(step.timeout_ms) : std::chrono::milliseconds(p.timeouts.step);
+}
+
+// Raises a flag for as long as it lives.
+class raised {
+ public:
+  explicit raised(bool& flag) : flag_(flag) { flag_ = true; }
+  ~raised() { flag_ = false; }
+  raised(const raised&) = delete;
+  raised& operator=(const raised&) = delete;
+
+ private:
+  bool& flag_;
+};
+
 }  // namespace
 
 attempt_driver::attempt_driver(storage::journal& journal, const storage::run_record& run, const policy& p,
@@ -37,7 +53,9 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   start.attempt = attempt_;
   for (auto& s : history) start.history.push_back(std::move(s.result));
   expected_seq_ = start.history.size();
-  start.next_step_attempt = 1 + failed_attempts_of(expected_seq_);
+  step_failures_ = failed_attempts_of(expected_seq_);
+  start.next_step_attempt = step_attempt();
+  start.step_attempts = policy_.retry.step_attempts;
 
   runtime::sandbox_spec spec;
   spec.run_id = run_.id;
@@ -80,11 +98,11 @@ attempt_result attempt_driver::converse(const protocol::start_msg& start) {
   if (hello->version != protocol::version) {
     std::string why = "the agent speaks protocol v" + std::to_string(hello->version) + " (" + hello->sdk +
                       "); this host speaks v" + std::to_string(protocol::version);
-    process_->io().send(protocol::to_json(protocol::host_message{protocol::reject_msg{why}}));
+    send(protocol::reject_msg{why});
     process_->kill();
     return failed(why, "protocol");
   }
-  process_->io().send(protocol::to_json(protocol::host_message{start}));
+  send(start);
   crash_point("after_hello");
 
   for (;;) {
@@ -114,17 +132,17 @@ void attempt_driver::supervise() {
                              policy_.wall_time.count()),
                  "wall_time"));
   if (in_step_) {
-    auto timeout = in_step_->timeout_ms > 0 ? std::chrono::milliseconds(in_step_->timeout_ms)
-                                            : std::chrono::milliseconds(policy_.timeouts.step);
+    auto timeout = timeout_of(*in_step_, policy_);
     if (timeout.count() > 0 && now - step_started_ > timeout) step_timed_out();
   }
   if (!cancel_sent_) {
     auto fresh = journal_.find_run(run_.id);
     if (fresh && fresh->cancel_requested_at_ms) start_cancel(cancel_reason(journal_, run_.id), false);
-    else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms)
-      start_cancel(fmt::format("the run exceeded its timeout of {} s (timeouts.run_seconds in the policy)",
-                               policy_.timeouts.run.count()),
-                   true);
+    else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms) {
+      auto [message, type] = policy_.deadline_passed();
+      if (type == "limit_exceeded") end(exceeded(message, "run_wall_time"));
+      start_cancel(message, true);
+    }
   }
   if (cancel_sent_ && now >= cancel_deadline_) end(cancelled_result());
   if (stopping() && !cancel_sent_) {
@@ -141,8 +159,13 @@ void attempt_driver::start_cancel(std::string reason, bool timed_out) {
   cancel_deadline_ = clock::now() + std::chrono::seconds(policy_.timeouts.cancel_grace);
   journal_.append_event(run_.id, "cancel_sent",
                         {{"reason", cancel_reason_}, {"grace_seconds", policy_.timeouts.cancel_grace.count()}});
+  // Frames must not interleave: send() sends the cancel once the frame in flight is out.
+  if (sending_) {
+    cancel_unsent_ = true;
+    return;
+  }
   try {
-    process_->io().send(protocol::to_json(protocol::host_message{protocol::cancel_msg{cancel_reason_}}));
+    send(protocol::cancel_msg{cancel_reason_});
   } catch (const std::exception&) {
     end(cancelled_result());  // the agent is gone already
   }
@@ -155,36 +178,56 @@ attempt_result attempt_driver::cancelled_result() const {
 
 void attempt_driver::step_timed_out() {
   const auto step = *in_step_;
-  auto timeout = step.timeout_ms > 0 ? std::chrono::milliseconds(step.timeout_ms)
-                                     : std::chrono::milliseconds(policy_.timeouts.step);
+  const auto timeout = timeout_of(step, policy_);
   process_->kill();
   protocol::error_info error{fmt::format("step '{}' timed out after {} ms; its sandbox was killed", step.name,
                                          timeout.count()),
                              "timeout"};
-  if (step.attempt < step.max_attempts) {
-    journal_.append_event(run_.id, "step_retry",
-                          {{"name", step.name},
-                           {"attempt", step.attempt},
-                           {"error", {{"message", error.message}, {"type", error.type}}},
-                           {"delay_ms", 0}},
-                          step.seq);
-    observer_.on_retry(protocol::retry_msg{step.seq, step.name, step.attempt, error, 0});
-  } else {
-    storage::step_record record;
-    record.run_id = run_.id;
-    record.result.seq = step.seq;
-    record.result.name = step.name;
-    record.result.kind = step.kind;
-    record.result.ok = false;
-    record.result.error = error;
-    record.result.attempt = step.attempt;
-    record.result.duration_us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
-    record.started_at_ms = begun_at_ms_.value_or(storage::now_ms());
-    record.finished_at_ms = storage::now_ms();
-    commit(record);
-    observer_.on_step(record);
-  }
+  // The agent may ask for fewer attempts than the policy grants, never more.
+  if (step_attempt() < std::min(step.max_attempts, policy_.retry.step_attempts))
+    record_retry(protocol::retry_msg{step.seq, step.name, step_attempt(), error, 0});
+  else
+    commit_failure(step.name, step.kind, error, std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
   throw attempt_end{{kind::restart, nullptr, error, {}}};
+}
+
+void attempt_driver::send(const protocol::host_message& message) {
+  {
+    raised in_flight(sending_);
+    process_->io().send(protocol::to_json(message), runtime::channel::send_timeout, [this] { supervise(); });
+  }
+  if (cancel_unsent_) {
+    cancel_unsent_ = false;
+    send(protocol::cancel_msg{cancel_reason_});
+  }
+}
+
+void attempt_driver::record_retry(const protocol::retry_msg& retry) {
+  journal_.append_event(run_.id, "step_retry",
+                        {{"name", retry.name},
+                         {"attempt", step_attempt()},
+                         {"error", {{"message", retry.error.message}, {"type", retry.error.type}}},
+                         {"delay_ms", retry.delay_ms}},
+                        retry.seq);
+  ++step_failures_;
+  observer_.on_retry(retry);
+}
+
+void attempt_driver::commit_failure(const std::string& name, protocol::step_kind kind,
+                                    const protocol::error_info& error, std::int64_t duration_us) {
+  storage::step_record record;
+  record.run_id = run_.id;
+  record.result.seq = expected_seq_;
+  record.result.name = name;
+  record.result.kind = kind;
+  record.result.ok = false;
+  record.result.error = error;
+  record.result.attempt = step_attempt();
+  record.result.duration_us = duration_us;
+  record.started_at_ms = begun_at_ms_.value_or(storage::now_ms());
+  record.finished_at_ms = storage::now_ms();
+  commit(record);
+  observer_.on_step(record);
 }
 
 attempt_result attempt_driver::exceeded(const std::string& message, const std::string& limit) {
@@ -219,10 +262,11 @@ std::optional<attempt_result> attempt_driver::on(const protocol::step_msg& m) {
   storage::step_record record;
   record.run_id = run_.id;
   record.result = m.result;
+  record.result.attempt = step_attempt();
   record.finished_at_ms = storage::now_ms();
   record.started_at_ms = begun_at_ms_.value_or(record.finished_at_ms - m.result.duration_us / 1000);
 #ifdef CAIRN_TEST_UNSAFE_EARLY_ACK  // a test-only build (CMake CAIRN_TEST_UNSAFE) that ack_order_test must fail
-  process_->io().send(protocol::to_json(protocol::host_message{protocol::ack_msg{m.result.seq}}));
+  send(protocol::ack_msg{m.result.seq});
 #endif
   commit(record);
   // Shutting down: the step is durable; stop the agent before an ack lets it begin the next one.
@@ -231,7 +275,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::step_msg& m) {
     end({kind::released, nullptr, {}, {}});
   }
 #ifndef CAIRN_TEST_UNSAFE_EARLY_ACK
-  process_->io().send(protocol::to_json(protocol::host_message{protocol::ack_msg{m.result.seq}}));
+  send(protocol::ack_msg{m.result.seq});
 #endif
   crash_point("after_ack");
   observer_.on_step(record);
@@ -247,7 +291,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::tool_msg& m) {
   record.result = tools_.call(m);
   record.finished_at_ms = storage::now_ms();
   commit(record);
-  process_->io().send(protocol::to_json(protocol::host_message{protocol::result_msg{record.result}}));
+  send(protocol::result_msg{record.result});
   crash_point("after_ack");
   observer_.on_step(record);
   return std::nullopt;
@@ -260,21 +304,27 @@ void attempt_driver::commit(const storage::step_record& record, std::optional<st
   else journal_.append_step(record);
   crash_point("after_commit");
   ++expected_seq_;
+  step_failures_ = 0;
   begun_at_ms_.reset();
   in_step_.reset();
 }
 
 std::optional<attempt_result> attempt_driver::on(const protocol::retry_msg& m) {
   check_seq(m.seq, "retry");
-  journal_.append_event(run_.id, "step_retry",
-                        {{"name", m.name},
-                         {"attempt", m.attempt},
-                         {"error", {{"message", m.error.message}, {"type", m.error.type}}},
-                         {"delay_ms", m.delay_ms}},
-                        m.seq);
-  process_->io().send(protocol::to_json(protocol::host_message{protocol::ack_msg{m.seq}}));
-  observer_.on_retry(m);
+  const auto step_kind = in_step_ ? in_step_->kind : protocol::step_kind::step;
   in_step_.reset();  // the agent waits out its backoff; the next begin restarts the clock
+  if (step_attempt() >= policy_.retry.step_attempts) {
+    // An attempt the policy does not grant: this failure is final, and a new sandbox replays it.
+    commit_failure(m.name, step_kind, m.error, 0);
+    end({kind::restart, nullptr,
+         {fmt::format("step '{}' failed {} times, the most the policy allows (retry.step_attempts); the agent asked "
+                      "for another attempt",
+                      m.name, policy_.retry.step_attempts),
+          "retry"},
+         {}});
+  }
+  record_retry(m);
+  send(protocol::ack_msg{m.seq});
   return std::nullopt;
 }
 

@@ -18,11 +18,13 @@ struct attempt_result {
     suspended,  // the agent waits longer than suspend_after: the sandbox is gone, see `wait`
     released,   // the host is shutting down: the sandbox is gone, the run goes back to the queue
     cancelled,  // `cairn cancel`: the agent stopped, or was killed after the grace period
-    restart,    // a step overran its timeout and was killed: replay from the journal at once
+    restart,    // the host ended a step (timeout, or out of attempts) and killed the sandbox: replay from the
+                // journal; counted against the run's attempts like a crash
   };
   // failed with error type "limit_exceeded" when the sandbox ran into one of
-  // the policy's limits (the same code would run into it again), "timeout"
-  // when the run outlived timeouts.run_seconds.
+  // the policy's limits (the same code would run into it again) or the run
+  // outlived limits.run_wall_seconds, "timeout" when it outlived
+  // timeouts.run_seconds.
   kind outcome = kind::crashed;
   json output;
   protocol::error_info error;

@@ -58,6 +58,15 @@ class attempt_driver {
   void supervise();
   void start_cancel(std::string reason, bool timed_out);
   [[noreturn]] void step_timed_out();
+  // Sends `message`, supervising while the agent is slow to read it (a
+  // cancel that comes meanwhile is sent after it).
+  void send(const protocol::host_message& message);
+  // The attempt of the step at expected_seq_, as the host counts it.
+  int step_attempt() const { return step_failures_ + 1; }
+  void record_retry(const protocol::retry_msg& retry);
+  // Journals the step at expected_seq_ as failed for good, with the host's attempt count.
+  void commit_failure(const std::string& name, protocol::step_kind kind, const protocol::error_info& error,
+                      std::int64_t duration_us);
   [[noreturn]] void end(attempt_result result);
   attempt_result cancelled_result() const;
   bool stopping() const { return options_.stopping && options_.stopping->load(); }
@@ -90,6 +99,11 @@ class attempt_driver {
   std::unique_ptr<runtime::agent_process> process_;
   clock::time_point started_, last_check_;
   std::uint64_t expected_seq_ = 0;
+  // Failed attempts of the step at expected_seq_: step_retry events, counted
+  // by the host and capped by retry.step_attempts, whatever the agent says.
+  int step_failures_ = 0;
+  // A frame is on its way to the agent; a cancel waits for it.
+  bool sending_ = false, cancel_unsent_ = false;
   std::optional<std::int64_t> begun_at_ms_;
   // The step the agent is executing (begin seen, no step yet).
   std::optional<protocol::begin_msg> in_step_;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include <fmt/chrono.h>
@@ -28,6 +29,30 @@ bool ended(storage::run_status s) {
          s == storage::run_status::cancelled;
 }
 
+struct run_tree {
+  std::string root;
+  std::uint64_t depth = 0;  // of the run: the root is 0
+  std::uint64_t size = 0;   // runs in the tree, the root included
+};
+
+// The tree `run` belongs to, through the journal's parent links.
+run_tree tree_of(storage::journal& journal, const storage::run_record& run) {
+  run_tree tree{run.id, 0, 0};
+  for (std::string parent = run.parent_id; !parent.empty(); ++tree.depth) {
+    tree.root = parent;
+    auto up = journal.find_run(parent);
+    parent = up ? up->parent_id : "";
+  }
+  std::vector<std::string> todo{tree.root};
+  while (!todo.empty()) {
+    auto id = std::move(todo.back());
+    todo.pop_back();
+    ++tree.size;
+    for (auto& child : journal.children(id)) todo.push_back(std::move(child.id));
+  }
+  return tree;
+}
+
 std::string format_ms(std::int64_t ms) {
   return fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", fmt::gmtime(static_cast<std::time_t>(ms / 1000)));
 }
@@ -41,7 +66,7 @@ void attempt_driver::record_and_answer(protocol::step_result r, std::optional<st
   record.finished_at_ms = record.started_at_ms;
   record.result = std::move(r);
   commit(record, signal_id);
-  process_->io().send(protocol::to_json(protocol::host_message{protocol::result_msg{record.result}}));
+  send(protocol::result_msg{record.result});
   crash_point("after_ack");
   observer_.on_step(record);
 }
@@ -74,6 +99,9 @@ std::optional<attempt_result> attempt_driver::on(const protocol::sleep_msg& m) {
     until = set->at("until_ms").get<std::int64_t>();
   } else {
     const auto now = storage::now_ms();
+    // Durations are bounded on the wire; a time is bounded here, against the host's clock.
+    if (m.until_ms && *m.until_ms - now > protocol::max_duration_ms)
+      throw violation{fmt::format("a sleep until {} ms since the epoch, more than 100 years ahead", *m.until_ms)};
     until = m.until_ms ? *m.until_ms : now + std::max<std::int64_t>(*m.duration_ms, 0);
     const bool in_past = m.until_ms ? *m.until_ms < now : *m.duration_ms < 0;
     journal_.append_event(run_.id, "timer_set", {{"until_ms", until}, {"in_past", in_past}}, m.seq);
@@ -167,10 +195,21 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
     return refuse("no_such_agent", fmt::format("there is no agent program '{}' ({} is not an executable file)",
                                                m.agent, program.string()));
   const std::string id = fmt::format("{}.{}", run_.id, m.seq);
-  if (!journal_.find_run(id) && journal_.children(run_.id).size() >= policy_.children.max)
-    return refuse("refused", fmt::format("this run has started {} child runs, the most its policy allows "
-                                         "(children.max)",
-                                         policy_.children.max));
+  // One check-and-create at a time in this process, so that runs of one tree
+  // started together cannot all take the last place.
+  static std::mutex tree_mutex;
+  std::lock_guard tree_lock(tree_mutex);
+  if (!journal_.find_run(id)) {
+    const auto tree = tree_of(journal_, run_);
+    if (tree.depth + 1 > policy_.children.max_depth)
+      return refuse("refused", fmt::format("this run is at depth {} of the tree of run {}, and a child would be "
+                                           "deeper than its policy allows (children.max_depth {})",
+                                           tree.depth, tree.root, policy_.children.max_depth));
+    if (tree.size - 1 >= policy_.children.max)
+      return refuse("refused", fmt::format("the tree of run {} holds {} child runs, the most its policy allows "
+                                           "(children.max)",
+                                           tree.root, tree.size - 1));
+  }
   storage::new_run child;
   child.id = id;
   child.agent = program.string();
@@ -178,10 +217,11 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
   child.max_attempts = run_.max_attempts;
   child.sandbox = run_.sandbox;
   child.workspace = (fs::path(run_.workspace).parent_path() / id).string();
-  child.policy = run_.policy;
+  child.policy = run_.policy;  // the root's, down the tree: a child cannot raise a bound
   child.parent_id = run_.id;
-  if (policy_.timeouts.run.count() > 0)
-    child.deadline_ms = storage::now_ms() + std::chrono::milliseconds(policy_.timeouts.run).count();
+  child.deadline_ms = run_.deadline_ms;  // the root's too
+  if (!child.deadline_ms && policy_.run_bound().count() > 0)
+    child.deadline_ms = storage::now_ms() + std::chrono::milliseconds(policy_.run_bound()).count();
   journal_.create_run(child);  // a replay after a crash finds the same id: created once
   crash_point("child_created");
   r.output = {{"run_id", id}};

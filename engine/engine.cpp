@@ -67,8 +67,8 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   run.workspace = std::filesystem::absolute(request.workspace).lexically_normal().string();
   run.policy = to_json(request.policy);
   run.owner = request.owner;
-  if (request.policy.timeouts.run.count() > 0)
-    run.deadline_ms = storage::now_ms() + std::chrono::milliseconds(request.policy.timeouts.run).count();
+  if (request.policy.run_bound().count() > 0)
+    run.deadline_ms = storage::now_ms() + std::chrono::milliseconds(request.policy.run_bound()).count();
   return journal_.create_run(run);
 }
 
@@ -119,13 +119,10 @@ storage::run_record engine::drive_run(const std::string& run_id, run_observer* o
     if (run->cancel_requested_at_ms)
       return end_run(run_id, storage::run_status::cancelled, nullptr,
                      protocol::error_info{cancel_reason(journal_, run_id), "cancelled"}, watch);
-    if (run->deadline_ms && storage::now_ms() >= *run->deadline_ms)
-      return end_run(run_id, storage::run_status::failed, nullptr,
-                     protocol::error_info{fmt::format("the run exceeded its timeout of {} s (timeouts.run_seconds in "
-                                                      "the policy)",
-                                                      rules.timeouts.run.count()),
-                                          "timeout"},
-                     watch);
+    if (run->deadline_ms && storage::now_ms() >= *run->deadline_ms) {
+      auto [message, type] = rules.deadline_passed();
+      return end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{message, type}, watch);
+    }
     if (auto doubt = find_in_doubt(journal_, run_id)) {
       journal_.finish_run(run_id, storage::run_status::in_doubt, nullptr, protocol::error_info{doubt->message, "in_doubt"});
       return *journal_.find_run(run_id);
@@ -145,8 +142,6 @@ storage::run_record engine::drive_run(const std::string& run_id, run_observer* o
 
     using kind = attempt_result::kind;
     switch (result.outcome) {
-      case kind::restart:
-        continue;
       case kind::suspended:
         journal_.confirm_held(run_id);
         release_workspace(sandboxes, *run, watch);
@@ -157,6 +152,7 @@ storage::run_record engine::drive_run(const std::string& run_id, run_observer* o
       case kind::released:
         journal_.release_run(run_id, "the host process is shutting down");
         return *journal_.find_run(run_id);
+      case kind::restart:  // counted like a crash: an agent must not restart its sandbox for free
       case kind::crashed: {
         ++crashes;
         bool retry = crashes < run->max_attempts;

@@ -116,7 +116,7 @@ std::uint64_t physical_memory() {
   return pages > 0 && size > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(size) : 1ull << 40;
 }
 
-runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wall) {
+runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wall, std::chrono::seconds& run_wall) {
   runtime::resource_limits d = default_policy().limits;
   runtime::resource_limits l;
   const std::uint64_t ram_mib = physical_memory() / mib;
@@ -124,6 +124,8 @@ runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wa
   l.max_processes = r.number("processes", d.max_processes, 8, 1'000'000);
   l.max_cpu_seconds = r.number("cpu_seconds", d.max_cpu_seconds, 0, 365ull * 24 * 3600, " s");
   wall = std::chrono::seconds(r.number("wall_seconds", default_policy().wall_time.count(), 0, 365ull * 24 * 3600, " s"));
+  run_wall = std::chrono::seconds(
+      r.number("run_wall_seconds", default_policy().run_wall_time.count(), 0, 10 * 365ull * 24 * 3600, " s"));
   l.max_open_files = r.number("open_files", d.max_open_files, 16, 1 << 20);
   l.max_workspace_bytes = r.number("workspace_mb", d.max_workspace_bytes / mib, 16, 1ull << 24, " MiB") * mib;
   l.max_file_bytes = r.number("file_mb", d.max_file_bytes / mib, 1, 1ull << 24, " MiB") * mib;
@@ -230,6 +232,7 @@ run_retry parse_retry(object_reader& r) {
   g.multiplier = r.real("multiplier", d.multiplier, 1.0, 100.0);
   g.max = std::chrono::milliseconds(r.number("max_ms", d.max.count(), 0, 86'400'000, " ms"));
   g.jitter = r.real("jitter", d.jitter, 0.0, 1.0);
+  g.step_attempts = static_cast<int>(r.number("step_attempts", d.step_attempts, 1, 1000));
   if (g.max < g.initial)
     throw policy_error(r.key_of("max_ms"), fmt::format("{} ms is impossible: it must be at least initial_ms ({} ms)",
                                                        g.max.count(), g.initial.count()));
@@ -240,6 +243,7 @@ run_retry parse_retry(object_reader& r) {
 child_grant parse_children(object_reader& r) {
   child_grant d, g;
   g.max = r.number("max", d.max, 0, 100'000);
+  g.max_depth = r.number("max_depth", d.max_depth, 0, 100);
   g.agents = r.strings("agents", d.agents);
   for (const auto& a : g.agents)
     if (!std::filesystem::path(a).is_absolute())
@@ -287,6 +291,22 @@ std::vector<std::string> policy::tool_names() const {
   return names;
 }
 
+std::chrono::seconds policy::run_bound() const {
+  if (timeouts.run.count() == 0) return run_wall_time;
+  if (run_wall_time.count() == 0) return timeouts.run;
+  return std::min(timeouts.run, run_wall_time);
+}
+
+std::pair<std::string, std::string> policy::deadline_passed() const {
+  if (timeouts.run.count() > 0 && timeouts.run == run_bound())
+    return {fmt::format("the run exceeded its timeout of {} s (timeouts.run_seconds in the policy)", timeouts.run.count()),
+            "timeout"};
+  return {fmt::format("the run lived longer than {} s across all its attempts and waits (limits.run_wall_seconds in the "
+                      "policy)",
+                      run_wall_time.count()),
+          "limit_exceeded"};
+}
+
 policy parse_policy(const json& j) {
   policy p = default_policy();
   object_reader root(j, "");
@@ -296,7 +316,7 @@ policy parse_policy(const json& j) {
                                   "through the http.fetch tool, which the host makes within this policy");
   if (const json* limits = root.take("limits")) {
     object_reader r(*limits, "limits");
-    p.limits = parse_limits(r, p.wall_time);
+    p.limits = parse_limits(r, p.wall_time, p.run_wall_time);
   }
   if (const json* t = root.take("timeouts")) {
     object_reader r(*t, "timeouts");
@@ -386,6 +406,7 @@ json to_json(const policy& p) {
             {"processes", l.max_processes},
             {"cpu_seconds", l.max_cpu_seconds},
             {"wall_seconds", p.wall_time.count()},
+            {"run_wall_seconds", p.run_wall_time.count()},
             {"open_files", l.max_open_files},
             {"workspace_mb", l.max_workspace_bytes / mib},
             {"file_mb", l.max_file_bytes / mib},
@@ -398,8 +419,10 @@ json to_json(const policy& p) {
            {{"initial_ms", p.retry.initial.count()},
             {"multiplier", p.retry.multiplier},
             {"max_ms", p.retry.max.count()},
-            {"jitter", p.retry.jitter}}},
-          {"children", {{"max", p.children.max}, {"agents", strings_json(p.children.agents)}}},
+            {"jitter", p.retry.jitter},
+            {"step_attempts", p.retry.step_attempts}}},
+          {"children",
+           {{"max", p.children.max}, {"max_depth", p.children.max_depth}, {"agents", strings_json(p.children.agents)}}},
           {"tools", std::move(tools)}};
 }
 

@@ -65,15 +65,20 @@ struct run_retry {
   double multiplier = 2.0;
   std::chrono::milliseconds max{10'000};
   double jitter = 0.2;
+  // The most attempts of one step, counted by the host: an agent may ask for
+  // fewer (begin.max_attempts), never more.
+  int step_attempts = 10;
 
   std::chrono::milliseconds delay_after(int crashes) const;
 };
 
-// Child runs ("children"): how many a run may start, and which programs. A
-// child agent is named by its file name in the parent agent's folder, or by
-// a path listed in `agents`.
+// Child runs ("children"): how many a run tree may hold, how deep, and which
+// programs. A child agent is named by its file name in the parent agent's
+// folder, or by a path listed in `agents`. Children carry the root's policy,
+// so the root's bounds hold for the whole tree.
 struct child_grant {
-  std::uint64_t max = 100;
+  std::uint64_t max = 100;     // child runs in the whole tree, the root's descendants at every depth
+  std::uint64_t max_depth = 4; // the root is depth 0, its children depth 1
   std::vector<std::string> agents;  // absolute paths (see load_policy_file)
 };
 
@@ -81,6 +86,9 @@ struct policy {
   std::string network = "none";
   runtime::resource_limits limits;
   std::chrono::seconds wall_time{3600};  // per attempt; 0: unlimited
+  // From the run's creation to its end, across every attempt and suspension
+  // (limits.run_wall_seconds); then it fails with type limit_exceeded. 0: unlimited.
+  std::chrono::seconds run_wall_time{86'400};
   struct timeouts timeouts;
   run_retry retry;
   child_grant children;
@@ -90,6 +98,12 @@ struct policy {
 
   bool grants(const std::string& tool) const;
   std::vector<std::string> tool_names() const;
+  // How long a run may live from its creation: the smaller of timeouts.run
+  // and run_wall_time that is set; 0: no bound. The run's deadline.
+  std::chrono::seconds run_bound() const;
+  // Why a run ends when its deadline passes: {message, type}, type "timeout"
+  // (timeouts.run_seconds) or "limit_exceeded" (limits.run_wall_seconds).
+  std::pair<std::string, std::string> deadline_passed() const;
 };
 
 policy default_policy();

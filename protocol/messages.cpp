@@ -58,6 +58,15 @@ std::optional<std::int64_t> get_optional_int(const json& j, std::string_view typ
   return get_int(j, type, field, min, max);
 }
 
+// A duration in ms (a sleep, timeout or delay), 0 to max_duration_ms.
+std::optional<std::int64_t> get_optional_duration(const json& j, std::string_view type, const char* field) {
+  auto ms = get_optional_int(j, type, field, 0, INT64_MAX);
+  if (ms && *ms > max_duration_ms)
+    bad(type, field, std::to_string(*ms) + " is longer than 100 years (" + std::to_string(max_duration_ms) +
+                         " ms), the longest duration the protocol allows");
+  return ms;
+}
+
 std::uint64_t get_seq(const json& j, std::string_view type) {
   return static_cast<std::uint64_t>(get_int(j, type, "seq", 0, INT64_MAX));
 }
@@ -163,7 +172,7 @@ agent_message parse_agent_message(const json& j) {
     m.name = get_name(j, t);
     m.kind = get_kind(j, t);
     m.attempt = get_attempt(j, t);
-    m.timeout_ms = get_optional_int(j, t, "timeout_ms", 0, INT64_MAX).value_or(0);
+    m.timeout_ms = get_optional_duration(j, t, "timeout_ms").value_or(0);
     m.max_attempts = static_cast<int>(get_optional_int(j, t, "max_attempts", 1, 1'000'000).value_or(1));
     return m;
   }
@@ -174,7 +183,8 @@ agent_message parse_agent_message(const json& j) {
     m.name = get_name(j, t);
     m.attempt = get_attempt(j, t);
     m.error = get_error(j, t);
-    m.delay_ms = get_int(j, t, "delay_ms", 0, INT64_MAX);
+    require(j, t, "delay_ms");
+    m.delay_ms = *get_optional_duration(j, t, "delay_ms");
     return m;
   }
   if (t == "tool") {
@@ -187,7 +197,7 @@ agent_message parse_agent_message(const json& j) {
   if (t == "sleep") {
     sleep_msg m;
     m.seq = get_seq(j, t);
-    m.duration_ms = get_optional_int(j, t, "duration_ms", 0, INT64_MAX);
+    m.duration_ms = get_optional_duration(j, t, "duration_ms");
     m.until_ms = get_optional_int(j, t, "until_ms", 0, INT64_MAX);
     if (!m.duration_ms && !m.until_ms) bad(t, "duration_ms", "is missing (give it or 'until_ms')");
     if (m.duration_ms && m.until_ms) bad(t, "duration_ms", "and field 'until_ms' are both given (give one)");
@@ -197,7 +207,7 @@ agent_message parse_agent_message(const json& j) {
     wait_msg m;
     m.seq = get_seq(j, t);
     m.signal = get_name(j, t, "signal");
-    m.timeout_ms = get_optional_int(j, t, "timeout_ms", 0, INT64_MAX);
+    m.timeout_ms = get_optional_duration(j, t, "timeout_ms");
     return m;
   }
   if (t == "child") {
@@ -275,6 +285,7 @@ host_message parse_host_message(const json& j) {
       m.history.push_back(std::move(r));
     }
     m.next_step_attempt = static_cast<int>(get_int(j, t, "next_step_attempt", 1, 1'000'000));
+    m.step_attempts = static_cast<int>(get_optional_int(j, t, "step_attempts", 1, 1'000'000).value_or(1'000'000));
     return m;
   }
   if (t == "ack") return ack_msg{get_seq(j, t)};
@@ -296,7 +307,7 @@ json to_json(const host_message& m) {
             for (const auto& r : s.history) history.push_back(to_json(r));
             return {{"t", "start"},         {"v", s.version},     {"run_id", s.run_id},
                     {"input", s.input},     {"attempt", s.attempt}, {"history", std::move(history)},
-                    {"next_step_attempt", s.next_step_attempt}};
+                    {"next_step_attempt", s.next_step_attempt}, {"step_attempts", s.step_attempts}};
           },
           [](const ack_msg& a) -> json { return {{"t", "ack"}, {"seq", a.seq}}; },
           [](const reject_msg& r) -> json { return {{"t", "reject"}, {"error", r.error}}; },

@@ -19,6 +19,10 @@ inline constexpr int version = 1;
 
 // Longest step name accepted, in bytes.
 inline constexpr std::size_t max_name_size = 1024;
+// The longest duration on the wire (a sleep, a timeout, a retry delay), in ms:
+// 100 years. Anything longer is a violation, so host arithmetic on now + a
+// duration never overflows; an SDK maps longer waits to this or to "none".
+constexpr std::int64_t max_duration_ms = 100ll * 365 * 24 * 3600 * 1000;
 
 // step, now, random: recorded by the agent (begin/step). tool, sleep, signal,
 // child, join: recorded only by the host, for the agent's tool, sleep, wait,
@@ -121,6 +125,7 @@ struct start_msg {
   int attempt = 1;  // the run's attempt, 1-based
   std::vector<step_result> history;
   int next_step_attempt = 1;  // attempt number for the first step past the history
+  int step_attempts = 1'000'000;  // the most attempts the host allows one step (the run's retry.step_attempts)
 };
 struct ack_msg {
   std::uint64_t seq = 0;

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <algorithm>
 #include <cerrno>
+#include <string>
 #include <system_error>
 
 namespace cairn::runtime {
@@ -19,8 +21,8 @@ constexpr std::size_t read_chunk = 64 * 1024;
 // per step (measured: a NORMAL-mode step went from ~110 us to ~70 us).
 constexpr auto spin_before_sleep = std::chrono::microseconds(100);
 
-// A peer that stops reading must not hang the host forever.
-constexpr int send_timeout_ms = 30'000;
+// How often send() hands control back to its caller while the peer does not read.
+constexpr auto send_slice = std::chrono::milliseconds(100);
 
 [[noreturn]] void throw_errno(const char* what) {
   throw std::system_error(errno, std::generic_category(), what);
@@ -46,9 +48,12 @@ channel::~channel() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void channel::send(const json& message) {
+void channel::send(const json& message, std::chrono::milliseconds timeout, const std::function<void()>& waiting) {
   // One limit for both directions: the agent enforces the same default.
   std::string frame = protocol::encode_frame(message, decoder_.max_frame());
+  // One deadline for the whole frame, not renewed by progress.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto last_waiting = std::chrono::steady_clock::now();
   std::size_t sent = 0;
   while (sent < frame.size()) {
     ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
@@ -57,8 +62,17 @@ void channel::send(const json& message) {
     } else if (errno == EINTR) {
       continue;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!wait_for_fd(fd_, POLLOUT, send_timeout_ms))
-        throw channel_closed("the agent stopped reading its channel for 30 s", false);
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        throw channel_closed("the agent did not read a frame of " + std::to_string(frame.size()) + " bytes within " +
+                                 std::to_string(timeout.count()) + " ms",
+                             false);
+      wait_for_fd(fd_, POLLOUT, static_cast<int>(std::min(left, send_slice).count()));
+      // Also when the peer read a little: a trickle of reads must not starve the caller.
+      if (waiting && std::chrono::steady_clock::now() - last_waiting >= send_slice) {
+        waiting();
+        last_waiting = std::chrono::steady_clock::now();
+      }
     } else if (errno == EPIPE || errno == ECONNRESET) {
       throw channel_closed("the agent closed its channel", false);
     } else {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -34,9 +35,16 @@ class channel {
   channel(const channel&) = delete;
   channel& operator=(const channel&) = delete;
 
-  // Writes one frame completely; blocks while the peer does not read.
-  // Throws channel_closed if the peer is gone, protocol_error if too big.
-  void send(const json& message);
+  // How long a frame may take to go out in all, by default.
+  static constexpr std::chrono::milliseconds send_timeout{30'000};
+
+  // Writes one frame completely within `timeout` in all: a peer that reads
+  // a little at a time gets no more. While the peer does not read, calls
+  // `waiting` about every 100 ms; an exception from it leaves the frame half
+  // sent and the channel unusable. Throws channel_closed if the peer is gone
+  // or the time is up, protocol_error if the frame is too big.
+  void send(const json& message, std::chrono::milliseconds timeout = send_timeout,
+            const std::function<void()>& waiting = {});
   // The next message, or nullopt if none arrived within `timeout`.
   // Throws protocol::protocol_error for a malformed frame, channel_closed at EOF.
   std::optional<json> receive(std::chrono::milliseconds timeout);

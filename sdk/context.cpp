@@ -25,10 +25,15 @@ std::mt19937_64& random_engine() {
   return engine;
 }
 
+// A duration for the wire: the protocol's longest at most (PROTOCOL.md §3.1), never negative.
+std::int64_t wire_ms(std::chrono::milliseconds d) {
+  return std::clamp<std::int64_t>(d.count(), 0, protocol::max_duration_ms);
+}
+
 // The delay is only reported to the host, never replayed, so its randomness needs no journal.
 std::chrono::milliseconds delay_after(const retry_policy& p, int attempt) {
   double ms = static_cast<double>(p.initial_delay.count()) * std::pow(p.multiplier, attempt - 1);
-  ms = std::min(ms, static_cast<double>(p.max_delay.count()));
+  ms = std::min({ms, static_cast<double>(p.max_delay.count()), static_cast<double>(protocol::max_duration_ms)});
   const double jitter = p.jitter > 0 ? std::min(p.jitter, 1.0) : 0.0;  // NaN gives 0
   if (jitter > 0) ms *= 1.0 - jitter * std::uniform_real_distribution<double>(0.0, 1.0)(random_engine());
   return std::chrono::milliseconds(ms > 0 ? static_cast<std::int64_t>(ms) : 0);
@@ -59,8 +64,9 @@ json run_journaled(session& s, std::string_view name, protocol::step_kind kind,
   }
 
   const std::uint64_t seq = s.take_seq();
-  const int max_attempts = std::clamp(policy.max_attempts, 1, 1'000'000);
-  const std::int64_t timeout_ms = std::max<std::int64_t>(policy.timeout.count(), 0);
+  // The host allows no more attempts than its policy's; asking for more would fail the step.
+  const int max_attempts = std::clamp(policy.max_attempts, 1, s.start().step_attempts);
+  const std::int64_t timeout_ms = wire_ms(policy.timeout);
   for (int attempt = s.first_attempt_for(seq);; ++attempt) {
     s.send(protocol::begin_msg{seq, std::string(name), kind, attempt, timeout_ms, max_attempts});
     protocol::step_result r;
@@ -134,15 +140,18 @@ json context::tool(std::string_view name, const json& args) {
 
 void context::sleep(std::chrono::milliseconds d) {
   auto r = host_operation(session_, "sleep", protocol::step_kind::sleep, [&](std::uint64_t seq) {
-    return protocol::sleep_msg{seq, std::max<std::int64_t>(d.count(), 0), std::nullopt};
+    return protocol::sleep_msg{seq, wire_ms(d), std::nullopt};
   });
   output_field(r, "until_ms");  // only checked: a sleep returns nothing, but an error record is a broken host
 }
 
 void context::sleep_until(std::chrono::system_clock::time_point t) {
-  auto until = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
   auto r = host_operation(session_, "sleep", protocol::step_kind::sleep, [&](std::uint64_t seq) {
-    return protocol::sleep_msg{seq, std::nullopt, std::max<std::int64_t>(until, 0)};
+    // Saturates at 100 years from now, as sleep() does; floor() keeps a far time from overflowing.
+    const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+    const auto latest = now + std::chrono::milliseconds(protocol::max_duration_ms);
+    const auto until = std::min(std::chrono::floor<std::chrono::milliseconds>(t), latest);
+    return protocol::sleep_msg{seq, std::nullopt, std::max<std::int64_t>(until.time_since_epoch().count(), 0)};
   });
   output_field(r, "until_ms");
 }
@@ -150,7 +159,7 @@ void context::sleep_until(std::chrono::system_clock::time_point t) {
 std::optional<json> context::wait_signal(std::string_view name, std::optional<std::chrono::milliseconds> timeout) {
   auto r = host_operation(session_, name, protocol::step_kind::signal, [&](std::uint64_t seq) {
     std::optional<std::int64_t> timeout_ms;
-    if (timeout) timeout_ms = std::max<std::int64_t>(timeout->count(), 0);
+    if (timeout && timeout->count() < protocol::max_duration_ms) timeout_ms = wire_ms(*timeout);  // longer: none
     return protocol::wait_msg{seq, std::string(name), timeout_ms};
   });
   if (output_field(r, "timed_out") == true) return std::nullopt;

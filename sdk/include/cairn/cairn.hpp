@@ -37,13 +37,14 @@ using json = nlohmann::json;
 // factor in [1 - jitter, 1] so that runs failing together do not retry in
 // lockstep, then makes attempt n+1.
 struct retry_policy {
-  int max_attempts = 3;
+  int max_attempts = 3;  // at most the run policy's retry.step_attempts (default 10): more are not made
   std::chrono::milliseconds initial_delay{100};
   double multiplier = 2.0;
   std::chrono::milliseconds max_delay{10'000};
   // Longest time one attempt may take; 0: the run policy's default. The host
   // enforces it: it kills the sandbox of an attempt that overruns and counts a
-  // failed attempt, retried (in a new sandbox) while max_attempts allows.
+  // failed attempt, retried (in a new sandbox) while max_attempts allows;
+  // each new sandbox counts against the run's attempts. At most 100 years.
   std::chrono::milliseconds timeout{0};
   double jitter = 0.2;  // clamped to [0, 1]; 0 gives the exact delays
 
@@ -177,12 +178,14 @@ class context {
 
   // Durable timers: the host journals the sleep and wakes the run when it is
   // due, even after a restart (it may suspend the run meanwhile). On replay a
-  // journaled sleep returns at once.
+  // journaled sleep returns at once. A sleep longer than 100 years sleeps 100
+  // years (the run's limits.run_wall_seconds ends it long before).
   void sleep(std::chrono::milliseconds d);
   void sleep_until(std::chrono::system_clock::time_point t);
 
   // Waits until the signal `name` is sent to the run and returns its payload
-  // (json null if it has none), or nullopt when `timeout` passed first.
+  // (json null if it has none), or nullopt when `timeout` passed first. A
+  // timeout of 100 years or more (milliseconds::max()) is no timeout.
   // Journaled: on replay the same outcome is returned at once.
   std::optional<json> wait_signal(std::string_view name,
                                   std::optional<std::chrono::milliseconds> timeout = std::nullopt);
