@@ -116,7 +116,8 @@ std::uint64_t physical_memory() {
   return pages > 0 && size > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(size) : 1ull << 40;
 }
 
-runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wall) {
+runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wall,
+                                      std::uint64_t& suspensions_per_hour) {
   runtime::resource_limits d = default_policy().limits;
   runtime::resource_limits l;
   const std::uint64_t ram_mib = physical_memory() / mib;
@@ -128,6 +129,8 @@ runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wa
   l.max_workspace_bytes = r.number("workspace_mb", d.max_workspace_bytes / mib, 16, 1ull << 24, " MiB") * mib;
   l.max_file_bytes = r.number("file_mb", d.max_file_bytes / mib, 1, 1ull << 24, " MiB") * mib;
   l.max_tmp_bytes = r.number("tmp_mb", d.max_tmp_bytes / mib, 1, 1ull << 24, " MiB") * mib;
+  l.max_log_bytes = r.number("log_mb", d.max_log_bytes / mib, 1, 1ull << 20, " MiB") * mib;
+  suspensions_per_hour = r.number("suspensions_per_hour", default_policy().suspensions_per_hour, 1, 3600);
   if (l.max_tmp_bytes > l.max_memory_bytes)
     throw policy_error(r.key_of("tmp_mb"), fmt::format("{} MiB is impossible: /tmp is memory and must fit in "
                                                        "memory_mb ({} MiB)",
@@ -261,6 +264,7 @@ policy default_policy() {
   p.limits.max_workspace_bytes = 1024 * mib;
   p.limits.max_file_bytes = 1024 * mib;
   p.limits.max_tmp_bytes = 64 * mib;
+  p.limits.max_log_bytes = 16 * mib;
   p.wall_time = std::chrono::seconds(3600);
   return p;
 }
@@ -296,7 +300,7 @@ policy parse_policy(const json& j) {
                                   "through the http.fetch tool, which the host makes within this policy");
   if (const json* limits = root.take("limits")) {
     object_reader r(*limits, "limits");
-    p.limits = parse_limits(r, p.wall_time);
+    p.limits = parse_limits(r, p.wall_time, p.suspensions_per_hour);
   }
   if (const json* t = root.take("timeouts")) {
     object_reader r(*t, "timeouts");
@@ -389,7 +393,9 @@ json to_json(const policy& p) {
             {"open_files", l.max_open_files},
             {"workspace_mb", l.max_workspace_bytes / mib},
             {"file_mb", l.max_file_bytes / mib},
-            {"tmp_mb", l.max_tmp_bytes / mib}}},
+            {"tmp_mb", l.max_tmp_bytes / mib},
+            {"log_mb", l.max_log_bytes / mib},
+            {"suspensions_per_hour", p.suspensions_per_hour}}},
           {"timeouts",
            {{"run_seconds", p.timeouts.run.count()},
             {"step_seconds", p.timeouts.step.count()},

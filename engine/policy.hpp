@@ -81,6 +81,9 @@ struct policy {
   std::string network = "none";
   runtime::resource_limits limits;
   std::chrono::seconds wall_time{3600};  // per attempt; 0: unlimited
+  // limits.suspensions_per_hour: how often a run may give up its sandbox to
+  // wait; one more within an hour ends it (limit_exceeded).
+  std::uint64_t suspensions_per_hour = 60;
   struct timeouts timeouts;
   run_retry retry;
   child_grant children;
