@@ -42,6 +42,18 @@ void claim(storage::journal& journal, const storage::run_record& run) {
     throw engine_error(errc::busy, fmt::format("run {} was taken by another process just now", run.id));
 }
 
+// How often the run was suspended within the last hour.
+std::uint64_t suspensions_in_last_hour(storage::journal& journal, const std::string& run_id) {
+  const auto since = storage::now_ms() - 3'600'000;
+  std::uint64_t n = 0;
+  for (const auto& e : journal.events(run_id)) n += e.kind == "suspended" && e.at_ms > since;
+  return n;
+}
+
+std::int64_t whole_ms(std::chrono::nanoseconds d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
 }  // namespace
 
 backend_factory default_backends() {
@@ -133,6 +145,7 @@ storage::run_record engine::drive_run(const std::string& run_id, run_observer* o
                                          "write everything this user can");
     watch.on_attempt(*run, attempt);
 
+    const auto upkeep_before = sandboxes.upkeep(run->workspace);
     attempt_result result;
     try {
       result = run_attempt(journal_, sandboxes, *run, rules, attempt, options_, watch);
@@ -142,13 +155,33 @@ storage::run_record engine::drive_run(const std::string& run_id, run_observer* o
 
     using kind = attempt_result::kind;
     switch (result.outcome) {
-      case kind::suspended:
+      case kind::suspended: {
         journal_.confirm_held(run_id);
-        release_workspace(sandboxes, *run, watch);
+        // The workspace stays in its image until the run ends. What the
+        // suspension cost (this attempt's mount and unmount) is the run's, and
+        // the agent, which chooses how long it waits, may only suspend so often.
+        const auto upkeep = sandboxes.upkeep(run->workspace);
+        const std::uint64_t count = suspensions_in_last_hour(journal_, run_id) + 1;
+        if (count > rules.suspensions_per_hour) {
+          std::string message = fmt::format(
+              "the run waited long enough to be suspended more than {} times within an hour "
+              "(limits.suspensions_per_hour): each suspension unmounts its workspace and each resumption "
+              "mounts it again; raise the limit, or wait longer at a time",
+              rules.suspensions_per_hour);
+          journal_.append_event(run_id, "limit_exceeded", {{"limit", "suspensions"}, {"message", message}});
+          return end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{message, "limit_exceeded"},
+                         watch);
+        }
+        journal_.append_event(run_id, "suspended",
+                              {{"count", count},
+                               {"bytes_written", upkeep.bytes_written - upkeep_before.bytes_written},
+                               {"cpu_ms", whole_ms(upkeep.cpu - upkeep_before.cpu)},
+                               {"ms", whole_ms(upkeep.wall - upkeep_before.wall)}});
         journal_.suspend_run(run_id, result.wait);
         run = journal_.find_run(run_id);
         watch.on_wait(*run, result.wait);
         return *run;
+      }
       case kind::released:
         journal_.release_run(run_id, "the host process is shutting down");
         return *journal_.find_run(run_id);

@@ -116,26 +116,29 @@ std::uint64_t physical_memory() {
   return pages > 0 && size > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(size) : 1ull << 40;
 }
 
-runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wall, std::chrono::seconds& run_wall) {
+// Sets p.limits and the limits that live beside them in the policy.
+void parse_limits(object_reader& r, policy& p) {
   runtime::resource_limits d = default_policy().limits;
   runtime::resource_limits l;
   const std::uint64_t ram_mib = physical_memory() / mib;
   l.max_memory_bytes = r.number("memory_mb", d.max_memory_bytes / mib, 32, ram_mib, " MiB") * mib;
   l.max_processes = r.number("processes", d.max_processes, 8, 1'000'000);
   l.max_cpu_seconds = r.number("cpu_seconds", d.max_cpu_seconds, 0, 365ull * 24 * 3600, " s");
-  wall = std::chrono::seconds(r.number("wall_seconds", default_policy().wall_time.count(), 0, 365ull * 24 * 3600, " s"));
-  run_wall = std::chrono::seconds(
+  p.wall_time = std::chrono::seconds(r.number("wall_seconds", default_policy().wall_time.count(), 0, 365ull * 24 * 3600, " s"));
+  p.run_wall_time = std::chrono::seconds(
       r.number("run_wall_seconds", default_policy().run_wall_time.count(), 0, 10 * 365ull * 24 * 3600, " s"));
   l.max_open_files = r.number("open_files", d.max_open_files, 16, 1 << 20);
   l.max_workspace_bytes = r.number("workspace_mb", d.max_workspace_bytes / mib, 16, 1ull << 24, " MiB") * mib;
   l.max_file_bytes = r.number("file_mb", d.max_file_bytes / mib, 1, 1ull << 24, " MiB") * mib;
   l.max_tmp_bytes = r.number("tmp_mb", d.max_tmp_bytes / mib, 1, 1ull << 24, " MiB") * mib;
+  l.max_log_bytes = r.number("log_mb", d.max_log_bytes / mib, 1, 1ull << 20, " MiB") * mib;
+  p.suspensions_per_hour = r.number("suspensions_per_hour", default_policy().suspensions_per_hour, 1, 3600);
   if (l.max_tmp_bytes > l.max_memory_bytes)
     throw policy_error(r.key_of("tmp_mb"), fmt::format("{} MiB is impossible: /tmp is memory and must fit in "
                                                        "memory_mb ({} MiB)",
                                                        l.max_tmp_bytes / mib, l.max_memory_bytes / mib));
   r.done();
-  return l;
+  p.limits = l;
 }
 
 void check_host_pattern(const std::string& key, const std::string& host) {
@@ -265,6 +268,7 @@ policy default_policy() {
   p.limits.max_workspace_bytes = 1024 * mib;
   p.limits.max_file_bytes = 1024 * mib;
   p.limits.max_tmp_bytes = 64 * mib;
+  p.limits.max_log_bytes = 16 * mib;
   p.wall_time = std::chrono::seconds(3600);
   return p;
 }
@@ -316,7 +320,7 @@ policy parse_policy(const json& j) {
                                   "through the http.fetch tool, which the host makes within this policy");
   if (const json* limits = root.take("limits")) {
     object_reader r(*limits, "limits");
-    p.limits = parse_limits(r, p.wall_time, p.run_wall_time);
+    parse_limits(r, p);
   }
   if (const json* t = root.take("timeouts")) {
     object_reader r(*t, "timeouts");
@@ -410,7 +414,9 @@ json to_json(const policy& p) {
             {"open_files", l.max_open_files},
             {"workspace_mb", l.max_workspace_bytes / mib},
             {"file_mb", l.max_file_bytes / mib},
-            {"tmp_mb", l.max_tmp_bytes / mib}}},
+            {"tmp_mb", l.max_tmp_bytes / mib},
+            {"log_mb", l.max_log_bytes / mib},
+            {"suspensions_per_hour", p.suspensions_per_hour}}},
           {"timeouts",
            {{"run_seconds", p.timeouts.run.count()},
             {"step_seconds", p.timeouts.step.count()},

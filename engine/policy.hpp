@@ -89,6 +89,9 @@ struct policy {
   // From the run's creation to its end, across every attempt and suspension
   // (limits.run_wall_seconds); then it fails with type limit_exceeded. 0: unlimited.
   std::chrono::seconds run_wall_time{86'400};
+  // limits.suspensions_per_hour: how often a run may give up its sandbox to
+  // wait; one more within an hour ends it (limit_exceeded).
+  std::uint64_t suspensions_per_hour = 60;
   struct timeouts timeouts;
   run_retry retry;
   child_grant children;

@@ -103,7 +103,7 @@ class bwrap_sandbox final : public sandbox {
                                       const std::vector<std::string>& args) override {
     fs::path agent = check_program(program);
     check_agent_args(args);
-    unique_fd log = open_log(spec_.log_file);
+    auto log = std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file, spec_.limits.max_log_bytes);
     resources_->acquire();  // again, after a destroy()
 
     std::vector<std::string> options = bwrap_isolation_args(features_, spec_.limits.max_tmp_bytes);
@@ -143,7 +143,7 @@ class bwrap_sandbox final : public sandbox {
     request.argv.insert(request.argv.end(), args.begin(), args.end());
     request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
     request.cwd = "/";
-    request.log_fd = log.get();
+    request.log_fd = log->writer();
     request.extra_fds = {args_memfd.get(), info_write.get(), seccomp_memfd.get()};
     if (program_copy) request.extra_fds.push_back(program_copy.get());
     request.limits = spec_.limits;
@@ -156,11 +156,12 @@ class bwrap_sandbox final : public sandbox {
 
     auto handle = std::make_shared<child_handle>();
     spawned_child child = spawn_child(request);
+    log->close_writer();
     handle->pid = child.pid;
     handle->pidfd = std::move(child.pidfd);
     handle->exit_codes_carry_signals = true;
     tracker_.track(handle);
-    auto process = std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file,
+    auto process = std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, std::move(log),
                                                    std::move(watch));
 
     info_write.reset();
@@ -228,6 +229,7 @@ class bwrap_backend final : public sandbox_backend {
   std::vector<doctor_check> check() const override { return bwrap_checks(options_); }
 
   void release_workspace(const fs::path& workspace) override { release_workspace_image(workspace); }
+  workspace_upkeep upkeep(const fs::path& workspace) const override { return workspace_upkeep_of(workspace); }
 
  private:
   // Once per backend: `bwrap --version` costs a process, the sweeps a scan

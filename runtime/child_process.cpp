@@ -132,11 +132,11 @@ void child_tracker::kill_all() {
 }
 
 child_process::child_process(std::shared_ptr<child_handle> handle, unique_fd channel_fd,
-                             std::size_t max_frame, std::filesystem::path log_file,
+                             std::size_t max_frame, std::unique_ptr<output_log> log,
                              std::unique_ptr<limit_watch> limits)
     : handle_(std::move(handle)),
       channel_(channel_fd.release(), max_frame),
-      log_file_(std::move(log_file)),
+      log_(std::move(log)),
       limits_(std::move(limits)) {}
 
 child_process::~child_process() {
@@ -179,17 +179,7 @@ std::optional<exit_status> child_process::wait_for(std::chrono::milliseconds tim
   }
 }
 
-std::string child_process::log_tail(std::size_t max_bytes) const {
-  unique_fd fd(::open(log_file_.c_str(), O_RDONLY | O_CLOEXEC));
-  struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) < 0) return {};
-  auto size = static_cast<std::size_t>(st.st_size);
-  std::size_t n = std::min(size, max_bytes);
-  std::string tail(n, '\0');
-  ssize_t got = ::pread(fd.get(), tail.data(), n, static_cast<off_t>(size - n));
-  tail.resize(got > 0 ? static_cast<std::size_t>(got) : 0);
-  return tail;
-}
+std::string child_process::log_tail(std::size_t max_bytes) const { return log_->tail(max_bytes); }
 
 std::optional<limit_breach> child_process::check_limits() {
   auto status = poll_exit();

@@ -1,5 +1,5 @@
 // The agent_process both backends return: a spawned child, its channel and
-// its log. Internal to runtime/.
+// the pipe its output reaches the log through. Internal to runtime/.
 #pragma once
 
 #include <sys/types.h>
@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "runtime/limit_watch.hpp"
+#include "runtime/output_log.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/spawn.hpp"
 #include "runtime/unique_fd.hpp"
@@ -42,7 +43,7 @@ struct child_handle {
 class child_process final : public agent_process {
  public:
   child_process(std::shared_ptr<child_handle> handle, unique_fd channel_fd, std::size_t max_frame,
-                std::filesystem::path log_file, std::unique_ptr<limit_watch> limits);
+                std::unique_ptr<output_log> log, std::unique_ptr<limit_watch> limits);
   ~child_process() override;
 
   channel& io() override { return channel_; }
@@ -56,7 +57,7 @@ class child_process final : public agent_process {
  private:
   std::shared_ptr<child_handle> handle_;
   channel channel_;
-  std::filesystem::path log_file_;
+  std::unique_ptr<output_log> log_;
   std::unique_ptr<limit_watch> limits_;
 };
 

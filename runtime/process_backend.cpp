@@ -30,7 +30,7 @@ class process_sandbox final : public sandbox {
                                       const std::vector<std::string>& args) override {
     fs::path agent = check_program(program);
     check_agent_args(args);
-    unique_fd log = open_log(spec_.log_file);
+    auto log = std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file, spec_.limits.max_log_bytes);
 
     spawn_request request;
     request.argv = {agent.string()};
@@ -40,16 +40,17 @@ class process_sandbox final : public sandbox {
         {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", workspace_.string()}, {"LANG", "C.UTF-8"}});
     for (const auto& [name, value] : env) request.env.push_back(name + "=" + value);
     request.cwd = workspace_;
-    request.log_fd = log.get();
+    request.log_fd = log->writer();
     request.limits = spec_.limits;
 
     spawned_child child = spawn_child(request);
+    log->close_writer();
     auto handle = std::make_shared<child_handle>();
     handle->pid = child.pid;
     handle->pidfd = std::move(child.pidfd);
     tracker_.track(handle);
     // No cgroup, no quota image: only deaths by an rlimit's signal tell.
-    return std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, spec_.log_file,
+    return std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, std::move(log),
                                            std::make_unique<limit_watch>(spec_.limits, nullptr, nullptr));
   }
 
@@ -92,6 +93,7 @@ class process_backend final : public sandbox_backend {
 
   // The workspace always is a plain folder.
   void release_workspace(const fs::path&) override {}
+  workspace_upkeep upkeep(const fs::path&) const override { return {}; }
 
  private:
   std::size_t max_frame_;

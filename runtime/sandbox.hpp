@@ -55,6 +55,9 @@ struct resource_limits {
   // by one (RLIMIT_FSIZE) only.
   std::uint64_t max_workspace_bytes = 1ull << 30;
   std::uint64_t max_tmp_bytes = 64ull << 20;     // size of /tmp and /dev/shm (tmpfs) each
+  // What the run's log keeps of the agent's output, over all its attempts:
+  // the newest part (see sandbox_spec::log_file).
+  std::uint64_t max_log_bytes = 16ull << 20;
 };
 
 // A limit the sandbox ran into; the sandbox has been killed.
@@ -72,7 +75,8 @@ struct sandbox_spec {
   resource_limits limits;
   std::map<std::string, std::string> env;  // added to the minimal environment
   // The agent's stdout and stderr (and the sandbox tool's own errors) are
-  // appended here, on the host. Required.
+  // appended here, on the host, through a pipe the host reads (the agent
+  // never holds this file); see output_log.hpp. Required.
   std::filesystem::path log_file;
 };
 
@@ -142,6 +146,17 @@ class sandbox {
   virtual std::vector<std::string> warnings() const = 0;
 };
 
+// What keeping a workspace's files between attempts has cost the host in
+// this process so far: mounting and unmounting its quota image (all zero
+// without one). Suspending a run costs one unmount and, at its resumption,
+// one mount; no file is copied.
+struct workspace_upkeep {
+  std::uint64_t mounts = 0;
+  std::uint64_t bytes_written = 0;  // through the loop device: at mount, and the flush before unmount
+  std::chrono::nanoseconds cpu{0};  // of the host threads that mounted and unmounted
+  std::chrono::nanoseconds wall{0};
+};
+
 // Can this machine run the backend? Each problem comes with its fix.
 struct doctor_check {
   std::string name;
@@ -165,9 +180,13 @@ class sandbox_backend {
   virtual std::unique_ptr<sandbox> create(const sandbox_spec& spec) = 0;
   virtual std::vector<doctor_check> check() const = 0;
   // The run is over: leave its workspace as a plain host folder with the
-  // files the run left (when a quota image held them, they are copied out and
-  // the image removed). Idempotent; safe after a crash at any point of it.
+  // files the run left (when a quota image held them, they are copied out,
+  // links and holes kept, never more than the image held, and the image
+  // removed). Only once a run ends: a suspended run keeps its image.
+  // Idempotent; safe after a crash at any point of it.
   virtual void release_workspace(const std::filesystem::path& workspace) = 0;
+  // Cumulative; subtract two readings for the cost of what ran between them.
+  virtual workspace_upkeep upkeep(const std::filesystem::path& workspace) const = 0;
 };
 
 struct bwrap_options {

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -63,32 +65,78 @@ void copy_attributes(int fd, const struct stat& st, mode_t keep, const fs::path&
   ::futimens(fd, times);
 }
 
-void copy_contents(int from, int to, const fs::path& where) {
-  for (;;) {
-    ssize_t n = ::copy_file_range(from, nullptr, to, nullptr, 1 << 30, 0);
-    if (n == 0) return;
-    if (n > 0) continue;
+std::uint64_t allocated(const struct stat& st) { return static_cast<std::uint64_t>(st.st_blocks) * 512; }
+
+// One copy_tree() call: what it has written so far, and where the first
+// copy of each multiply linked file went, so its other names become links.
+struct copy_state {
+  int to_root;
+  std::uint64_t max_bytes;
+  std::uint64_t written = 0;
+  std::map<std::pair<dev_t, ino_t>, fs::path> linked;  // source inode -> path under to_root
+
+  // Counts what `fd` occupies now; past max_bytes the copy stops.
+  void charge(int fd, const fs::path& where) {
+    struct stat st {};
+    if (::fstat(fd, &st) < 0) failed("cannot stat", where);
+    written += allocated(st);
+    check(0, where);
+  }
+  void check(std::uint64_t more, const fs::path& where) const {
+    if (written + more <= max_bytes) return;
+    throw sandbox_error(sandbox_errc::workspace_failed,
+                        fmt::format("copying the workspace stopped at {}: its files take more than {} MiB on "
+                                    "disk, the most its quota image can hold",
+                                    where.string(), max_bytes >> 20));
+  }
+};
+
+void copy_range(int from, int to, off_t offset, off_t end, const fs::path& where) {
+  while (offset < end) {
+    off_t in = offset, out = offset;
+    ssize_t n = ::copy_file_range(from, &in, to, &out, static_cast<std::size_t>(end - offset), 0);
+    if (n > 0) {
+      offset += n;
+      continue;
+    }
+    if (n == 0) return;  // the file shrank meanwhile
     if (errno == EINTR) continue;
     if (errno != EXDEV && errno != ENOSYS && errno != EINVAL && errno != EOPNOTSUPP) failed("cannot copy", where);
     break;  // no copy_file_range between these filesystems: read and write
   }
   char buffer[65536];
-  for (;;) {
-    ssize_t n = ::read(from, buffer, sizeof buffer);
+  while (offset < end) {
+    ssize_t n = ::pread(from, buffer, static_cast<std::size_t>(std::min<off_t>(end - offset, sizeof buffer)), offset);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) failed("cannot read", where);
     if (n == 0) return;
     for (ssize_t off = 0; off < n;) {
-      ssize_t w = ::write(to, buffer + off, static_cast<std::size_t>(n - off));
+      ssize_t w = ::pwrite(to, buffer + off, static_cast<std::size_t>(n - off), offset + off);
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) failed("cannot write", where);
       off += w;
     }
+    offset += n;
   }
 }
 
-void copy_entry(int from, int to, const std::string& name, const fs::path& from_path, const fs::path& to_path,
-                int depth) {
+// Only the data: a hole of `from` stays a hole of `to` (SEEK_DATA/SEEK_HOLE),
+// so a sparse file takes no more room in the copy than in the original.
+void copy_contents(int from, int to, off_t size, const fs::path& where) {
+  for (off_t data = 0; data < size;) {
+    data = ::lseek(from, data, SEEK_DATA);
+    if (data < 0 && errno == ENXIO) break;  // only a hole is left
+    if (data < 0) failed("cannot seek in", where);
+    off_t hole = ::lseek(from, data, SEEK_HOLE);
+    if (hole < 0) failed("cannot seek in", where);
+    copy_range(from, to, data, std::min(hole, size), where);
+    data = hole;
+  }
+  if (::ftruncate(to, size) < 0) failed("cannot size", where);
+}
+
+void copy_entry(copy_state& state, int from, int to, const std::string& name, const fs::path& from_path,
+                const fs::path& to_path, const fs::path& relative, int depth) {
   struct stat st {};
   if (::fstatat(from, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) failed("cannot stat", from_path);
   if (S_ISDIR(st.st_mode)) {
@@ -103,16 +151,25 @@ void copy_entry(int from, int to, const std::string& name, const fs::path& from_
       if (!target) failed("cannot open", to_path);
     }
     for (const auto& child : entries(source.get(), from_path))
-      copy_entry(source.get(), target.get(), child, from_path / child, to_path / child, depth + 1);
+      copy_entry(state, source.get(), target.get(), child, from_path / child, to_path / child, relative / child,
+                 depth + 1);
     copy_attributes(target.get(), st, 01777, to_path);
+    state.charge(target.get(), to_path);
   } else if (S_ISREG(st.st_mode)) {
+    remove_entry(to, name, to_path, 0);
+    if (st.st_nlink > 1) {
+      auto [first, fresh] = state.linked.try_emplace({st.st_dev, st.st_ino}, relative);
+      // Every path below to_root is a folder this copy made or opened without following links.
+      if (!fresh && ::linkat(state.to_root, first->second.c_str(), to, name.c_str(), 0) == 0) return;
+    }
+    state.check(allocated(st), from_path);
     unique_fd source(::openat(from, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (!source) failed("cannot open", from_path);
-    remove_entry(to, name, to_path, 0);
     unique_fd target(::openat(to, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!target) failed("cannot create", to_path);
-    copy_contents(source.get(), target.get(), to_path);
+    copy_contents(source.get(), target.get(), st.st_size, to_path);
     copy_attributes(target.get(), st, 0777, to_path);
+    state.charge(target.get(), to_path);
   } else if (S_ISLNK(st.st_mode)) {
     std::string link(static_cast<std::size_t>(st.st_size) + 1, '\0');
     ssize_t n = ::readlinkat(from, name.c_str(), link.data(), link.size());
@@ -121,13 +178,17 @@ void copy_entry(int from, int to, const std::string& name, const fs::path& from_
     remove_entry(to, name, to_path, 0);
     if (::symlinkat(link.c_str(), to, name.c_str()) < 0) failed("cannot create", to_path);
     ::fchownat(to, name.c_str(), st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW);
+    state.written += link.size() > 60 ? 4096 : 0;  // ext4 keeps short targets in the inode
+    state.check(0, to_path);
   }
 }
 
 }  // namespace
 
-void copy_tree(int from, int to, const fs::path& from_name, const fs::path& to_name) {
-  for (const auto& name : entries(from, from_name)) copy_entry(from, to, name, from_name / name, to_name / name, 1);
+void copy_tree(int from, int to, const fs::path& from_name, const fs::path& to_name, std::uint64_t max_bytes) {
+  copy_state state{to, max_bytes, 0, {}};
+  for (const auto& name : entries(from, from_name))
+    copy_entry(state, from, to, name, from_name / name, to_name / name, name, 1);
 }
 
 void clear_tree(int dir, const fs::path& name) {

@@ -4,6 +4,7 @@
 // Internal to runtime/.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
@@ -14,8 +15,13 @@ namespace cairn::runtime {
 // files by content, symlinks as symlinks, each with its owner, permission
 // bits (setuid and setgid dropped) and modification time. Fifos, sockets and
 // devices are skipped. Whatever `to` holds under a copied name is replaced.
-// Throws sandbox_error(workspace_failed) naming the file and the errno.
-void copy_tree(int from, int to, const std::filesystem::path& from_name, const std::filesystem::path& to_name);
+// What the source shares stays shared: the names of one file become hard
+// links to one copy, holes stay holes. Once what it wrote occupies more than
+// `max_bytes` on disk (allocated blocks, not sizes) it stops.
+// Throws sandbox_error(workspace_failed) naming the file and the errno, or
+// the budget it ran out of.
+void copy_tree(int from, int to, const std::filesystem::path& from_name, const std::filesystem::path& to_name,
+               std::uint64_t max_bytes);
 
 // Removes everything the folder `dir` holds, the folder itself excepted.
 // Throws sandbox_error(workspace_failed).

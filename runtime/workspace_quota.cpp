@@ -6,6 +6,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,12 +17,14 @@
 #include <shared_mutex>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "runtime/mountinfo.hpp"
 #include "runtime/sandbox.hpp"
+#include "runtime/small_file.hpp"
 #include "runtime/tree_copy.hpp"
 
 namespace cairn::runtime {
@@ -76,6 +79,7 @@ struct registry_entry {
 std::mutex registry_mutex;
 std::map<fs::path, registry_entry> registry;
 std::map<fs::path, std::shared_ptr<std::mutex>> folder_locks;
+std::map<fs::path, workspace_upkeep> upkeeps;
 std::shared_mutex sweep_mutex;
 
 // Holds the lock of one workspace folder (and keeps sweeps out) while alive.
@@ -106,6 +110,36 @@ class folder_guard {
   std::shared_ptr<std::mutex> mutex_;
 };
 
+std::chrono::nanoseconds thread_cpu() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
+}
+
+// Bytes written so far to the block device that holds `folder` (a loop
+// device: to its image); field 7 of /sys/dev/block/M:m/stat counts sectors.
+std::uint64_t device_bytes_written(const fs::path& folder) {
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) < 0) return 0;
+  auto text = read_small_file(fmt::format("/sys/dev/block/{}:{}/stat", major(st.st_dev), minor(st.st_dev)));
+  std::uint64_t fields[7] = {};
+  if (!text || std::sscanf(text->c_str(), "%lu %lu %lu %lu %lu %lu %lu", &fields[0], &fields[1], &fields[2],
+                           &fields[3], &fields[4], &fields[5], &fields[6]) != 7)
+    return 0;
+  return fields[6] * 512;
+}
+
+// Counts one mount or unmount of `folder` that began at `cpu`/`wall`.
+void charge_upkeep(const fs::path& folder, std::uint64_t mounts, std::uint64_t bytes, std::chrono::nanoseconds cpu,
+                   std::chrono::steady_clock::time_point wall) {
+  std::lock_guard lock(registry_mutex);
+  auto& u = upkeeps[folder];
+  u.mounts += mounts;
+  u.bytes_written += bytes;
+  u.cpu += thread_cpu() - cpu;
+  u.wall += std::chrono::steady_clock::now() - wall;
+}
+
 std::optional<std::string> size_warning(const fs::path& image, std::uint64_t quota) {
   struct stat st {};
   if (::stat(image.c_str(), &st) < 0 || static_cast<std::uint64_t>(st.st_size) == workspace_image_size(quota))
@@ -119,6 +153,13 @@ std::optional<std::string> size_warning(const fs::path& image, std::uint64_t quo
 }  // namespace
 
 std::uint64_t workspace_image_size(std::uint64_t quota) { return quota + std::max(min_margin, quota / 8); }
+
+workspace_upkeep workspace_upkeep_of(const fs::path& workspace) {
+  fs::path folder = fs::weakly_canonical(workspace);
+  std::lock_guard lock(registry_mutex);
+  auto it = upkeeps.find(folder);
+  return it == upkeeps.end() ? workspace_upkeep{} : it->second;
+}
 
 fs::path workspace_image_path(const fs::path& workspace) {
   return workspace.parent_path() / (workspace.filename().string() + ".img");
@@ -154,6 +195,8 @@ quota_support detect_workspace_quota() {
 
 mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& image, std::uint64_t quota_bytes)
     : folder_(folder), quota_bytes_(quota_bytes) {
+  const auto cpu = thread_cpu();
+  const auto wall = std::chrono::steady_clock::now();
   image_lock_.reset(::open(image.c_str(), O_RDONLY | O_CLOEXEC));
   struct stat image_stat {};
   if (!image_lock_ || ::fstat(image_lock_.get(), &image_stat) < 0)
@@ -189,9 +232,13 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   // mkfs made it for fsck (templates made without debugfs keep it); the
   // agent need not see it. Kept when fsck filled it.
   ::unlinkat(root.get(), "lost+found", AT_REMOVEDIR);
-  if (!has_entries(plain.get())) return;
+  if (!has_entries(plain.get())) {
+    charge_upkeep(folder_, 1, device_bytes_written(folder_), cpu, wall);
+    return;
+  }
   try {
-    copy_tree(plain.get(), root.get(), folder, image);
+    // No budget: the image, a mounted filesystem, bounds what fits in it.
+    copy_tree(plain.get(), root.get(), folder, image, UINT64_MAX);
   } catch (const sandbox_error& e) {
     if (!full()) throw;
     throw sandbox_error(sandbox_errc::bad_spec,
@@ -201,11 +248,23 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   }
   ::syncfs(root.get());
   clear_tree(plain.get(), folder);
+  charge_upkeep(folder_, 1, device_bytes_written(folder_), cpu, wall);
 }
 
 void mounted_workspace::unmount() {
+  std::lock_guard lock(unmount_mutex_);
+  if (mount_) {
+    const auto cpu = thread_cpu();
+    const auto wall = std::chrono::steady_clock::now();
+    // Flushed here rather than by umount, to count what the flush writes.
+    std::uint64_t before = device_bytes_written(folder_);
+    if (unique_fd root{::open(folder_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)}) ::syncfs(root.get());
+    std::uint64_t flushed = device_bytes_written(folder_) - before;
+    mounted_ = false;
+    mount_.reset();
+    charge_upkeep(folder_, 0, flushed, cpu, wall);
+  }
   mounted_ = false;
-  mount_.reset();
   image_lock_.reset();
 }
 
@@ -314,6 +373,8 @@ void release_workspace_image(const fs::path& given) {
                         fmt::format("workspace {} is still used by a sandbox; destroy it first", workspace.string()));
   if (!fs::exists(image)) {
     fs::remove_all(staging, ec);
+    std::lock_guard lock(registry_mutex);
+    upkeeps.erase(workspace);  // the run is over
     return;
   }
   // Copied next to the folder, then swapped with it in one rename: until the
@@ -324,7 +385,11 @@ void release_workspace_image(const fs::path& given) {
   {
     mounted_workspace mount(workspace, image, UINT64_MAX);  // only read: no quota to enforce
     unique_fd root = open_folder(workspace), copy = open_folder(staging);
-    copy_tree(root.get(), copy.get(), workspace, staging);
+    struct stat image_stat {};
+    if (::stat(image.c_str(), &image_stat) < 0) failed(sandbox_errc::workspace_failed, "reading " + image.string());
+    // No more than the image could hold: links and holes are kept, so the
+    // copy of a full image fits; anything else stops with an error and the image stays.
+    copy_tree(root.get(), copy.get(), workspace, staging, static_cast<std::uint64_t>(image_stat.st_size));
     struct stat st {};
     if (::fstat(root.get(), &st) < 0 || ::fchown(copy.get(), st.st_uid, st.st_gid) < 0 ||
         ::fchmod(copy.get(), st.st_mode & 01777) < 0 || ::syncfs(copy.get()) < 0)
@@ -337,6 +402,8 @@ void release_workspace_image(const fs::path& given) {
   fs::remove_all(staging, ec);  // the folder the image was mounted on
   if (::unlink(image.c_str()) < 0) failed(sandbox_errc::workspace_failed, "deleting " + image.string());
   sync_folder(workspace.parent_path());
+  std::lock_guard lock(registry_mutex);
+  upkeeps.erase(workspace);  // the run is over
 }
 
 }  // namespace cairn::runtime

@@ -17,11 +17,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/loop_mount.hpp"
+#include "runtime/sandbox.hpp"
 #include "runtime/unique_fd.hpp"
 #include "runtime/workspace_template.hpp"
 
@@ -64,6 +66,7 @@ class mounted_workspace {
   std::optional<loop_mount> mount_;
   std::uint64_t quota_bytes_ = 0;
   std::atomic<bool> mounted_{false};
+  std::mutex unmount_mutex_;  // the flush and its count happen once
 };
 
 // What a sandbox holds while it uses a workspace's image. The sandboxes of
@@ -110,6 +113,9 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
 // Throws sandbox_error: bad_spec while a sandbox of this process still uses
 // the workspace, workspace_failed when copying fails.
 void release_workspace_image(const std::filesystem::path& workspace);
+
+// What mounting and unmounting the image of `workspace` has cost so far.
+workspace_upkeep workspace_upkeep_of(const std::filesystem::path& workspace);
 
 std::filesystem::path workspace_image_path(const std::filesystem::path& workspace);
 // The size of the image for a quota of `quota` bytes: a margin larger, since

@@ -1,0 +1,171 @@
+#include "runtime/output_log.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "runtime/sandbox.hpp"
+
+namespace cairn::runtime {
+namespace {
+
+constexpr std::size_t buffer_bytes = 64 << 10;
+// Per turn of the pump: a writer that never pauses still lets tail() in.
+constexpr int reads_per_turn = 16;
+constexpr std::string_view marker_start = "[cairn: ";
+constexpr std::string_view marker_end = " bytes of older output dropped]\n";
+// A kept part starts after its first newline when one comes this early.
+constexpr std::size_t line_search_bytes = 4096;
+
+[[noreturn]] void failed(const std::string& what) {
+  throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+std::string read_at(int fd, std::size_t size, off_t offset) {
+  std::string data(size, '\0');
+  std::size_t got = 0;
+  while (got < size) {
+    ssize_t n = ::pread(fd, data.data() + got, size - got, offset + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  data.resize(got);
+  return data;
+}
+
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// The count of the log's first line, when it is a marker; and that line's length.
+std::pair<std::uint64_t, std::size_t> dropped_so_far(int fd) {
+  std::string head = read_at(fd, 80, 0);
+  if (!head.starts_with(marker_start)) return {0, 0};
+  auto end = head.find(marker_end);
+  if (end == std::string::npos) return {0, 0};
+  std::uint64_t n = 0;
+  for (char c : head.substr(marker_start.size(), end - marker_start.size())) {
+    if (c < '0' || c > '9') return {0, 0};
+    n = n * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return {n, end + marker_end.size()};
+}
+
+}  // namespace
+
+output_log::output_log(unique_fd file, std::filesystem::path path, std::uint64_t max_bytes)
+    : path_(std::move(path)), max_bytes_(std::max<std::uint64_t>(max_bytes, 2 * buffer_bytes)), file_(std::move(file)) {
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC) < 0) failed("pipe for the agent's output");
+  reader_.reset(ends[0]);
+  writer_.reset(ends[1]);
+  if (::fcntl(reader_.get(), F_SETFL, O_NONBLOCK) < 0) failed("pipe for the agent's output");
+  stop_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stop_) failed("eventfd");
+  thread_ = std::thread([this] { pump(); });
+}
+
+output_log::~output_log() {
+  std::uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(stop_.get(), &one, sizeof one);
+  thread_.join();
+  copy_available();
+}
+
+void output_log::pump() {
+  for (;;) {
+    pollfd fds[2] = {{reader_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    if (fds[1].revents) return;
+    if (fds[0].revents && !copy_available()) return;
+  }
+}
+
+bool output_log::copy_available() {
+  std::lock_guard lock(mutex_);
+  if (at_end_) return false;
+  std::string buffer(buffer_bytes, '\0');
+  for (int i = 0; i < reads_per_turn; ++i) {
+    ssize_t n = ::read(reader_.get(), buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return true;  // EAGAIN: nothing more for now
+    if (n == 0) {
+      at_end_ = true;
+      return false;
+    }
+    append(buffer.data(), static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+// Errors of the log file are not the agent's to see: its output is dropped
+// rather than left in the pipe, where it would stall the agent.
+void output_log::append(const char* data, std::size_t size) {
+  struct stat st {};
+  if (!file_ || ::fstat(file_.get(), &st) < 0) return;
+  if (static_cast<std::uint64_t>(st.st_size) + size > max_bytes_) rotate();
+  if (file_) write_all(file_.get(), data, size);
+}
+
+void output_log::rotate() {
+  unique_fd old(::open(path_.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {}, ours {};
+  if (!old || ::fstat(old.get(), &st) < 0 || ::fstat(file_.get(), &ours) < 0 || st.st_ino != ours.st_ino ||
+      st.st_dev != ours.st_dev)
+    return;
+  auto [dropped, marker_bytes] = dropped_so_far(old.get());
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  std::uint64_t keep_from = std::max<std::uint64_t>(size - max_bytes_ / 2, marker_bytes);
+  std::string first = read_at(old.get(), line_search_bytes, static_cast<off_t>(keep_from));
+  if (auto newline = first.find('\n'); newline != std::string::npos) keep_from += newline + 1;
+  dropped += keep_from - marker_bytes;
+
+  std::filesystem::path fresh = path_.string() + ".new";
+  ::unlink(fresh.c_str());
+  unique_fd next(::open(fresh.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!next) return;
+  ::fchown(next.get(), st.st_uid, st.st_gid);
+  ::fchmod(next.get(), st.st_mode & 0777);
+  std::string marker = fmt::format("{}{}{}", marker_start, dropped, marker_end);
+  bool ok = write_all(next.get(), marker.data(), marker.size());
+  for (std::uint64_t at = keep_from; ok && at < size;) {
+    std::string chunk = read_at(old.get(), std::min<std::uint64_t>(buffer_bytes, size - at), static_cast<off_t>(at));
+    if (chunk.empty()) break;
+    ok = write_all(next.get(), chunk.data(), chunk.size());
+    at += chunk.size();
+  }
+  if (!ok || ::rename(fresh.c_str(), path_.c_str()) < 0) {
+    ::unlink(fresh.c_str());
+    return;
+  }
+  file_ = std::move(next);
+}
+
+std::string output_log::tail(std::size_t max_bytes) {
+  copy_available();
+  unique_fd fd(::open(path_.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) < 0) return {};
+  auto size = static_cast<std::size_t>(st.st_size);
+  std::size_t n = std::min(size, max_bytes);
+  return read_at(fd.get(), n, static_cast<off_t>(size - n));
+}
+
+}  // namespace cairn::runtime
