@@ -115,7 +115,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the memory limit applies inside the sand
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: a program the sandbox uid cannot reach is copied in") {
-  if (::geteuid() != 0) return;  // only root runs the sandbox under another uid
+  if (!require_root("only root runs the sandbox under another uid")) return;
   fs::path hidden = dir.path / "private";
   fs::create_directories(hidden);
   fs::permissions(hidden, fs::perms(0700));
@@ -209,7 +209,7 @@ TEST_CASE("bwrap: set-up failures are sandbox_errors that say what to do") {
     }
   }
   SECTION("workspace out of the sandbox uid's reach") {
-    if (::geteuid() != 0) return;
+    if (!require_root("only root runs the sandbox under another uid")) return;
     fs::create_directories(dir.path / "private");
     fs::permissions(dir.path / "private", fs::perms(0700));
     spec.workspace = dir.path / "private" / "ws";

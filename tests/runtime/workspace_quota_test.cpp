@@ -17,8 +17,6 @@
 namespace cairn::runtime::test {
 namespace {
 
-bool have_quota() { return detect_workspace_quota().available; }
-
 std::string read_file(const fs::path& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -59,7 +57,7 @@ std::string ext4_uuid(const fs::path& image) {
 }  // namespace
 
 TEST_CASE_METHOD(bwrap_fixture, "quota: the workspace is an image mounted while the sandbox lives") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   fs::path ws = dir.path / "ws", image = dir.path / "ws.img";
   REQUIRE(fs::exists(image));
   CHECK(fs::file_size(image) == workspace_image_size(16u << 20));
@@ -81,7 +79,7 @@ TEST_CASE_METHOD(bwrap_fixture, "quota: the workspace is an image mounted while 
 }
 
 TEST_CASE("quota: files already in the workspace folder move into the image") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   fs::create_directories(spec.workspace / "sub");
@@ -100,7 +98,7 @@ TEST_CASE("quota: files already in the workspace folder move into the image") {
 }
 
 TEST_CASE("quota: release_workspace leaves a plain folder and is idempotent") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   auto backend = make_bwrap_backend();
@@ -123,7 +121,7 @@ TEST_CASE("quota: release_workspace leaves a plain folder and is idempotent") {
 }
 
 TEST_CASE("quota: release_workspace finishes after a crash at any point") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   fs::path image = dir.path / "ws.img", staging = dir.path / "ws.released";
@@ -162,7 +160,7 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
 }
 
 TEST_CASE("quota: a stale mount left by a dead host is replaced") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   auto backend = make_bwrap_backend();
@@ -179,7 +177,7 @@ TEST_CASE("quota: a stale mount left by a dead host is replaced") {
 }
 
 TEST_CASE("quota: the mounts dead hosts left behind are swept") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   auto backend = make_bwrap_backend();
@@ -215,7 +213,7 @@ TEST_CASE("quota: where the image cannot be mounted, its workspace is refused, n
 }
 
 TEST_CASE("quota: a later run asking for another size keeps its image and says so") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   auto backend = make_bwrap_backend();
@@ -235,7 +233,7 @@ TEST_CASE("quota: a later run asking for another size keeps its image and says s
 }
 
 TEST_CASE("quota: copying in and out never follows a symlink the agent planted") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   fs::path victim = dir.path / "victim";
@@ -264,7 +262,7 @@ TEST_CASE("quota: copying in and out never follows a symlink the agent planted")
 }
 
 TEST_CASE("quota: a new image is a sparse copy of a template made once per folder, size and owner") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   fs::path folder = fs::canonical(dir.path);
   constexpr std::uint64_t bytes = 16u << 20;
@@ -313,7 +311,7 @@ TEST_CASE("quota: a new image is a sparse copy of a template made once per folde
 }
 
 TEST_CASE("quota: a template left half made or broken costs one run at most") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   fs::path folder = fs::canonical(dir.path);
   constexpr std::uint64_t bytes = 16u << 20;
