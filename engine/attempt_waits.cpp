@@ -237,12 +237,9 @@ std::optional<attempt_result> attempt_driver::on(const protocol::join_msg& m) {
   r.name = m.run_id;
   r.kind = protocol::step_kind::join;
   auto child = journal_.find_run(m.run_id);
-  if (!child || child->parent_id != run_.id) {
-    r.ok = false;
-    r.error = {fmt::format("run '{}' is not a child of run {}", m.run_id, run_.id), "refused"};
-    record_and_answer(std::move(r));
-    return std::nullopt;
-  }
+  // Another run's outcome is not this agent's to wait for or read.
+  if (!child || child->parent_id != run_.id)
+    throw violation{fmt::format("a join of run '{}', which is not a child of run {}", m.run_id, run_.id)};
   auto joined = [&] {
     auto c = journal_.find_run(m.run_id);
     if (!c || !ended(c->status)) return false;

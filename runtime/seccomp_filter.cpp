@@ -30,6 +30,22 @@ constexpr const char* denied_syscalls[] = {
     "process_madvise",
 };
 
+struct named_value {
+  const char* name;
+  unsigned long value;
+};
+
+constexpr named_value namespace_flags[] = {
+    {"CLONE_NEWNS", CLONE_NEWNS},   {"CLONE_NEWUSER", CLONE_NEWUSER}, {"CLONE_NEWPID", CLONE_NEWPID},
+    {"CLONE_NEWNET", CLONE_NEWNET}, {"CLONE_NEWIPC", CLONE_NEWIPC},   {"CLONE_NEWUTS", CLONE_NEWUTS},
+    {"CLONE_NEWCGROUP", CLONE_NEWCGROUP},
+};
+
+constexpr named_value tty_requests[] = {{"TIOCSTI", TIOCSTI}, {"TIOCLINUX", TIOCLINUX}};
+
+// A syscall another architecture has resolves to a negative pseudo number.
+bool on_this_architecture(const char* name) { return seccomp_syscall_resolve_name(name) >= 0; }
+
 [[noreturn]] void failed(const std::string& what, int rc) {
   throw sandbox_error(sandbox_errc::spawn_failed,
                       fmt::format("building the seccomp filter: {}: {}", what, std::strerror(-rc)));
@@ -45,22 +61,18 @@ std::string build() {
   std::unique_ptr<void, void (*)(scmp_filter_ctx)> ctx(seccomp_init(SCMP_ACT_ALLOW), seccomp_release);
   if (!ctx) failed("seccomp_init", -ENOMEM);
   const std::uint32_t deny = SCMP_ACT_ERRNO(EPERM);
-  for (const char* name : denied_syscalls) {
-    int nr = seccomp_syscall_resolve_name(name);
-    if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
-    add(ctx.get(), deny, nr, 0, nullptr, name);
-  }
-  int clone3 = seccomp_syscall_resolve_name("clone3");
-  if (clone3 != __NR_SCMP_ERROR) add(ctx.get(), SCMP_ACT_ERRNO(ENOSYS), clone3, 0, nullptr, "clone3");
+  for (const char* name : denied_syscalls)
+    if (on_this_architecture(name)) add(ctx.get(), deny, seccomp_syscall_resolve_name(name), 0, nullptr, name);
+  if (on_this_architecture("clone3"))
+    add(ctx.get(), SCMP_ACT_ERRNO(ENOSYS), seccomp_syscall_resolve_name("clone3"), 0, nullptr, "clone3");
 
   // Deny clone with any namespace flag: one rule per flag, as a masked
   // comparison tests equality.
-  for (unsigned long flag : {CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS,
-                             CLONE_NEWCGROUP}) {
+  for (auto [name, flag] : namespace_flags) {
     scmp_arg_cmp new_namespace = SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag);
     add(ctx.get(), deny, SCMP_SYS(clone), 1, &new_namespace, "clone");
   }
-  for (unsigned long request : {static_cast<unsigned long>(TIOCSTI), static_cast<unsigned long>(TIOCLINUX)}) {
+  for (auto [name, request] : tty_requests) {
     scmp_arg_cmp is_request = SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, request);
     add(ctx.get(), deny, SCMP_SYS(ioctl), 1, &is_request, "ioctl");
   }
@@ -84,6 +96,16 @@ std::string build() {
 const std::string& seccomp_program() {
   static const std::string program = build();
   return program;
+}
+
+std::vector<seccomp_denial> seccomp_denials() {
+  std::vector<seccomp_denial> denials;
+  for (const char* name : denied_syscalls)
+    if (on_this_architecture(name)) denials.push_back({name, EPERM});
+  if (on_this_architecture("clone3")) denials.push_back({"clone3", ENOSYS});
+  for (auto [name, flag] : namespace_flags) denials.push_back({std::string("clone:") + name, EPERM});
+  for (auto [name, request] : tty_requests) denials.push_back({std::string("ioctl:") + name, EPERM});
+  return denials;
 }
 
 }  // namespace cairn::runtime

@@ -9,10 +9,21 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace cairn::runtime {
 
 // The filter compiled to BPF. Throws sandbox_error if libseccomp fails.
 const std::string& seccomp_program();
+
+// One call the filter refuses, and the errno it answers instead.
+struct seccomp_denial {
+  std::string name;  // "ptrace"; "clone:CLONE_NEWUSER" (clone with that flag); "ioctl:TIOCSTI"
+  int error;         // EPERM, or ENOSYS for clone3
+};
+
+// Everything the filter refuses on this architecture (syscalls it lacks are
+// left out), so that tests can try each one.
+std::vector<seccomp_denial> seccomp_denials();
 
 }  // namespace cairn::runtime

@@ -1,5 +1,6 @@
 // Test agent that breaks the protocol on purpose. The mode is the part of
 // CAIRN_RUN_ID before the first '.', e.g. run id "dup_seq.1" -> mode dup_seq.
+// foreign_join joins the run named by its input's "join".
 #include <unistd.h>
 
 #include <cstdlib>
@@ -43,10 +44,19 @@ json step(std::uint64_t seq) {
   return to_json(agent_message{step_msg{r}});
 }
 
-// Returns the length of the history the host sent.
-std::uint64_t handshake() {
-  send({{"t", "hello"}, {"v", 1}, {"sdk", "hostile"}});
-  return receive()["history"].size();
+json hello() { return {{"t", "hello"}, {"v", 1}, {"sdk", "hostile"}}; }
+
+// Returns the host's start message.
+json handshake() {
+  send(hello());
+  return receive();
+}
+
+// A value `depth` arrays deep.
+json nested(int depth) {
+  json value = 0;
+  for (int i = 0; i < depth; ++i) value = json::array({value});
+  return value;
 }
 
 }  // namespace
@@ -62,7 +72,8 @@ int main() {
   else if (mode == "bad_version") { send({{"t", "hello"}, {"v", 99}, {"sdk", "future"}}); receive(); }
   else if (mode == "silent") std::this_thread::sleep_for(std::chrono::seconds(60));
   else {
-    const auto journaled = handshake();
+    const json start = handshake();
+    const auto journaled = start["history"].size();
     if (mode == "invalid_json") put(std::string("\x00\x00\x00\x09{not json", 13));
     else if (mode == "wrong_type") send({{"t", "step"}, {"seq", "zero"}, {"name", "x"}, {"kind", "step"},
                                          {"status", "ok"}, {"output", 1}, {"attempt", 1}});
@@ -72,6 +83,25 @@ int main() {
     else if (mode == "after_done") { send(step(0)); receive(); send({{"t", "done"}, {"output", 1}}); send(step(1)); }
     else if (mode == "truncated") { put(std::string("\x00\x00\x01\x00{\"t\":", 9)); return 0; }
     else if (mode == "exit_midway") { send(step(journaled)); receive(); return 7; }
+    else if (mode == "forged_tool_step") {
+      json forged = step(0);
+      forged["kind"] = "tool";  // as if the host had brokered a tool call
+      send(forged);
+    } else if (mode == "forged_signal_begin") {
+      begin_msg begin;
+      begin.name = "deploy";
+      begin.kind = step_kind::signal;
+      send(to_json(agent_message{begin}));
+    } else if (mode == "second_hello") send(hello());
+    else if (mode == "deep_nesting") {
+      json deep = step(0);
+      deep["output"] = nested(129);
+      send(deep);
+    } else if (mode == "foreign_join") {
+      join_msg join;
+      join.run_id = start["input"]["join"];
+      send(to_json(agent_message{join}));
+    }
   }
   // Hold the channel open until the host ends this sandbox.
   std::this_thread::sleep_for(std::chrono::seconds(60));

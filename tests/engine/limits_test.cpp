@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "engine/engine.hpp"
+#include "tests/capabilities.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -40,10 +41,8 @@ bool enforced_here() { return geteuid() == 0; }
 }  // namespace
 
 TEST_CASE("each limit of the policy ends the run with limit_exceeded, and the next run is fine") {
-  if (!enforced_here()) {
-    WARN("not root: sandbox totals are per process only here; skipped");
+  if (!testing::require_capability("root", enforced_here(), "sandbox totals are per process only without root"))
     return;
-  }
   struct bomb {
     const char* name;
     json limits;

@@ -3,10 +3,12 @@
 // result, and never called again on replay.
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <fstream>
 
 #include "engine/engine.hpp"
 #include "engine/tool_broker.hpp"
+#include "tests/cairn_cli.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -29,15 +31,35 @@ struct harness {
     return o;
   }
 
+  static json mailer_policy_json(const std::string& idempotency) {
+    return {{"tools",
+             {{"mailer",
+               {{"command", {RECORD_TOOL}},
+                {"input", {{"to", "string"}, {"mode?", "string"}}},
+                {"idempotency", idempotency},
+                {"timeout_ms", 1000},
+                {"max_output_bytes", 65536}}}}}};
+  }
   static engine::policy mailer_policy(const std::string& idempotency = "at_most_once") {
-    return engine::parse_policy(
-        {{"tools",
-          {{"mailer",
-            {{"command", {RECORD_TOOL}},
-             {"input", {{"to", "string"}, {"mode?", "string"}}},
-             {"idempotency", idempotency},
-             {"timeout_ms", 1000},
-             {"max_output_bytes", 65536}}}}}});
+    return engine::parse_policy(mailer_policy_json(idempotency));
+  }
+
+  // Starts run `id` with `cairn run` on this journal and kills that host
+  // (SIGKILL, at the crash point) once the durable started record of its
+  // first tool call is written, before the tool is called: what a host that
+  // died inside the call leaves behind.
+  void crash_inside_first_call(const std::string& id, json input, const std::string& idempotency) {
+    const auto policy = dir / ("policy-" + id + ".json");
+    std::ofstream(policy) << mailer_policy_json(idempotency).dump();
+    testing::cli_options o;
+    o.env = {{"CAIRN_HOME", dir.path().string()}, {"CAIRN_CRASH_POINT", "tool_started:1"}};
+    auto killed = testing::run_program(CAIRN_BIN, {"run", TOOL_AGENT, "--id", id, "--policy", policy.string(),
+                                                   "--input", input.dump()},
+                                       dir.path(), o);
+    INFO(killed.out << killed.err);
+    REQUIRE(killed.code == 128 + SIGKILL);
+    REQUIRE(journal.steps(id).size() == 1);  // the step before the call
+    REQUIRE(journal.events_at(id, 1).size() == 1);  // its tool_started
   }
 
   storage::run_record run(const std::string& id, json input, engine::policy p = mailer_policy()) {
@@ -121,21 +143,7 @@ TEST_CASE("a failing tool gives the agent a clear error and the run goes on") {
 
 TEST_CASE("an at-most-once call started but never recorded stops the run in doubt until settled") {
   harness h;
-  engine::run_request r;
-  r.id = "t5";
-  r.agent = TOOL_AGENT;
-  r.input = {{"calls", {call("mailer", {{"to", "boss@example.com"}})}}};
-  r.workspace = h.dir / "ws" / "t5";
-  r.policy = harness::mailer_policy();
-  h.eng.submit(r);
-  // What a host that died inside the call leaves behind: the step before it,
-  // and the durable started record of the call.
-  storage::step_record before;
-  before.run_id = "t5";
-  before.result = {0, "before", protocol::step_kind::step, true, "ready", {}, 1, 10};
-  h.journal.append_step(before);
-  h.journal.append_event("t5", "tool_started", {{"tool", "mailer"}, {"args", {{"to", "boss@example.com"}}},
-                                                {"idempotency", "at_most_once"}, {"key", "t5/1"}}, 1);
+  h.crash_inside_first_call("t5", {{"calls", {call("mailer", {{"to", "boss@example.com"}})}}}, "at_most_once");
 
   auto stopped = h.eng.execute("t5");
   REQUIRE(stopped.status == storage::run_status::in_doubt);
@@ -162,19 +170,7 @@ TEST_CASE("an at-most-once call started but never recorded stops the run in doub
 
 TEST_CASE("settling with --retry calls the tool again, once") {
   harness h;
-  engine::run_request r;
-  r.id = "t6";
-  r.agent = TOOL_AGENT;
-  r.input = {{"calls", {call("mailer", {{"to", "x"}})}}};
-  r.workspace = h.dir / "ws" / "t6";
-  r.policy = harness::mailer_policy();
-  h.eng.submit(r);
-  storage::step_record before;
-  before.run_id = "t6";
-  before.result = {0, "before", protocol::step_kind::step, true, "ready", {}, 1, 10};
-  h.journal.append_step(before);
-  h.journal.append_event("t6", "tool_started", {{"tool", "mailer"}, {"args", {{"to", "x"}}},
-                                                {"idempotency", "at_most_once"}, {"key", "t6/1"}}, 1);
+  h.crash_inside_first_call("t6", {{"calls", {call("mailer", {{"to", "x"}})}}}, "at_most_once");
   REQUIRE(h.eng.execute("t6").status == storage::run_status::in_doubt);
   h.eng.settle("t6", 1, {});
   auto done = h.eng.execute("t6");
@@ -185,19 +181,7 @@ TEST_CASE("settling with --retry calls the tool again, once") {
 
 TEST_CASE("an idempotent call started but never recorded is simply made again with the same key") {
   harness h;
-  engine::run_request r;
-  r.id = "t7";
-  r.agent = TOOL_AGENT;
-  r.input = {{"calls", {call("mailer", {{"to", "x"}})}}};
-  r.workspace = h.dir / "ws" / "t7";
-  r.policy = harness::mailer_policy("idempotent");
-  h.eng.submit(r);
-  storage::step_record before;
-  before.run_id = "t7";
-  before.result = {0, "before", protocol::step_kind::step, true, "ready", {}, 1, 10};
-  h.journal.append_step(before);
-  h.journal.append_event("t7", "tool_started", {{"tool", "mailer"}, {"args", {{"to", "x"}}},
-                                                {"idempotency", "idempotent"}, {"key", "t7/1"}}, 1);
+  h.crash_inside_first_call("t7", {{"calls", {call("mailer", {{"to", "x"}})}}}, "idempotent");
   auto done = h.eng.execute("t7");
   REQUIRE(done.status == storage::run_status::completed);
   CHECK(done.output["results"][0]["key"] == "t7/1");

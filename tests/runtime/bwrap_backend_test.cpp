@@ -115,7 +115,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the memory limit applies inside the sand
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: a program the sandbox uid cannot reach is copied in") {
-  if (::geteuid() != 0) return;  // only root runs the sandbox under another uid
+  if (!require_root("only root runs the sandbox under another uid")) return;
   fs::path hidden = dir.path / "private";
   fs::create_directories(hidden);
   fs::permissions(hidden, fs::perms(0700));
@@ -125,12 +125,13 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: a program the sandbox uid cannot reach i
   CHECK(report["ok"] == true);
 }
 
-TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and killed") {
+TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and killed", "[serial]") {
   // bwrap's child waits for its parent right after clone, before it arms
   // --die-with-parent. --userns-block-fd holds bwrap inside that window; the
   // test then kills bwrap as a host crash would.
   temp_dir dir;
   std::string token = unique_token("cairn-orphan-sweep");
+  kill_orphaned_sandboxes();  // what an earlier crash left, so that only this test's orphan is found below
   fs::path args = dir.path / "args";
   {
     std::ofstream out(args, std::ios::binary);
@@ -174,10 +175,9 @@ TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and kille
       static_cast<int>(::syscall(SYS_pidfd_open, json::parse(info_text)["child-pid"].get<pid_t>(), 0));
   ::kill(bwrap, SIGKILL);
   ::waitpid(bwrap, nullptr, 0);
-  // The orphan now waits forever. Neither its presence nor the count returned
-  // below is asserted: another test process's first create() (ctest -j) may
-  // sweep it first. Left alone it never goes away, so this can still fail.
-  kill_orphaned_sandboxes();
+  // The orphan now waits forever. [serial]: no other test process's sweep can get there first.
+  CHECK(count_processes_with(token) == 1);
+  CHECK(kill_orphaned_sandboxes() == 1);
   CHECK(count_processes_with(token) == 0);
   ::syscall(SYS_pidfd_send_signal, orphan, SIGKILL, nullptr, 0);
   for (int fd : {orphan, args_fd, info[0], block[0], block[1]}) ::close(fd);
@@ -209,7 +209,7 @@ TEST_CASE("bwrap: set-up failures are sandbox_errors that say what to do") {
     }
   }
   SECTION("workspace out of the sandbox uid's reach") {
-    if (::geteuid() != 0) return;
+    if (!require_root("only root runs the sandbox under another uid")) return;
     fs::create_directories(dir.path / "private");
     fs::permissions(dir.path / "private", fs::perms(0700));
     spec.workspace = dir.path / "private" / "ws";

@@ -24,9 +24,8 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: host environment variables do not reach 
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: host files outside the mounts are invisible") {
-  fs::path secret = dir.path / "host-secret.txt";
-  std::ofstream(secret) << "secret";
-  for (const std::string& path : {secret.string(), std::string("/etc/passwd"), std::string("/etc/hostname"),
+  host_secret secret("secret");
+  for (const std::string& path : {secret.path.string(), std::string("/etc/passwd"), std::string("/etc/hostname"),
                                   std::string("/root/.bashrc"), (dir.path / "agent.log").string()}) {
     json report = probe({"read", path});
     INFO(path << ": " << report.dump());
@@ -89,9 +88,9 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: /tmp is private to the sandbox") {
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: a symlink planted in the workspace does not lead to the host's file") {
-  fs::path secret = dir.path / "host-secret.txt";
-  std::ofstream(secret) << "secret";
-  fs::create_symlink(secret, dir.path / "ws" / "absolute-link");
+  host_secret secret("secret");
+  fs::create_symlink(secret.path, dir.path / "ws" / "absolute-link");
+  std::ofstream(dir.path / "host-secret.txt") << "secret";
   fs::create_symlink("../host-secret.txt", dir.path / "ws" / "relative-link");
   for (const char* link : {"/workspace/absolute-link", "/workspace/relative-link"}) {
     json report = probe({"read", link});

@@ -15,8 +15,6 @@
 namespace cairn::runtime::test {
 namespace {
 
-bool have_cgroups() { return detect_cgroups().mode != cgroup_mode::none; }
-
 // The cgroup folders whose processes include `pid`.
 std::vector<fs::path> cgroup_folders_of(pid_t pid) {
   std::vector<fs::path> folders;
@@ -44,7 +42,7 @@ void check_host_unaffected() {
 }  // namespace
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: each sandbox runs in its own cgroup, removed by destroy()") {
-  if (!have_cgroups()) return;
+  if (!require_cgroups()) return;
   spec.limits.max_memory_bytes = 200u << 20;
   spec.limits.max_processes = 40;
   box = backend->create(spec);
@@ -76,7 +74,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: each sandbox runs in its own cgro
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a fork bomb ends with a processes breach") {
-  if (!have_cgroups()) return;  // RLIMIT_NPROC alone stops it, unseen by check_limits()
+  if (!require_cgroups()) return;  // RLIMIT_NPROC alone stops it, unseen by check_limits()
   spec.limits.max_processes = 16;
   box = backend->create(spec);
   auto process = box->exec(SANDBOX_PROBE, {"forkbomb"});
@@ -95,7 +93,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a fork bomb ends with a processes
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: processes together past the memory limit end with a memory breach") {
-  if (!have_cgroups()) return;
+  if (!require_cgroups()) return;
   spec.limits.max_memory_bytes = 96u << 20;
   box = backend->create(spec);
   // Each one stays under the limit (and under RLIMIT_AS); four together do not.
@@ -115,7 +113,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: processes together past the memor
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: filling the workspace stops at its quota, not the host's disk") {
-  if (!detect_workspace_quota().available) return;  // not root: the workspace is a plain folder
+  if (!require_quota()) return;  // else the workspace is a plain folder
   auto process = box->exec(SANDBOX_PROBE, {"fill", "/workspace/big"});
   json report = next_report(*process);
   INFO(report.dump());

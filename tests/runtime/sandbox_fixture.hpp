@@ -17,7 +17,10 @@
 
 #include <catch2/catch.hpp>
 
+#include "runtime/cgroup.hpp"
 #include "runtime/sandbox.hpp"
+#include "runtime/workspace_quota.hpp"
+#include "tests/capabilities.hpp"
 
 namespace cairn::runtime::test {
 
@@ -52,17 +55,45 @@ inline sandbox_spec make_spec(const temp_dir& dir) {
   return spec;
 }
 
+// The capabilities some cases need; see tests/capabilities.hpp.
+inline bool require_root(const std::string& why) {
+  return testing::require_capability("root", ::geteuid() == 0, why);
+}
+inline bool require_cgroups() {
+  return testing::require_capability("cgroups", detect_cgroups().mode != cgroup_mode::none,
+                                     "sandbox totals and the orphan sweep work through cgroups");
+}
+inline bool require_quota() {
+  return testing::require_capability("quota", detect_workspace_quota().available,
+                                     "the workspace quota is an ext4 image on a loop device, which needs root");
+}
+
 inline std::string unique_token(const char* prefix) {
   static std::atomic<int> counter{0};
   return std::string(prefix) + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
+// A file on the host the sandbox must not see, outside /tmp: the sandbox's
+// own /tmp would hide one there whatever its mounts are. Removed at the end.
+struct host_secret {
+  fs::path path = fs::path("/var/tmp") / (unique_token("cairn-host-secret") + ".txt");
+  explicit host_secret(const std::string& content) {
+    std::ofstream out(path);
+    REQUIRE((out << content << std::flush));
+  }
+  ~host_secret() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+};
+
 // The first report of a started probe; FAILs with the agent's log when the
-// probe ends without one.
+// probe ends without one. The deadline only bounds a hung probe: a report
+// ends the wait, and a busy machine can take many seconds over a tree walk.
 inline json next_report(agent_process& process) {
   try {
-    auto frame = process.io().receive(10s);
-    if (!frame) FAIL("the probe sent nothing within 10 s; log: " << process.log_tail());
+    auto frame = process.io().receive(60s);
+    if (!frame) FAIL("the probe sent nothing within 60 s; log: " << process.log_tail());
     return *frame;
   } catch (const channel_closed& e) {
     auto status = process.wait_for(5s);
@@ -77,7 +108,7 @@ inline json run_probe(sandbox& box, const std::vector<std::string>& args,
                       const fs::path& program = SANDBOX_PROBE) {
   auto process = box.exec(program, args);
   json report = next_report(*process);
-  auto status = process->wait_for(10s);
+  auto status = process->wait_for(60s);
   REQUIRE(status);
   INFO("log: " << process->log_tail());
   CHECK(status->describe() == "exited with code 0");

@@ -2,22 +2,27 @@
 // files kept across attempts, and turned back into a plain folder by
 // release_workspace(), whatever crash came in between.
 #include <linux/magic.h>
+#include <sched.h>
+#include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
 
+#include "runtime/mountinfo.hpp"
 #include "runtime/sandbox_resources.hpp"
 #include "runtime/workspace_quota.hpp"
 #include "tests/runtime/sandbox_fixture.hpp"
 
 namespace cairn::runtime::test {
 namespace {
-
-bool have_quota() { return detect_workspace_quota().available; }
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path);
@@ -56,10 +61,50 @@ std::string ext4_uuid(const fs::path& image) {
   return uuid;
 }
 
+// Runs `body` in a child process with a mount namespace of its own where no
+// loop device is mounted: a sweep there sees only what `body` mounts, and no
+// other process's sweep sees that. Returns what `body` reports; FAILs with
+// what it threw.
+json in_private_mount_world(const std::function<json()>& body) {
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::close(out[0]);
+    json report;
+    try {
+      if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+        throw std::runtime_error(std::string("a private mount namespace: ") + std::strerror(errno));
+      auto mounts = read_mountinfo();
+      for (auto m = mounts.rbegin(); m != mounts.rend(); ++m)
+        if (m->source.rfind("/dev/loop", 0) == 0) ::umount2(m->mount_point.c_str(), MNT_DETACH);
+      report = body();
+    } catch (const std::exception& e) {
+      report = {{"error", e.what()}};
+    }
+    std::string text = report.dump();
+    bool sent = ::write(out[1], text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::_exit(sent ? 0 : 1);
+  }
+  ::close(out[1]);
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO(text);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  json report = json::parse(text);
+  REQUIRE_FALSE(report.contains("error"));
+  return report;
+}
+
 }  // namespace
 
 TEST_CASE_METHOD(bwrap_fixture, "quota: the workspace is an image mounted while the sandbox lives") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   fs::path ws = dir.path / "ws", image = dir.path / "ws.img";
   REQUIRE(fs::exists(image));
   CHECK(fs::file_size(image) == workspace_image_size(16u << 20));
@@ -81,7 +126,7 @@ TEST_CASE_METHOD(bwrap_fixture, "quota: the workspace is an image mounted while 
 }
 
 TEST_CASE("quota: files already in the workspace folder move into the image") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   fs::create_directories(spec.workspace / "sub");
@@ -100,7 +145,7 @@ TEST_CASE("quota: files already in the workspace folder move into the image") {
 }
 
 TEST_CASE("quota: release_workspace leaves a plain folder and is idempotent") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   auto backend = make_bwrap_backend();
@@ -123,7 +168,7 @@ TEST_CASE("quota: release_workspace leaves a plain folder and is idempotent") {
 }
 
 TEST_CASE("quota: release_workspace finishes after a crash at any point") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   fs::path image = dir.path / "ws.img", staging = dir.path / "ws.released";
@@ -162,7 +207,7 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
 }
 
 TEST_CASE("quota: a stale mount left by a dead host is replaced") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   auto backend = make_bwrap_backend();
@@ -179,22 +224,41 @@ TEST_CASE("quota: a stale mount left by a dead host is replaced") {
 }
 
 TEST_CASE("quota: the mounts dead hosts left behind are swept") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
+  fs::path image = dir.path / "ws.img";
   auto backend = make_bwrap_backend();
   {
     auto box = backend->create(spec);
     CHECK(run_probe(*box, {"write", "/workspace/x", "kept"})["ok"] == true);
-    CHECK(sweep_orphaned_workspace_mounts() == 0);  // a live sandbox's mount is held
+    sweep_orphaned_workspace_mounts();  // whatever else it finds, a live sandbox's mount is held
     CHECK(is_mount_point(spec.workspace));
   }
-  std::string mount = "mount -o loop,nosuid,nodev " + (dir.path / "ws.img").string() + " " + spec.workspace.string();
-  REQUIRE(std::system(mount.c_str()) == 0);
-  fs::path stale_loop = loop_sysfs(spec.workspace);
-  sweep_orphaned_workspace_mounts();  // or another test process's sweep got there first
-  CHECK_FALSE(is_mount_point(spec.workspace));
-  CHECK(loop_released(stale_loop, dir.path / "ws.img"));
+  // What a dead host leaves: the image mounted, nobody holding it.
+  json swept = in_private_mount_world([&] {
+    std::string mount = "mount -o loop,nosuid,nodev " + image.string() + " " + spec.workspace.string();
+    if (std::system(mount.c_str()) != 0) throw std::runtime_error(mount + " failed");
+    struct stat st {};
+    ::stat(spec.workspace.c_str(), &st);
+    json report = {{"loop", "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
+                                std::to_string(minor(st.st_dev))}};
+    {
+      int held = ::open(image.c_str(), O_RDONLY | O_CLOEXEC);  // as a live host holds it
+      ::flock(held, LOCK_EX);
+      report["swept_while_held"] = sweep_orphaned_workspace_mounts();
+      report["mounted_while_held"] = is_mount_point(spec.workspace);
+      ::close(held);
+    }
+    report["swept"] = sweep_orphaned_workspace_mounts();
+    report["mounted_after"] = is_mount_point(spec.workspace);
+    return report;
+  });
+  CHECK(swept["swept_while_held"] == 0);
+  CHECK(swept["mounted_while_held"] == true);
+  CHECK(swept["swept"] == 1);
+  CHECK(swept["mounted_after"] == false);
+  CHECK(loop_released(swept["loop"].get<std::string>(), image));
   backend->release_workspace(spec.workspace);
   CHECK(read_file(spec.workspace / "x") == "kept");
 }
@@ -215,7 +279,7 @@ TEST_CASE("quota: where the image cannot be mounted, its workspace is refused, n
 }
 
 TEST_CASE("quota: a later run asking for another size keeps its image and says so") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   auto backend = make_bwrap_backend();
@@ -235,7 +299,7 @@ TEST_CASE("quota: a later run asking for another size keeps its image and says s
 }
 
 TEST_CASE("quota: copying in and out never follows a symlink the agent planted") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   fs::path victim = dir.path / "victim";
@@ -264,7 +328,7 @@ TEST_CASE("quota: copying in and out never follows a symlink the agent planted")
 }
 
 TEST_CASE("quota: a new image is a sparse copy of a template made once per folder, size and owner") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   fs::path folder = fs::canonical(dir.path);
   constexpr std::uint64_t bytes = 16u << 20;
@@ -313,7 +377,7 @@ TEST_CASE("quota: a new image is a sparse copy of a template made once per folde
 }
 
 TEST_CASE("quota: a template left half made or broken costs one run at most") {
-  if (!have_quota()) return;
+  if (!require_quota()) return;
   temp_dir dir;
   fs::path folder = fs::canonical(dir.path);
   constexpr std::uint64_t bytes = 16u << 20;

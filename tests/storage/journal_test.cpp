@@ -18,6 +18,8 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <catch2/catch.hpp>
 
+#include "tests/capabilities.hpp"
+
 namespace fs = std::filesystem;
 using namespace cairn;
 using namespace cairn::storage;
@@ -1170,10 +1172,9 @@ TEST_CASE("a full disk loses nothing that was committed") {
   temp_dir dir;
   const auto mnt = dir / "tiny";
   fs::create_directories(mnt);
-  if (mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
-    WARN("skipped: cannot mount a tiny tmpfs here (" << strerror(errno) << "); run as root to test disk-full");
+  if (!cairn::testing::require_capability("root", mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") == 0,
+                                          "a full disk is a tiny tmpfs, and only root mounts one"))
     return;
-  }
   struct unmount_at_end {
     fs::path at;
     ~unmount_at_end() { umount2(at.c_str(), MNT_DETACH); }

@@ -122,8 +122,7 @@ class child_error : public std::runtime_error {
   std::string agent_, type_;
 };
 
-// A joined child run failed or was cancelled, or the handle was not a child
-// of this run. Journaled like its output.
+// A joined child run failed or was cancelled. Journaled like its output.
 class child_failed : public std::runtime_error {
  public:
   child_failed(std::string run_id, std::string type, const std::string& message)
