@@ -510,8 +510,8 @@ struct journal::impl {
 
   // A cached statement with fresh bindings, for the hot write path (a step
   // costs one INSERT; compiling its SQL each time was a third of it). Only
-  // for statements run to completion with exec(), so none is left holding a
-  // read transaction.
+  // for statements run to completion with exec(), or reset once read, so
+  // none is left holding a read transaction.
   template <class... Args>
   SQLite::Statement& prepared(const char* sql, const Args&... args) {
     auto& slot = cache[sql];
@@ -550,10 +550,12 @@ struct journal::impl {
   void fence(std::string_view run_id) {
     auto h = held.find(std::string(run_id));
     if (h == held.end()) return;
-    auto s = statement(db, "SELECT owner, epoch FROM runs WHERE id = ?", run_id);
-    require_run(s.executeStep() ? 1 : 0, run_id);
-    const std::string owner = s.getColumn(0).getString();
-    const std::int64_t epoch = s.getColumn(1).getInt64();
+    auto& s = prepared("SELECT owner, epoch FROM runs WHERE id = ?", run_id);
+    const bool found = s.executeStep();
+    const std::string owner = found ? s.getColumn(0).getString() : "";
+    const std::int64_t epoch = found ? s.getColumn(1).getInt64() : 0;
+    s.reset();
+    require_run(found ? 1 : 0, run_id);
     if (owner == h->second.owner && epoch == h->second.epoch) return;
     throw storage_error(errc::fenced,
                         fmt::format("run {} was taken over by {} (epoch {}); this process (epoch {}) no longer "
