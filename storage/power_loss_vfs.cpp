@@ -39,9 +39,12 @@ std::string read_all(const fs::path& path) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// Whole or not at all: a host killed while it copies an image must not leave
+// half of one (rename is atomic).
 void write_all(const fs::path& path, const std::string& bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("open " + path.string());
+  const fs::path partial = path.string() + ".partial";
+  int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + partial.string());
   for (std::size_t off = 0; off < bytes.size();) {
     ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
     if (n < 0 && errno == EINTR) continue;
@@ -52,6 +55,7 @@ void write_all(const fs::path& path, const std::string& bytes) {
     off += static_cast<std::size_t>(n);
   }
   ::close(fd);
+  fs::rename(partial, path);
 }
 
 // One file as the disk would keep it; shared by every handle on the path.
@@ -114,9 +118,11 @@ struct registry {
     slot->image = image_of(images, path);
     slot->syncs_folder = type == SQLITE_OPEN_WAL || type == SQLITE_OPEN_MAIN_JOURNAL ||
                          type == SQLITE_OPEN_SUPER_JOURNAL;
-    // A file found on disk is taken as durable as it is; a new one keeps
-    // whatever image a delete that was never made durable left behind.
+    // A file found on disk is taken as durable as it is. A new one keeps the
+    // image a delete in this process left behind, if that delete was never
+    // made durable; files absent when this process came are durably absent.
     if (existed) write_all(slot->image, read_all(path));
+    else if (!deleted_here.contains(path)) fs::remove(slot->image);
     slot->entry_durable = existed;
     std::ofstream(images / "tracked", std::ios::app) << path << '\n';
     return slot;
@@ -125,8 +131,10 @@ struct registry {
   void deleted(const std::string& path, bool folder_synced) {
     std::lock_guard lock(m);
     files.erase(path);
+    deleted_here.insert(path);
     if (folder_synced) fs::remove(image_of(images, path));
   }
+  std::set<std::string> deleted_here;
 };
 
 registry& the_registry() {

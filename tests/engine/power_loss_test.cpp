@@ -82,7 +82,10 @@ TEST_CASE("power cuts at random instants lose nothing that was acknowledged or r
   std::vector<told> told_agents;
   report_check reports{home.path()};
 
+  int cuts = 0, torn = 0, batches_completed = 0;
+  bool last_torn = false;
   auto check_after_cut = [&] {
+    INFO("after power cut " << cuts << (last_torn ? ", torn" : ""));
     auto fresh = channels.collect();
     told_agents.insert(told_agents.end(), fresh.begin(), fresh.end());
     REQUIRE(integrity(db) == "ok");
@@ -90,7 +93,6 @@ TEST_CASE("power cuts at random instants lose nothing that was acknowledged or r
     REQUIRE(reports.missing() == "");
   };
 
-  int cuts = 0, torn = 0, batches_completed = 0;
   const auto started = std::chrono::steady_clock::now();
   for (int b = 0;; ++b) {
     const auto runs = batch(b);
@@ -120,10 +122,10 @@ TEST_CASE("power cuts at random instants lose nothing that was acknowledged or r
         check_after_cut();
         break;
       }
-      const bool tear = rng() % 2 == 0;
-      storage::testing::cut_power(images, tear ? &rng : nullptr);
+      last_torn = rng() % 2 == 0;
+      storage::testing::cut_power(images, last_torn ? &rng : nullptr);
       ++cuts;
-      torn += tear;
+      torn += last_torn;
       check_after_cut();
     }
     storage::journal journal(db);
