@@ -151,12 +151,15 @@ TEST_CASE("timeouts, retry and children have defaults and survive the normalized
   CHECK(d.timeouts.step.count() == 0);
   CHECK(d.timeouts.cancel_grace == std::chrono::seconds(10));
   CHECK(d.retry.initial == std::chrono::milliseconds(200));
+  CHECK(d.retry.step_attempts == 10);
   CHECK(d.children.max == 100);
+  CHECK(d.children.max_depth == 4);
   CHECK(d.children.agents.empty());
+  CHECK(d.run_wall_time == std::chrono::seconds(86'400));
 
   json j = {{"timeouts", {{"run_seconds", 60}, {"step_seconds", 5}, {"cancel_grace_seconds", 2}}},
-            {"retry", {{"initial_ms", 100}, {"multiplier", 3}, {"max_ms", 5000}, {"jitter", 0.5}}},
-            {"children", {{"max", 4}, {"agents", {"/usr/lib/agents/helper"}}}}};
+            {"retry", {{"initial_ms", 100}, {"multiplier", 3}, {"max_ms", 5000}, {"jitter", 0.5}, {"step_attempts", 4}}},
+            {"children", {{"max", 4}, {"max_depth", 2}, {"agents", {"/usr/lib/agents/helper"}}}}};
   auto p = engine::parse_policy(j);
   CHECK(p.timeouts.run == std::chrono::seconds(60));
   CHECK(p.timeouts.step == std::chrono::seconds(5));
@@ -165,7 +168,9 @@ TEST_CASE("timeouts, retry and children have defaults and survive the normalized
   CHECK(p.retry.multiplier == 3.0);
   CHECK(p.retry.max == std::chrono::milliseconds(5000));
   CHECK(p.retry.jitter == 0.5);
+  CHECK(p.retry.step_attempts == 4);
   CHECK(p.children.max == 4);
+  CHECK(p.children.max_depth == 2);
   CHECK(p.children.agents == std::vector<std::string>{"/usr/lib/agents/helper"});
 
   json normalized = engine::to_json(p);

@@ -443,7 +443,12 @@ TEST_CASE("numeric fields are range-checked", "[messages][hostile]") {
   CHECK(with(valid_begin(), "max_attempts", 1'000'000) == "<accepted>");
   CHECK_THAT(with(valid_sleep_for(), "duration_ms", -1), Contains("'duration_ms'"));
   CHECK(with(valid_sleep_for(), "duration_ms", 0) == "<accepted>");
-  CHECK(with(valid_sleep_for(), "duration_ms", std::numeric_limits<std::int64_t>::max()) == "<accepted>");
+  CHECK(with(valid_sleep_for(), "duration_ms", p::max_duration_ms) == "<accepted>");
+  CHECK_THAT(with(valid_sleep_for(), "duration_ms", p::max_duration_ms + 1), Contains("100 years"));
+  CHECK_THAT(with(valid_sleep_for(), "duration_ms", std::numeric_limits<std::int64_t>::max()), Contains("100 years"));
+  CHECK_THAT(with(valid_wait(), "timeout_ms", 9'200'000'000'000'000'000ll), Contains("100 years"));
+  CHECK_THAT(with(valid_begin(), "timeout_ms", 10'000'000'000'000ll), Contains("100 years"));
+  CHECK_THAT(with(valid_retry(), "delay_ms", p::max_duration_ms + 1), Contains("100 years"));
   CHECK_THAT(with(valid_sleep_for(), "duration_ms", std::uint64_t{1} << 63), Contains("'duration_ms'"));
   CHECK_THAT(with(valid_sleep_until(), "until_ms", -1), Contains("'until_ms'"));
   CHECK(with(valid_sleep_until(), "until_ms", 0) == "<accepted>");
@@ -642,7 +647,8 @@ TEST_CASE("host messages map to the documented JSON and back", "[messages]") {
          {"error", err("timeout", "std::runtime_error")}, {"attempt", 3}, {"duration_us", 77}},
         {{"seq", 2}, {"name", "ctx.random"}, {"kind", "random"}, {"status", "ok"}, {"output", 0.5},
          {"attempt", 1}, {"duration_us", 0}}}},
-      {"next_step_attempt", 4}};
+      {"next_step_attempt", 4},
+      {"step_attempts", 1'000'000}};
   CHECK(p::to_json(p::host_message{s}) == expected);
   CHECK(wire_round_trip(p::host_message{s}) == expected);
 
