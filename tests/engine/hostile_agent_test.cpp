@@ -93,7 +93,7 @@ TEST_CASE("forged and foreign messages fail only their own run, journal nothing,
       // Another run, on its own thread with its own journal object on the same
       // database, is in the middle of its steps when the hostile one fails.
       const std::string good_id = std::string("neighbour-of-") + c.mode;
-      constexpr int good_steps = 40;
+      constexpr int good_steps = 100;  // 5 s at least: longer than the hostile run takes to fail
       std::promise<storage::run_record> good_outcome;
       std::thread neighbour([&] {
         try {
