@@ -44,7 +44,7 @@ inline json receive() {
 
 // hello, then the start message (whose "input" chooses the attack).
 inline json handshake(int version = 1) {
-  send({{"t", "hello"}, {"version", version}, {"sdk", "hostile"}});
+  send({{"t", "hello"}, {"v", version}, {"sdk", "hostile"}});
   return receive();
 }
 
