@@ -16,6 +16,8 @@
 
 #include "engine/attempt_driver.hpp"
 #include "engine/crash_point.hpp"
+#include "engine/run_id.hpp"
+#include "engine/run_paths.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -167,6 +169,10 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
     return refuse("no_such_agent", fmt::format("there is no agent program '{}' ({} is not an executable file)",
                                                m.agent, program.string()));
   const std::string id = fmt::format("{}.{}", run_.id, m.seq);
+  if (auto problem = run_id_problem(id))
+    return refuse("refused", fmt::format("a child of run {} cannot be named: {}; start the root run with a shorter "
+                                         "id",
+                                         run_.id, *problem));
   if (!journal_.find_run(id) && journal_.children(run_.id).size() >= policy_.children.max)
     return refuse("refused", fmt::format("this run has started {} child runs, the most its policy allows "
                                          "(children.max)",
@@ -177,7 +183,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
   child.input = m.input;
   child.max_attempts = run_.max_attempts;
   child.sandbox = run_.sandbox;
-  child.workspace = (fs::path(run_.workspace).parent_path() / id).string();
+  child.workspace = default_workspace(options_.home, id).string();
   child.policy = run_.policy;
   child.parent_id = run_.id;
   if (policy_.timeouts.run.count() > 0)

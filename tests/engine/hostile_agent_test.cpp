@@ -21,7 +21,7 @@ TEST_CASE("hostile agents fail their run and leave the journal and other runs in
   testing::temp_dir dir;
   storage::journal journal(dir / "cairn.db");
   engine::engine_options options;
-  options.log_dir = dir / "logs";
+  options.home = dir / "home";
   options.hello_timeout = std::chrono::milliseconds(500);
   options.retry_backoff = std::chrono::milliseconds(1);
   engine::engine eng(journal, options);
