@@ -27,7 +27,7 @@ double ms_since(clock_type::time_point t0) {
 summary cairn_runs(const fs::path& dir, int n) {
   storage::journal journal(dir / "cairn.db");
   engine::engine_options options;
-  options.log_dir = dir / "logs";
+  options.home = dir / "home";
   engine::engine eng(journal, options);
   std::vector<double> ms;
   for (int i = 0; i < n; ++i) {

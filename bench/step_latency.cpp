@@ -82,7 +82,7 @@ void durable_steps(const fs::path& dir, storage::sync_mode sync, int round, int 
   std::string name = db + "-" + std::to_string(round);
   storage::journal journal(dir / (db + ".db"), {.sync = sync});
   engine::engine_options options;
-  options.log_dir = dir / "logs";
+  options.home = dir / "home";
   engine::engine eng(journal, options);
   engine::run_request r;
   r.id = name;

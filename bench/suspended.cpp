@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
 
   storage::journal journal(db);
   engine::engine_options options;
-  options.log_dir = home / "logs";
+  options.home = home;
   engine::engine eng(journal, options);
 
   // Park.
@@ -98,7 +98,6 @@ int main(int argc, char** argv) {
     r.id = run_id(i);
     r.agent = BENCH_AGENT;
     r.input = {{"steps", 1}, {"wait_signal", "go"}};
-    r.workspace = home / "workspaces" / r.id;
     eng.submit(r);
   }
   const double submit_ms = ms_since(t_park);

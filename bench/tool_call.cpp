@@ -85,7 +85,7 @@ summary raw_commit(const fs::path& dir, int n) {
 summary tool_calls(const fs::path& dir, int n) {
   storage::journal journal(dir / "cairn.db");
   engine::engine_options options;
-  options.log_dir = dir / "logs";
+  options.home = dir / "home";
   engine::engine eng(journal, options);
   engine::run_request r;
   r.id = "tool-bench";

@@ -1,8 +1,11 @@
+#include <sys/stat.h>
+
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/home_trust.hpp"
 
 namespace {
 
@@ -10,7 +13,8 @@ namespace {
 void add_run_options(CLI::App* cmd, cairn::cli::run_args& args) {
   cmd->add_option("agent", args.agent, "the agent program (built with the cairn SDK)")->required();
   cmd->add_option("--input", args.input, "the run's input, a JSON value");
-  cmd->add_option("--id", args.id, "run id; also the idempotency key (default: generated)");
+  cmd->add_option("--id", args.id, "run id; also the idempotency key (default: generated); letters, digits, '.', "
+                                   "'_', '-', at most 128");
   cmd->add_option("--workspace", args.workspace, "host folder mounted at /workspace (default $CAIRN_HOME/workspaces/ID)");
   cmd->add_option("--sandbox", args.sandbox, "bwrap (default) or none (no isolation)")
       ->check(CLI::IsMember({"bwrap", "none"}));
@@ -100,6 +104,15 @@ int main(int argc, char** argv) {
   }
 
   const auto paths = cairn::cli::resolve_paths(db);
+  try {
+    for (const auto& warning : cairn::cli::secure_home(paths)) std::cerr << "warning: " << warning << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "cairn: " << e.what() << "\n";
+    return 3;
+  }
+  // Everything cairn creates from here on is its user's alone (0700 / 0600);
+  // what the sandbox uid must pass through is opened up explicitly.
+  ::umask(077);
   if (*run_cmd) return cairn::cli::run_command(paths, run, as_json);
   if (*resume_cmd) {
     if (resume_all == !resume_id.empty()) {

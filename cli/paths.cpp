@@ -4,14 +4,22 @@
 
 namespace cairn::cli {
 
+namespace {
+
+// Links resolved once, here: every later open under HOME refuses to follow one.
+std::filesystem::path real_path(const std::filesystem::path& given) {
+  auto path = std::filesystem::weakly_canonical(std::filesystem::absolute(given)).lexically_normal();
+  return path.has_filename() ? path : path.parent_path();
+}
+
+}  // namespace
+
 paths resolve_paths(const std::string& db_flag) {
   paths p;
   const char* home = std::getenv("CAIRN_HOME");
-  p.home = std::filesystem::absolute(home && *home ? home : ".cairn").lexically_normal();
-  p.db = db_flag.empty() ? p.home / "cairn.db" : std::filesystem::absolute(db_flag).lexically_normal();
+  p.home = real_path(home && *home ? home : ".cairn");
+  p.db = db_flag.empty() ? p.home / "cairn.db" : real_path(db_flag);
   if (!db_flag.empty() && !(home && *home)) p.home = p.db.parent_path();
-  p.workspaces = p.home / "workspaces";
-  p.logs = p.home / "logs";
   return p;
 }
 

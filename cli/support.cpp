@@ -78,7 +78,7 @@ void progress_printer::on_wait(const storage::run_record& run, const storage::wa
 
 engine::engine_options options_for(const paths& p) {
   engine::engine_options o;
-  o.log_dir = p.logs;
+  o.home = p.home;
   o.llm = engine::llm_endpoint_from_host(p.home / "config.json");
   return o;
 }
@@ -136,7 +136,7 @@ std::optional<engine::run_request> make_request(const paths& p, const run_args& 
   request.sandbox = args.sandbox;
   request.max_attempts = args.max_attempts;
   if (!args.policy.empty()) request.policy = engine::load_policy_file(args.policy);
-  request.workspace = args.workspace.empty() ? p.workspaces / request.id : std::filesystem::path(args.workspace);
+  request.workspace = args.workspace;
   return request;
 }
 

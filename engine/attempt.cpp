@@ -4,6 +4,7 @@
 
 #include "engine/attempt_driver.hpp"
 #include "engine/crash_point.hpp"
+#include "engine/run_paths.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -61,7 +62,8 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   spec.run_id = run_.id;
   spec.workspace = run_.workspace;
   spec.limits = policy_.limits;
-  spec.log_file = options_.log_dir / (run_.id + ".log");
+  spec.workspace_image = workspace_image(options_.home, run_.id);
+  spec.log_file = run_log(options_.home, run_.id);
   auto box = backend.create(spec);
   for (const auto& warning : box->warnings()) {
     journal_.append_event(run_.id, "sandbox_warning", {{"message", warning}});

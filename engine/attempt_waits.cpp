@@ -17,6 +17,8 @@
 
 #include "engine/attempt_driver.hpp"
 #include "engine/crash_point.hpp"
+#include "engine/run_id.hpp"
+#include "engine/run_paths.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -195,6 +197,10 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
     return refuse("no_such_agent", fmt::format("there is no agent program '{}' ({} is not an executable file)",
                                                m.agent, program.string()));
   const std::string id = fmt::format("{}.{}", run_.id, m.seq);
+  if (auto problem = run_id_problem(id))
+    return refuse("refused", fmt::format("a child of run {} cannot be named: {}; start the root run with a shorter "
+                                         "id",
+                                         run_.id, *problem));
   // One check-and-create at a time in this process, so that runs of one tree
   // started together cannot all take the last place.
   static std::mutex tree_mutex;
@@ -216,7 +222,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
   child.input = m.input;
   child.max_attempts = run_.max_attempts;
   child.sandbox = run_.sandbox;
-  child.workspace = (fs::path(run_.workspace).parent_path() / id).string();
+  child.workspace = default_workspace(options_.home, id).string();
   child.policy = run_.policy;  // the root's, down the tree: a child cannot raise a bound
   child.parent_id = run_.id;
   child.deadline_ms = run_.deadline_ms;  // the root's too

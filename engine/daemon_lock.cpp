@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,10 +35,20 @@ daemon_lock::daemon_lock(const std::filesystem::path& journal) {
   const auto path = lock_path(journal);
   std::error_code ec;
   if (journal.has_parent_path()) std::filesystem::create_directories(journal.parent_path(), ec);
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW and a check before the truncate below: a link or another
+  // user's file planted under this name is never cut through.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd_ < 0)
-    throw engine_error(errc::bad_request, fmt::format("cannot open the daemon lock {}: {}", path.string(),
-                                                      std::strerror(errno)));
+    throw engine_error(errc::bad_request, fmt::format("cannot open the daemon lock {}: {}{}", path.string(),
+                                                      std::strerror(errno),
+                                                      errno == ELOOP ? " (it is a symbolic link: remove it)" : ""));
+  struct stat st {};
+  if (::fstat(fd_, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1) {
+    ::close(fd_);
+    fd_ = -1;
+    throw engine_error(errc::bad_request, fmt::format("the daemon lock {} is not a plain file of yours; remove it",
+                                                      path.string()));
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) < 0) {
     std::string holder = read_all(fd_);
     ::close(fd_);
@@ -63,7 +74,7 @@ daemon_lock::~daemon_lock() {
 }
 
 std::optional<std::string> daemon_holder(const std::filesystem::path& journal) {
-  int fd = ::open(lock_path(journal).c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(lock_path(journal).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
   std::optional<std::string> holder;
   if (::flock(fd, LOCK_SH | LOCK_NB) < 0) {

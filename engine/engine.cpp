@@ -9,6 +9,8 @@
 #include "engine/attempt.hpp"
 #include "engine/crash_point.hpp"
 #include "engine/owner.hpp"
+#include "engine/run_id.hpp"
+#include "engine/run_paths.hpp"
 #include "engine/tool_broker.hpp"
 
 namespace cairn::engine {
@@ -72,11 +74,12 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   backend(request.sandbox);  // rejects an unknown sandbox before anything is written
   storage::new_run run;
   run.id = request.id.empty() ? new_run_id() : request.id;
+  if (auto problem = run_id_problem(run.id)) throw engine_error(errc::bad_request, *problem);
   run.agent = std::filesystem::absolute(request.agent).lexically_normal().string();
   run.input = request.input;
   run.max_attempts = request.max_attempts;
   run.sandbox = request.sandbox;
-  run.workspace = std::filesystem::absolute(request.workspace).lexically_normal().string();
+  run.workspace = checked_workspace(journal_, home(), request.workspace, run.id).string();
   run.policy = to_json(request.policy);
   run.owner = request.owner;
   if (request.policy.run_bound().count() > 0)
@@ -114,7 +117,7 @@ storage::run_record engine::drive_run(const std::string& run_id, run_observer* o
   claim(journal_, *run);
 
   auto& sandboxes = backend(run->sandbox);
-  std::filesystem::create_directories(options_.log_dir);
+  make_home_folders(home());
   policy rules;
   try {
     rules = parse_policy(run->policy);
@@ -232,7 +235,7 @@ storage::run_record engine::end_run(const std::string& run_id, storage::run_stat
 void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run,
                                run_observer& watch) {
   try {
-    sandboxes.release_workspace(run.workspace);
+    sandboxes.release_workspace(run.workspace, workspace_image(home(), run.id));
   } catch (const std::exception& e) {
     watch.on_warning(fmt::format("run {}: its workspace could not be released: {}", run.id, e.what()));
   }
@@ -353,6 +356,11 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
   journal_.append_event(run_id, "tool_settled", {{"how", names[static_cast<int>(s.outcome)]}}, seq);
   journal_.reset_attempts(run_id);
   return *journal_.find_run(run_id);
+}
+
+const std::filesystem::path& engine::home() const {
+  if (options_.home.empty()) throw engine_error(errc::bad_request, "the engine has no CAIRN_HOME (engine_options::home)");
+  return options_.home;
 }
 
 runtime::sandbox_backend& engine::backend(const std::string& name) {

@@ -44,7 +44,8 @@ using backend_factory = std::function<std::unique_ptr<runtime::sandbox_backend>(
 backend_factory default_backends();
 
 struct engine_options {
-  std::filesystem::path log_dir;             // agent output: LOG_DIR/RUN_ID.log
+  // CAIRN_HOME: every host file of a run lives under it (run_paths.hpp). Required.
+  std::filesystem::path home;
   std::chrono::milliseconds hello_timeout{10'000};
   // Overrides the policy's retry.initial_ms (for tests).
   std::optional<std::chrono::milliseconds> retry_backoff;
@@ -77,10 +78,10 @@ class run_observer {
 };
 
 struct run_request {
-  std::string id;  // empty: a new id is generated
+  std::string id;  // empty: a new id is generated; else it must pass run_id_problem()
   std::filesystem::path agent;
   json input = json::object();
-  std::filesystem::path workspace;  // empty: WORKSPACE_ROOT/RUN_ID is up to the caller
+  std::filesystem::path workspace;  // empty: HOME/workspaces/RUN_ID; see checked_workspace()
   std::string sandbox = "bwrap";
   int max_attempts = 3;
   engine::policy policy = default_policy();
@@ -102,7 +103,8 @@ class engine {
   // `journal` must outlive the engine.
   engine(storage::journal& journal, engine_options options);
 
-  // Records a pending run, or returns the existing one with this id.
+  // Records a pending run, or returns the existing one with this id. An id
+  // or workspace that cannot be used is refused (bad_request).
   std::pair<storage::run_record, bool> submit(const run_request& request);
 
   // Drives the run to its end (completed or failed) in this process and
@@ -150,6 +152,7 @@ class engine {
   runtime::sandbox_backend& backend(const std::string& name);
   // execute() but for a run taken over meanwhile, which throws storage_error(fenced).
   storage::run_record drive_run(const std::string& run_id, run_observer* observer, bool revive_failed);
+  const std::filesystem::path& home() const;
   // Records the end, releases the workspace, cancels unfinished children.
   storage::run_record end_run(const std::string& run_id, storage::run_status status, const json& output,
                               const std::optional<protocol::error_info>& error, run_observer& watch);

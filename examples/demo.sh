@@ -26,7 +26,10 @@ if [ -z "${CAIRN_HOME:-}" ]; then
   CAIRN_HOME="$PWD/.cairn"
   # As root, sandboxes run as an unprivileged uid that must reach the workspaces.
   if [ "$(id -u)" -eq 0 ] && ! others_may_enter "$PWD"; then
-    CAIRN_HOME="/var/tmp/cairn-demo"
+    # A fresh private folder, never a fixed name another user could make first;
+    # 0711: the sandbox uid passes through to its workspace, nobody may list it.
+    CAIRN_HOME="$(mktemp -d /var/tmp/cairn-demo.XXXXXX)"
+    chmod 711 "$CAIRN_HOME"
     echo "note: $PWD is closed to other users, so the demo keeps its journal in $CAIRN_HOME"
   fi
 fi

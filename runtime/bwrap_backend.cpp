@@ -19,6 +19,7 @@
 #include "runtime/bwrap_support.hpp"
 #include "runtime/child_process.hpp"
 #include "runtime/host_paths.hpp"
+#include "runtime/no_follow.hpp"
 #include "runtime/sandbox_resources.hpp"
 #include "runtime/seccomp_filter.hpp"
 
@@ -175,6 +176,8 @@ class bwrap_sandbox final : public sandbox {
   void destroy() override {
     tracker_.kill_all();
     resources_->release();
+    strip_set_id_bits(workspace_);
+    open_log(spec_.log_file);  // sets its mode back to 0600: the agent may have fchmod'ed its stdout
   }
 
   std::vector<std::string> warnings() const override {
@@ -228,7 +231,10 @@ class bwrap_backend final : public sandbox_backend {
 
   std::vector<doctor_check> check() const override { return bwrap_checks(options_); }
 
-  void release_workspace(const fs::path& workspace) override { release_workspace_image(workspace); }
+  void release_workspace(const fs::path& workspace, const fs::path& image) override {
+    if (!image.empty()) release_workspace_image(workspace, image);
+    strip_set_id_bits(workspace);
+  }
   workspace_upkeep upkeep(const fs::path& workspace) const override { return workspace_upkeep_of(workspace); }
 
  private:

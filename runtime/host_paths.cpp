@@ -1,6 +1,5 @@
 #include "runtime/host_paths.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/no_follow.hpp"
+
 namespace cairn::runtime {
 namespace {
 
@@ -17,40 +18,6 @@ namespace fs = std::filesystem;
 
 [[noreturn]] void bad_spec(const std::string& message) {
   throw sandbox_error(sandbox_errc::bad_spec, message);
-}
-
-// A deeper tree is refused rather than walked: each level holds an fd.
-constexpr int max_chown_depth = 128;
-
-void chown_dir(int dir_fd, const fs::path& where, uid_t uid, gid_t gid, int depth) {
-  if (depth > max_chown_depth)
-    bad_spec(fmt::format("workspace folder {} is nested more than {} levels deep", where.string(),
-                         max_chown_depth));
-  if (::fchown(dir_fd, uid, gid) < 0)
-    bad_spec(
-        fmt::format("cannot chown {} to the sandbox uid {}: {}", where.string(), uid, std::strerror(errno)));
-  int listing_fd = ::dup(dir_fd);
-  DIR* listing = listing_fd < 0 ? nullptr : ::fdopendir(listing_fd);
-  if (!listing) {
-    if (listing_fd >= 0) ::close(listing_fd);
-    bad_spec(fmt::format("cannot list {}: {}", where.string(), std::strerror(errno)));
-  }
-  std::unique_ptr<DIR, int (*)(DIR*)> guard(listing, ::closedir);
-  while (dirent* entry = ::readdir(listing)) {
-    std::string_view name = entry->d_name;
-    if (name == "." || name == "..") continue;
-    if (::fchownat(dir_fd, entry->d_name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-      bad_spec(fmt::format("cannot chown {} to the sandbox uid {}: {}", (where / name).string(), uid,
-                           std::strerror(errno)));
-    if (entry->d_type != DT_DIR && entry->d_type != DT_UNKNOWN) continue;
-    // O_NOFOLLOW: a symlink to a directory is chowned itself, never walked.
-    unique_fd sub(::openat(dir_fd, entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!sub) {
-      if (errno == ENOTDIR || errno == ELOOP) continue;
-      bad_spec(fmt::format("cannot open {}: {}", (where / name).string(), std::strerror(errno)));
-    }
-    chown_dir(sub.get(), where / name, uid, gid, depth + 1);
-  }
 }
 
 // The permission class (owner, group, other) of mode bits that applies to uid/gid.
@@ -68,19 +35,23 @@ bool valid_env_name(const std::string& name) {
 
 fs::path prepare_workspace(const fs::path& workspace) {
   if (workspace.empty()) bad_spec("the sandbox spec has no workspace folder");
-  std::error_code ec;
-  fs::create_directories(workspace, ec);
-  if (ec) bad_spec(fmt::format("cannot create workspace {}: {}", workspace.string(), ec.message()));
-  fs::path canonical = fs::canonical(workspace, ec);
-  if (ec || !fs::is_directory(canonical))
-    bad_spec(fmt::format("workspace {} is not a folder", workspace.string()));
-  return canonical;
+  fs::path path = fs::absolute(workspace).lexically_normal();
+  // Under root the sandbox uid passes through the folders above (search, never list).
+  open_folder_no_follow(path.parent_path(), ::geteuid() == 0 ? 0711 : 0700);
+  open_folder_no_follow(path, 0700);
+  return path;
 }
 
 void chown_tree(const fs::path& dir, uid_t uid, gid_t gid) {
   unique_fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) bad_spec(fmt::format("cannot open workspace {}: {}", dir.string(), std::strerror(errno)));
-  chown_dir(fd.get(), dir, uid, gid, 0);
+  auto failed = [&](const fs::path& where) {
+    bad_spec(fmt::format("cannot chown {} to the sandbox uid {}: {}", where.string(), uid, std::strerror(errno)));
+  };
+  if (::fchown(fd.get(), uid, gid) < 0) failed(dir);
+  walk_tree_no_follow(fd.get(), dir, [&](int dir_fd, const char* name, const fs::path& where) {
+    if (::fchownat(dir_fd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) failed(where);
+  });
 }
 
 std::optional<fs::path> first_unsearchable_dir(const fs::path& path, uid_t uid, gid_t gid) {
@@ -125,11 +96,13 @@ void check_agent_args(const std::vector<std::string>& args) {
 
 unique_fd open_log(const fs::path& log_file) {
   if (log_file.empty()) bad_spec("the sandbox spec has no log file");
-  std::error_code ec;
-  if (log_file.has_parent_path()) fs::create_directories(log_file.parent_path(), ec);
-  unique_fd fd(::open(log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640));
-  if (!fd) bad_spec(fmt::format("cannot open log file {}: {}", log_file.string(), std::strerror(errno)));
-  return fd;
+  fs::path path = fs::absolute(log_file).lexically_normal();
+  unique_fd folder = open_folder_no_follow(path.parent_path(), 0700);
+  try {
+    return open_append_no_follow(folder.get(), path.filename());
+  } catch (const sandbox_error& e) {
+    bad_spec(fmt::format("log file {}: {}", path.string(), e.what()));
+  }
 }
 
 std::map<std::string, std::string> agent_environment(const sandbox_spec& spec,

@@ -14,8 +14,10 @@
 
 namespace cairn::runtime {
 
-// Creates the workspace if missing; returns its canonical path.
-// Throws sandbox_error(bad_spec) when it cannot be created.
+// Creates the workspace (0700; the folders above it 0711 under root, else
+// 0700) if missing, never through a symbolic link
+// (see no_follow.hpp); returns its absolute path. Throws
+// sandbox_error(bad_spec) when it cannot be created or a component is a link.
 std::filesystem::path prepare_workspace(const std::filesystem::path& workspace);
 
 // Gives the whole tree under `dir` (itself included) to uid/gid without
@@ -39,8 +41,8 @@ std::filesystem::path check_program(const std::filesystem::path& program);
 // Throws sandbox_error(bad_spec) for an argument that cannot reach argv (a NUL byte).
 void check_agent_args(const std::vector<std::string>& args);
 
-// Opens (creating it and its folder) the log for appending, close-on-exec.
-// Throws sandbox_error(bad_spec).
+// Opens (creating it 0600, and its folder 0700) the log for appending,
+// close-on-exec, never through a symbolic link. Throws sandbox_error(bad_spec).
 unique_fd open_log(const std::filesystem::path& log_file);
 
 // The agent's whole environment: `base`, then spec.env (which may override

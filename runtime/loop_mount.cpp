@@ -117,15 +117,17 @@ bool unmount_folder(const fs::path& folder) {
   return errno == EBUSY && ::umount2(folder.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0;
 }
 
-bool is_loop_mount_of(const fs::path& folder, const fs::path& image) {
+std::optional<fs::path> loop_backing_file(const fs::path& folder) {
   struct stat here {}, parent {};
-  if (::stat(folder.c_str(), &here) < 0 || ::stat((folder / "..").c_str(), &parent) < 0) return false;
-  if (here.st_dev == parent.st_dev) return false;
+  if (::stat(folder.c_str(), &here) < 0 || ::stat((folder / "..").c_str(), &parent) < 0) return std::nullopt;
+  if (here.st_dev == parent.st_dev) return std::nullopt;
   auto backing = read_small_file(
       fmt::format("/sys/dev/block/{}:{}/loop/backing_file", major(here.st_dev), minor(here.st_dev)));
-  if (!backing) return false;
+  if (!backing) return std::nullopt;
   while (!backing->empty() && backing->back() == '\n') backing->pop_back();
-  return *backing == image.string();
+  return fs::path(*backing);
 }
+
+bool is_loop_mount_of(const fs::path& folder, const fs::path& image) { return loop_backing_file(folder) == image; }
 
 }  // namespace cairn::runtime

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <filesystem>
+#include <optional>
 
 namespace cairn::runtime {
 
@@ -30,6 +31,10 @@ class loop_mount {
 // Whether `folder` is the root of a mount of `image` through a loop device
 // (a mount left behind by a host that died).
 bool is_loop_mount_of(const std::filesystem::path& folder, const std::filesystem::path& image);
+
+// The image file behind the loop device mounted at `folder`; nullopt when
+// `folder` is no mount root of a loop device.
+std::optional<std::filesystem::path> loop_backing_file(const std::filesystem::path& folder);
 
 // Unmounts whatever is mounted at `folder`, waiting up to 3 s while it is busy
 // (a sandbox's namespace still going), then detaching it; false with errno set

@@ -7,6 +7,7 @@
 
 #include "runtime/child_process.hpp"
 #include "runtime/host_paths.hpp"
+#include "runtime/no_follow.hpp"
 
 namespace cairn::runtime {
 namespace {
@@ -54,7 +55,11 @@ class process_sandbox final : public sandbox {
                                            std::make_unique<limit_watch>(spec_.limits, nullptr, nullptr));
   }
 
-  void destroy() override { tracker_.kill_all(); }
+  void destroy() override {
+    tracker_.kill_all();
+    strip_set_id_bits(workspace_);
+    open_log(spec_.log_file);  // sets its mode back to 0600: the agent may have fchmod'ed its stdout
+  }
 
   std::vector<std::string> warnings() const override {
     return {"resource totals are per process only (--sandbox none has no cgroup): memory, processes and CPU "
@@ -92,7 +97,7 @@ class process_backend final : public sandbox_backend {
   }
 
   // The workspace always is a plain folder.
-  void release_workspace(const fs::path&) override {}
+  void release_workspace(const fs::path& workspace, const fs::path&) override { strip_set_id_bits(workspace); }
   workspace_upkeep upkeep(const fs::path&) const override { return {}; }
 
  private:

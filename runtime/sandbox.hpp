@@ -72,6 +72,9 @@ struct limit_breach {
 struct sandbox_spec {
   std::string run_id;
   std::filesystem::path workspace;  // host folder mounted at /workspace (created if missing)
+  // Where the workspace's quota image lives (bwrap under root): a path no
+  // workspace contains, e.g. CAIRN_HOME/images/RUN_ID.img.
+  std::filesystem::path workspace_image;
   resource_limits limits;
   std::map<std::string, std::string> env;  // added to the minimal environment
   // The agent's stdout and stderr (and the sandbox tool's own errors) are
@@ -136,8 +139,9 @@ class sandbox {
   virtual std::unique_ptr<agent_process> exec(const std::filesystem::path& program,
                                               const std::vector<std::string>& args) = 0;
   // Kills whatever still runs in it, then gives back what it held: its
-  // cgroup is removed and its workspace image unmounted. Idempotent; also
-  // done by the destructor. A later exec() takes them again.
+  // cgroup is removed and its workspace image unmounted; nothing in the
+  // plain workspace folder stays set-uid or set-gid. Idempotent; also done
+  // by the destructor. A later exec() takes them again.
   virtual void destroy() = 0;
   // What this sandbox cannot enforce on this machine, one sentence each with
   // the fix, for the run's log: "resource totals are per process only: ...",
@@ -170,8 +174,8 @@ class sandbox_backend {
   virtual ~sandbox_backend() = default;
   virtual std::string name() const = 0;
   // Creates the workspace if missing (under root, hands it to the sandbox
-  // uid). bwrap under root: the files live in an image `<workspace>.img`
-  // beside it, mounted at the folder while a sandbox lives (files already in
+  // uid). bwrap under root: the files live in the image spec.workspace_image,
+  // mounted at the folder while a sandbox lives (files already in
   // the folder move into it), until release_workspace(). Throws
   // sandbox_error: bwrap_missing, bad_spec (no log file; the workspace
   // cannot be created or reached by the sandbox uid, another process uses
@@ -182,9 +186,10 @@ class sandbox_backend {
   // The run is over: leave its workspace as a plain host folder with the
   // files the run left (when a quota image held them, they are copied out,
   // links and holes kept, never more than the image held, and the image
-  // removed). Only once a run ends: a suspended run keeps its image.
+  // removed), none of them set-uid or set-gid. `image` is the spec's
+  // workspace_image. Only once a run ends: a suspended run keeps its image.
   // Idempotent; safe after a crash at any point of it.
-  virtual void release_workspace(const std::filesystem::path& workspace) = 0;
+  virtual void release_workspace(const std::filesystem::path& workspace, const std::filesystem::path& image) = 0;
   // Cumulative; subtract two readings for the cost of what ran between them.
   virtual workspace_upkeep upkeep(const std::filesystem::path& workspace) const = 0;
 };

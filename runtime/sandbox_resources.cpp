@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "runtime/host_paths.hpp"
+#include "runtime/no_follow.hpp"
 
 namespace cairn::runtime {
 
@@ -38,15 +39,17 @@ void sandbox_resources::acquire() {
         warnings_.push_back(std::move(warning));
     }
   }
-  bool quota = quota_.available && user_;
-  if (!quota && std::filesystem::exists(workspace_image_path(workspace_)))
+  const auto& image = spec_.workspace_image;
+  bool quota = quota_.available && user_ && !image.empty();
+  if (!quota && !image.empty() && std::filesystem::exists(image))
     throw sandbox_error(sandbox_errc::workspace_failed,
                         fmt::format("the files of workspace {} are in its quota image {}, which cannot be mounted "
                                     "here ({}): run cairn as root, as when the run began",
-                                    workspace_.string(), workspace_image_path(workspace_).string(), quota_.detail));
+                                    workspace_.string(), image.string(), quota_.detail));
   if (!lease_ && quota) {
+    open_folder_no_follow(image.parent_path(), 0700);
     auto mounted =
-        mount_workspace_image(quota_, workspace_, spec_.limits.max_workspace_bytes, user_->uid, user_->gid);
+        mount_workspace_image(quota_, workspace_, image, spec_.limits.max_workspace_bytes, user_->uid, user_->gid);
     lease_ = std::move(mounted.lease);
     for (auto& warning : mounted.warnings)
       if (std::find(warnings_.begin(), warnings_.end(), warning) == warnings_.end())

@@ -161,10 +161,6 @@ workspace_upkeep workspace_upkeep_of(const fs::path& workspace) {
   return it == upkeeps.end() ? workspace_upkeep{} : it->second;
 }
 
-fs::path workspace_image_path(const fs::path& workspace) {
-  return workspace.parent_path() / (workspace.filename().string() + ".img");
-}
-
 quota_support detect_workspace_quota() {
   quota_support s;
   s.fix = "run cairn as root on a machine with loop devices (modprobe loop) and mkfs.ext4 (apt-get install "
@@ -197,7 +193,7 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
     : folder_(folder), quota_bytes_(quota_bytes) {
   const auto cpu = thread_cpu();
   const auto wall = std::chrono::steady_clock::now();
-  image_lock_.reset(::open(image.c_str(), O_RDONLY | O_CLOEXEC));
+  image_lock_.reset(::open(image.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   struct stat image_stat {};
   if (!image_lock_ || ::fstat(image_lock_.get(), &image_stat) < 0)
     failed(sandbox_errc::workspace_failed, "opening " + image.string());
@@ -303,10 +299,9 @@ workspace_lease& workspace_lease::operator=(workspace_lease&& other) noexcept {
 }
 
 workspace_mount_result mount_workspace_image(const quota_support& support, const fs::path& workspace,
-                                             std::uint64_t bytes, uid_t uid, gid_t gid) {
+                                             const fs::path& image, std::uint64_t bytes, uid_t uid, gid_t gid) {
   folder_guard busy(workspace);
   workspace_mount_result result;
-  fs::path image = workspace_image_path(workspace);
   {
     std::lock_guard lock(registry_mutex);
     if (auto entry = registry.find(workspace); entry != registry.end()) {
@@ -348,19 +343,18 @@ std::size_t sweep_orphaned_workspace_mounts() {
   std::size_t swept = 0;
   for (const auto& m : read_mountinfo()) {
     if (m.fstype != "ext4" || m.root != "/" || m.source.rfind("/dev/loop", 0) != 0) continue;
-    fs::path image = workspace_image_path(m.mount_point);
-    if (!is_loop_mount_of(m.mount_point, image)) continue;
-    unique_fd image_lock(::open(image.c_str(), O_RDONLY | O_CLOEXEC));
+    auto image = loop_backing_file(m.mount_point);
+    if (!image || image->extension() != ".img" || image->parent_path().filename() != "images") continue;
+    unique_fd image_lock(::open(image->c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (!image_lock || ::flock(image_lock.get(), LOCK_EX | LOCK_NB) < 0) continue;  // a live host's
     if (unmount_folder(m.mount_point)) ++swept;
   }
   return swept;
 }
 
-void release_workspace_image(const fs::path& given) {
-  fs::path workspace = fs::weakly_canonical(given);
+void release_workspace_image(const fs::path& given, const fs::path& image) {
+  fs::path workspace = fs::absolute(given).lexically_normal();
   folder_guard busy(workspace);
-  fs::path image = workspace_image_path(workspace);
   fs::path staging = workspace.string() + ".released";
   std::error_code ec;
   bool in_use;

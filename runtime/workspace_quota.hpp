@@ -1,6 +1,7 @@
 // The size quota of a workspace, when cairn runs as root: the run's files
-// live in an ext4 image `<workspace>.img` beside the folder (sparse, copied
-// once from a template, its root owned by the sandbox uid), mounted at the
+// live in an ext4 image the engine names (CAIRN_HOME/images/RUN_ID.img, out
+// of every workspace; sparse, copied once from a template kept in the same
+// folder, its root owned by the sandbox uid), mounted at the
 // folder through a loop device while a sandbox uses it, and turned back into
 // a plain folder by release_workspace_image() once the run is over. The image
 // stays out of the sandbox's sight: only the folder is mounted into it.
@@ -105,19 +106,19 @@ struct workspace_mount_result {
 // a warning. Throws sandbox_error as mounted_workspace does; for an existing
 // image always: its files are in there.
 workspace_mount_result mount_workspace_image(const quota_support& support, const std::filesystem::path& workspace,
-                                             std::uint64_t bytes, uid_t uid, gid_t gid);
+                                             const std::filesystem::path& image, std::uint64_t bytes, uid_t uid,
+                                             gid_t gid);
 
 // Leaves `workspace` a plain folder holding the image's files, then deletes
 // the image. Nothing to do without an image. A crash at any point leaves
 // the image (and calling it again finishes the job) or the copied files.
 // Throws sandbox_error: bad_spec while a sandbox of this process still uses
 // the workspace, workspace_failed when copying fails.
-void release_workspace_image(const std::filesystem::path& workspace);
+void release_workspace_image(const std::filesystem::path& workspace, const std::filesystem::path& image);
 
 // What mounting and unmounting the image of `workspace` has cost so far.
 workspace_upkeep workspace_upkeep_of(const std::filesystem::path& workspace);
 
-std::filesystem::path workspace_image_path(const std::filesystem::path& workspace);
 // The size of the image for a quota of `quota` bytes: a margin larger, since
 // ext4 keeps room for metadata and pending allocations, so "no space left"
 // comes at an uncertain distance before the image's end. Passing the quota is
@@ -126,7 +127,8 @@ std::filesystem::path workspace_image_path(const std::filesystem::path& workspac
 std::uint64_t workspace_image_size(std::uint64_t quota);
 
 // Unmounts the workspace images that dead hosts left mounted (an image
-// `<folder>.img` mounted at `<folder>` that nobody holds locked), freeing
+// `.../images/NAME.img` mounted through a loop device that nobody holds
+// locked), freeing
 // their loop devices; returns how many. The files stay in the images.
 std::size_t sweep_orphaned_workspace_mounts();
 

@@ -751,7 +751,7 @@ TEST_CASE("a run the journal calls completed has its files in its workspace, eve
   for (const auto& id : completed) {
     INFO(id);
     CHECK(h.exec_log(id) == std::vector<std::string>{"step a", "step b", "step c"});
-    CHECK_FALSE(fs::exists(h.workspace(id).string() + ".img"));  // nothing left for a later release
+    CHECK_FALSE(fs::exists(h.home() / "images" / (id + ".img")));  // nothing left for a later release
   }
   daemon_process serve(h, "serve-2");
   eventually("every run ended", [&] { return every_run_ended(h); }, [&] { return serve.log() + show_runs(h); });

@@ -45,7 +45,7 @@ inline engine::run_request durability_run(const fs::path& home, const std::strin
   r.id = id;
   r.agent = DURABILITY_AGENT;
   r.input = std::move(input);
-  r.workspace = home / "ws" / id;
+  r.workspace = home / "workspaces" / id;
   r.sandbox = "none";
   r.policy = engine::parse_policy({{"tools",
                                     {{"mailer",
@@ -58,7 +58,7 @@ inline engine::run_request durability_run(const fs::path& home, const std::strin
 
 inline engine::engine_options host_engine_options(const fs::path& home) {
   engine::engine_options o;
-  o.log_dir = home / "logs";
+  o.home = home;
   o.retry_backoff = 10ms;
   o.suspend_after = 100ms;  // a sleep of more suspends the run: resumed by replay
   o.hello_timeout = 30s;
@@ -150,7 +150,7 @@ class observed_channels {
     std::vector<told> found;
     std::error_code ec;
     const auto deadline = std::chrono::steady_clock::now() + 60s;
-    for (const auto& ws : fs::directory_iterator(home_ / "ws", ec)) {
+    for (const auto& ws : fs::directory_iterator(home_ / "workspaces", ec)) {
       for (const auto& entry : fs::directory_iterator(ws.path(), ec)) {
         const auto name = entry.path().filename().string();
         if (!name.starts_with("observed.") || !name.ends_with(".in")) continue;

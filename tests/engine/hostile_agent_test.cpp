@@ -20,7 +20,7 @@ struct hostile_case {
 
 engine::engine_options options_in(const testing::temp_dir& dir) {
   engine::engine_options options;
-  options.log_dir = dir / "logs";
+  options.home = dir / "home";
   options.hello_timeout = std::chrono::milliseconds(500);
   options.retry_backoff = std::chrono::milliseconds(1);
   return options;

@@ -18,7 +18,7 @@ struct harness {
 
   engine::engine_options options() {
     engine::engine_options o;
-    o.log_dir = dir / "logs";
+    o.home = dir / "home";
     o.retry_backoff = std::chrono::milliseconds(10);
     return o;
   }

@@ -83,7 +83,7 @@ struct fixture {
   watcher watch;
 
   explicit fixture(std::chrono::milliseconds suspend_after = 300ms, bool fast_retry = true) {
-    options.log_dir = dir / "logs";
+    options.home = dir / "home";
     if (fast_retry) options.retry_backoff = 10ms;
     options.suspend_after = suspend_after;
     eng = std::make_unique<engine::engine>(journal, options);

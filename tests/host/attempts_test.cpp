@@ -37,7 +37,7 @@ struct host {
   std::unique_ptr<engine::engine> eng;
 
   host() {
-    options.log_dir = dir / "logs";
+    options.home = dir / "home";
     options.retry_backoff = 10ms;
     options.suspend_after = 500ms;
     eng = std::make_unique<engine::engine>(journal, options);
@@ -215,7 +215,7 @@ TEST_CASE("through the C++ SDK, milliseconds::max() waits as long as it can inst
 TEST_CASE("an agent reading its start frame 64 KiB every 4 s is killed within the wall limit or the cancel grace") {
   host h;
   const json input = {{"pad", std::string(4u << 20, 'x')}};  // a 4 MiB start frame: 256 s at that pace
-  auto reads = [&] { return testing::slurp(h.options.log_dir / "slow.log").size(); };
+  auto reads = [&] { return testing::slurp(h.options.home / "logs" / "slow.log").size(); };
   SECTION("cancelled: dead within the grace period") {
     h.submit("slow", ATTEMPTS_SLOW_READER_AGENT_PATH, input,
              {{"limits", {{"wall_seconds", 600}}}, {"timeouts", {{"cancel_grace_seconds", 2}}}});

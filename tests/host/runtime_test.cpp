@@ -66,7 +66,7 @@ struct fixture {
   std::unique_ptr<engine::engine> eng;
 
   explicit fixture(std::chrono::milliseconds suspend_after = 2s) {
-    options.log_dir = dir / "logs";
+    options.home = dir / "home";
     options.retry_backoff = 10ms;
     options.suspend_after = suspend_after;
     eng = std::make_unique<engine::engine>(journal, options);
@@ -113,7 +113,7 @@ TEST_CASE("runtime: copying a workspace out keeps hard links and holes, within t
   REQUIRE(run.status == run_status::completed);
   REQUIRE(run.output == true);
   const fs::path ws = f.workspace("links");
-  REQUIRE_FALSE(fs::exists(ws.string() + ".img"));  // released: a plain folder
+  REQUIRE_FALSE(fs::exists(f.options.home / "images" / "links.img"));  // released: a plain folder
   const auto on_disk = allocated_under(ws);
   INFO("bytes on the host disk after the run: " << on_disk);
   CHECK(on_disk <= 16 * mib);  // 325 MiB before

@@ -45,8 +45,8 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: /etc/shadow and the host's home folders 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: the journal database and the workspace image beside the workspace are invisible") {
   std::ofstream(dir.path / "journal.db") << "SQLite format 3";
   for (const std::string& path : {std::string("/workspace/../journal.db"), std::string("/journal.db"),
-                                  (dir.path / "journal.db").string(), std::string("/workspace/../ws.img"),
-                                  (dir.path / "ws.img").string()}) {
+                                  (dir.path / "journal.db").string(), std::string("/workspace/../images/ws.img"),
+                                  spec.workspace_image.string()}) {
     json report = probe({"read", path});
     INFO(path << ": " << report.dump());
     CHECK(report["ok"] == false);

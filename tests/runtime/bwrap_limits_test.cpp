@@ -128,7 +128,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: filling the workspace stops at it
         "workspace limit exceeded: /workspace is full at its 16 MiB quota; raise limits.workspace_mb");
   // What was written went into the image, which took no more of the host's disk than its size.
   struct stat image {};
-  REQUIRE(::stat((dir.path / "ws.img").c_str(), &image) == 0);
+  REQUIRE(::stat(spec.workspace_image.c_str(), &image) == 0);
   CHECK(static_cast<std::uint64_t>(image.st_blocks) * 512 <= workspace_image_size(16u << 20));
   CHECK(static_cast<std::uint64_t>(image.st_blocks) * 512 >= written);
   CHECK(fs::is_empty(dir.path / "ws" ) == false);

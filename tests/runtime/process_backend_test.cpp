@@ -107,7 +107,7 @@ TEST_CASE("process backend: it warns that nothing is bounded in total, and has n
   CHECK_THAT(warnings[0], Catch::Contains("per process only"));
   CHECK_THAT(warnings[1], Catch::Contains("no size quota"));
   std::ofstream(dir.path / "ws" / "kept.txt") << "kept";
-  backend->release_workspace(dir.path / "ws");
+  backend->release_workspace(dir.path / "ws", {});
   CHECK(fs::exists(dir.path / "ws" / "kept.txt"));
 }
 

@@ -49,6 +49,7 @@ inline sandbox_spec make_spec(const temp_dir& dir) {
   sandbox_spec spec;
   spec.run_id = "run-test-1";
   spec.workspace = dir.path / "ws";
+  spec.workspace_image = dir.path / "images" / "ws.img";
   spec.log_file = dir.path / "agent.log";
   spec.limits.max_workspace_bytes = 16u << 20;
   spec.limits.max_tmp_bytes = 8u << 20;

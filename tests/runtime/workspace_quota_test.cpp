@@ -52,6 +52,9 @@ bool loop_released(const fs::path& sysfs, const fs::path& image) {
   return false;
 }
 
+// Where these tests keep a folder's image when they call the quota functions directly.
+fs::path image_of(const fs::path& folder) { return folder.string() + ".img"; }
+
 // The filesystem UUID in an ext4 image: s_uuid, 0x68 into the superblock at 1024.
 std::string ext4_uuid(const fs::path& image) {
   std::ifstream in(image, std::ios::binary);
@@ -105,7 +108,7 @@ json in_private_mount_world(const std::function<json()>& body) {
 
 TEST_CASE_METHOD(bwrap_fixture, "quota: the workspace is an image mounted while the sandbox lives") {
   if (!require_quota()) return;
-  fs::path ws = dir.path / "ws", image = dir.path / "ws.img";
+  fs::path ws = dir.path / "ws", image = spec.workspace_image;
   REQUIRE(fs::exists(image));
   CHECK(fs::file_size(image) == workspace_image_size(16u << 20));
   REQUIRE(is_mount_point(ws));
@@ -139,7 +142,7 @@ TEST_CASE("quota: files already in the workspace folder move into the image") {
     CHECK(run_probe(*box, {"read", "/workspace/sub/deep.txt"})["detail"] == "deep");
   }
   CHECK(fs::is_empty(spec.workspace));  // they live in the image now
-  backend->release_workspace(spec.workspace);
+  backend->release_workspace(spec.workspace, spec.workspace_image);
   CHECK(read_file(spec.workspace / "input.txt") == "from the user");
   CHECK(read_file(spec.workspace / "sub" / "deep.txt") == "deep");
 }
@@ -152,15 +155,16 @@ TEST_CASE("quota: release_workspace leaves a plain folder and is idempotent") {
   {
     auto box = backend->create(spec);
     CHECK(run_probe(*box, {"write", "/workspace/result.txt", "done"})["ok"] == true);
-    CHECK_THROWS_AS(backend->release_workspace(spec.workspace), sandbox_error);  // still in use
+    CHECK_THROWS_AS(backend->release_workspace(spec.workspace, spec.workspace_image),
+                    sandbox_error);  // still in use
   }
-  backend->release_workspace(spec.workspace);
+  backend->release_workspace(spec.workspace, spec.workspace_image);
   CHECK(read_file(spec.workspace / "result.txt") == "done");
   CHECK_FALSE(fs::exists(spec.workspace / "lost+found"));
-  CHECK_FALSE(fs::exists(dir.path / "ws.img"));
+  CHECK_FALSE(fs::exists(spec.workspace_image));
   CHECK_FALSE(fs::exists(dir.path / "ws.released"));
   CHECK_FALSE(is_mount_point(spec.workspace));
-  backend->release_workspace(spec.workspace);
+  backend->release_workspace(spec.workspace, spec.workspace_image);
   CHECK(read_file(spec.workspace / "result.txt") == "done");
   // A plain folder with no image: the next run starts a new image from it.
   auto box = backend->create(spec);
@@ -171,7 +175,7 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
   if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
-  fs::path image = dir.path / "ws.img", staging = dir.path / "ws.released";
+  fs::path image = spec.workspace_image, staging = dir.path / "ws.released";
   auto backend = make_bwrap_backend();
   {
     auto box = backend->create(spec);
@@ -184,7 +188,7 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
     std::ofstream(staging / "half-copied") << "junk";
   }
   SECTION("after the swap, before the image was deleted") {
-    backend->release_workspace(spec.workspace);
+    backend->release_workspace(spec.workspace, spec.workspace_image);
     fs::copy_file(dir.path / "backup.img", image);
   }
   SECTION("while the image was mounted for the copy (the mount outlived the host)") {
@@ -193,10 +197,10 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
     REQUIRE(is_mount_point(spec.workspace));
   }
   SECTION("while a new image was made") {
-    backend->release_workspace(spec.workspace);
-    std::ofstream(dir.path / "ws.img.new") << "half an image";
+    backend->release_workspace(spec.workspace, spec.workspace_image);
+    std::ofstream(spec.workspace_image.string() + ".new") << "half an image";
   }
-  backend->release_workspace(spec.workspace);
+  backend->release_workspace(spec.workspace, spec.workspace_image);
   CHECK(read_file(spec.workspace / "result.txt") == "done");
   CHECK_FALSE(fs::exists(spec.workspace / "half-copied"));
   CHECK_FALSE(fs::exists(image));
@@ -212,7 +216,7 @@ TEST_CASE("quota: a stale mount left by a dead host is replaced") {
   sandbox_spec spec = make_spec(dir);
   auto backend = make_bwrap_backend();
   backend->create(spec).reset();
-  std::string mount = "mount -o loop,nosuid,nodev " + (dir.path / "ws.img").string() + " " + spec.workspace.string();
+  std::string mount = "mount -o loop,nosuid,nodev " + (spec.workspace_image).string() + " " + spec.workspace.string();
   REQUIRE(std::system(mount.c_str()) == 0);
   fs::path stale_loop = loop_sysfs(spec.workspace);
   {
@@ -220,14 +224,14 @@ TEST_CASE("quota: a stale mount left by a dead host is replaced") {
     CHECK(run_probe(*box, {"write", "/workspace/x", "y"})["ok"] == true);
   }
   CHECK_FALSE(is_mount_point(spec.workspace));
-  CHECK(loop_released(stale_loop, dir.path / "ws.img"));
+  CHECK(loop_released(stale_loop, spec.workspace_image));
 }
 
 TEST_CASE("quota: the mounts dead hosts left behind are swept") {
   if (!require_quota()) return;
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
-  fs::path image = dir.path / "ws.img";
+  fs::path image = spec.workspace_image;
   auto backend = make_bwrap_backend();
   {
     auto box = backend->create(spec);
@@ -259,7 +263,7 @@ TEST_CASE("quota: the mounts dead hosts left behind are swept") {
   CHECK(swept["swept"] == 1);
   CHECK(swept["mounted_after"] == false);
   CHECK(loop_released(swept["loop"].get<std::string>(), image));
-  backend->release_workspace(spec.workspace);
+  backend->release_workspace(spec.workspace, image);
   CHECK(read_file(spec.workspace / "x") == "kept");
 }
 
@@ -267,7 +271,8 @@ TEST_CASE("quota: where the image cannot be mounted, its workspace is refused, n
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
   fs::create_directories(spec.workspace);
-  std::ofstream(dir.path / "ws.img") << "an image from a run started as root";
+  fs::create_directories(spec.workspace_image.parent_path());
+  std::ofstream(spec.workspace_image) << "an image from a run started as root";
   sandbox_resources resources(spec, fs::canonical(spec.workspace), std::nullopt);  // as without root
   try {
     resources.acquire();
@@ -295,7 +300,7 @@ TEST_CASE("quota: a later run asking for another size keeps its image and says s
   auto warnings = about_size(box->warnings());
   REQUIRE(warnings.size() == 1);
   CHECK_THAT(warnings[0], Catch::Contains("16 MiB") && Catch::Contains("32 MiB") && Catch::Contains("keeps its image"));
-  CHECK(fs::file_size(dir.path / "ws.img") == workspace_image_size(16u << 20));
+  CHECK(fs::file_size(spec.workspace_image) == workspace_image_size(16u << 20));
 }
 
 TEST_CASE("quota: copying in and out never follows a symlink the agent planted") {
@@ -320,7 +325,7 @@ TEST_CASE("quota: copying in and out never follows a symlink the agent planted")
     CHECK(run_probe(*box, {"read", "/workspace/dir/file.txt"})["detail"] == "host input");
     CHECK(run_probe(*box, {"symlink", (victim / "late.txt").string(), "/workspace/late.txt"})["ok"] == true);
   }
-  backend->release_workspace(spec.workspace);
+  backend->release_workspace(spec.workspace, spec.workspace_image);
   CHECK(fs::is_empty(victim));
   CHECK(fs::is_directory(fs::symlink_status(spec.workspace / "dir")));
   CHECK(fs::is_symlink(spec.workspace / "late.txt"));
@@ -338,14 +343,14 @@ TEST_CASE("quota: a new image is a sparse copy of a template made once per folde
   for (const auto& ws : {first, second, third}) fs::create_directories(ws);
   fs::path made = workspace_template_path(folder, workspace_image_size(bytes), uid, gid);
   quota_support support = detect_workspace_quota();
-  CHECK(mount_workspace_image(support, first, bytes, uid, gid).lease);
+  CHECK(mount_workspace_image(support, first, image_of(first), bytes, uid, gid).lease);
   REQUIRE(fs::exists(made));
   CHECK_FALSE(fs::exists(made.string() + ".new"));
 
   // With no mkfs.ext4 to run, only the template can make the next image.
   support.tools = {"/bin/false", "/bin/false"};
   {
-    auto mounted = mount_workspace_image(support, second, bytes, uid, gid);
+    auto mounted = mount_workspace_image(support, second, image_of(second), bytes, uid, gid);
     REQUIRE(mounted.lease);
     CHECK(mounted.warnings.empty());
     CHECK(ext4_uuid(folder / "second.img") == ext4_uuid(made));
@@ -365,12 +370,12 @@ TEST_CASE("quota: a new image is a sparse copy of a template made once per folde
   REQUIRE(::stat((folder / "second.img").c_str(), &image) == 0);
   CHECK(static_cast<std::uint64_t>(image.st_size) == workspace_image_size(bytes));
   CHECK(static_cast<std::uint64_t>(image.st_blocks) * 512 < bytes / 8);  // the holes were kept
-  release_workspace_image(second);
+  release_workspace_image(second, image_of(second));
   CHECK(read_file(second / "written.txt") == "kept");
 
   // The control: with the template gone, a support without mkfs.ext4 makes no image.
   fs::remove(made);
-  auto plain = mount_workspace_image(support, third, bytes, uid, gid);
+  auto plain = mount_workspace_image(support, third, image_of(third), bytes, uid, gid);
   CHECK_FALSE(plain.lease);
   CHECK_FALSE(fs::exists(folder / "third.img"));
   CHECK_FALSE(fs::exists(made));
@@ -389,19 +394,20 @@ TEST_CASE("quota: a template left half made or broken costs one run at most") {
 
   SECTION("a host died while making it") {
     std::ofstream(made.string() + ".new") << "half a template";
-    CHECK(mount_workspace_image(support, folder / "ws", bytes, uid, gid).lease);
+    CHECK(mount_workspace_image(support, folder / "ws", image_of(folder / "ws"), bytes, uid, gid).lease);
     CHECK(fs::exists(made));
     CHECK_FALSE(fs::exists(made.string() + ".new"));
   }
   SECTION("it is no filesystem") {
     std::ofstream(made) << "";
     fs::resize_file(made, bytes);
-    auto dropped = mount_workspace_image(support, folder / "ws", bytes, uid, gid);
+    auto dropped = mount_workspace_image(support, folder / "ws", image_of(folder / "ws"), bytes, uid, gid);
     CHECK_FALSE(dropped.lease);
     REQUIRE(dropped.warnings.size() == 1);
     CHECK_THAT(dropped.warnings[0], Catch::Contains("no size quota"));
     CHECK_FALSE(fs::exists(made));
-    CHECK(mount_workspace_image(support, folder / "ws", bytes, uid, gid).lease);  // a new template
+    // a new template
+    CHECK(mount_workspace_image(support, folder / "ws", image_of(folder / "ws"), bytes, uid, gid).lease);
   }
   CHECK(fs::exists(folder / "ws.img"));
 }

@@ -1,0 +1,115 @@
+#include "runtime/no_follow.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "runtime/sandbox.hpp"
+
+namespace cairn::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void bad_spec(const std::string& message) { throw sandbox_error(sandbox_errc::bad_spec, message); }
+
+// A deeper tree is refused rather than walked: each level holds an fd.
+constexpr int max_depth = 128;
+
+// Through /proc: fchmod does not take an O_PATH descriptor, and fchmodat
+// follows a link that replaced the file meanwhile.
+void clear_set_id(int fd, const fs::path& where) {
+  struct stat st {};
+  if (::fstat(fd, &st) < 0 || !(st.st_mode & (S_ISUID | S_ISGID)) || S_ISLNK(st.st_mode)) return;
+  auto proc = fmt::format("/proc/self/fd/{}", fd);
+  if (::chmod(proc.c_str(), st.st_mode & 01777) < 0)
+    bad_spec(fmt::format("cannot clear the set-uid bit of {}: {}", where.string(), std::strerror(errno)));
+}
+
+}  // namespace
+
+unique_fd open_folder_no_follow(const fs::path& path, std::optional<mode_t> create_mode) {
+  if (!path.is_absolute()) bad_spec(fmt::format("{} is not an absolute path", path.string()));
+  unique_fd dir(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  fs::path reached = "/";
+  for (const auto& part : path.relative_path()) {
+    if (part.empty() || part == ".") continue;
+    if (part == "..") bad_spec(fmt::format("{} holds \"..\"", path.string()));
+    reached /= part;
+    bool made = false;
+    if (create_mode) {
+      made = ::mkdirat(dir.get(), part.c_str(), 0700) == 0;
+      if (!made && errno != EEXIST)
+        bad_spec(fmt::format("cannot create {}: {}", reached.string(), std::strerror(errno)));
+    }
+    unique_fd next(::openat(dir.get(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!next) {
+      if (errno == ELOOP || errno == ENOTDIR)
+        bad_spec(fmt::format("{} is a symbolic link or not a folder; cairn does not follow links in the folders "
+                             "it keeps runs in (remove it, or point CAIRN_HOME / --workspace at the real folder)",
+                             reached.string()));
+      bad_spec(fmt::format("cannot open {}: {}", reached.string(), std::strerror(errno)));
+    }
+    if (made && ::fchmod(next.get(), *create_mode) < 0)
+      bad_spec(fmt::format("cannot set the mode of {}: {}", reached.string(), std::strerror(errno)));
+    dir = std::move(next);
+  }
+  return dir;
+}
+
+unique_fd open_append_no_follow(int folder_fd, const fs::path& name) {
+  unique_fd fd(::openat(folder_fd, name.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) < 0)
+    bad_spec(fmt::format("cannot open {}: {}", name.string(), std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) bad_spec(fmt::format("{} is not a regular file", name.string()));
+  if ((st.st_mode & 07777) != 0600 && ::fchmod(fd.get(), 0600) < 0)
+    bad_spec(fmt::format("cannot set the mode of {}: {}", name.string(), std::strerror(errno)));
+  return fd;
+}
+
+void walk_tree_no_follow(int dir_fd, const fs::path& where, const tree_visitor& visit, int depth) {
+  if (depth > max_depth)
+    bad_spec(fmt::format("workspace folder {} is nested more than {} levels deep", where.string(), max_depth));
+  int listing_fd = ::dup(dir_fd);
+  DIR* listing = listing_fd < 0 ? nullptr : ::fdopendir(listing_fd);
+  if (!listing) {
+    if (listing_fd >= 0) ::close(listing_fd);
+    bad_spec(fmt::format("cannot list {}: {}", where.string(), std::strerror(errno)));
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(listing, ::closedir);
+  while (dirent* entry = ::readdir(listing)) {
+    std::string_view name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    visit(dir_fd, entry->d_name, where / name);
+    if (entry->d_type != DT_DIR && entry->d_type != DT_UNKNOWN) continue;
+    // O_NOFOLLOW: a symlink to a directory is visited itself, never walked.
+    unique_fd sub(::openat(dir_fd, entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!sub) {
+      if (errno == ENOTDIR || errno == ELOOP) continue;
+      bad_spec(fmt::format("cannot open {}: {}", (where / name).string(), std::strerror(errno)));
+    }
+    walk_tree_no_follow(sub.get(), where / name, visit, depth + 1);
+  }
+}
+
+void strip_set_id_bits(const fs::path& dir) {
+  unique_fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT) return;
+    bad_spec(fmt::format("cannot open workspace {}: {}", dir.string(), std::strerror(errno)));
+  }
+  clear_set_id(fd.get(), dir);
+  walk_tree_no_follow(fd.get(), dir, [](int dir_fd, const char* name, const fs::path& where) {
+    unique_fd entry(::openat(dir_fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (entry) clear_set_id(entry.get(), where);
+  });
+}
+
+}  // namespace cairn::runtime

@@ -1,0 +1,41 @@
+// Host folders and files opened without following a symbolic link at any
+// component, so a link someone planted (an agent in its workspace, another
+// user in a shared folder) never redirects what the host creates, mounts,
+// chowns or writes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+
+#include "runtime/unique_fd.hpp"
+
+namespace cairn::runtime {
+
+// Opens the folder at `path` (absolute) walking from "/" one component at a
+// time with O_NOFOLLOW. With `create_mode`, missing components are made and
+// given exactly that mode (the umask does not apply). Throws
+// sandbox_error(bad_spec) naming the component that is a link or no folder.
+unique_fd open_folder_no_follow(const std::filesystem::path& path, std::optional<mode_t> create_mode = std::nullopt);
+
+// Opens (creating it 0600 when missing) `name` in `folder` for appending,
+// never through a link; its mode is set back to 0600, so it is never
+// executable or set-uid. Throws sandbox_error(bad_spec).
+unique_fd open_append_no_follow(int folder_fd, const std::filesystem::path& name);
+
+// Calls `visit` for every entry under the folder `dir_fd` (not the folder
+// itself), a folder before what it holds, never following a link: a link is
+// visited itself, never walked. `where` names `dir_fd` in messages. Throws
+// sandbox_error(bad_spec) for a folder that cannot be listed or opened, or a
+// tree more than 128 levels deep (each level holds an fd).
+using tree_visitor = std::function<void(int dir_fd, const char* name, const std::filesystem::path& where)>;
+void walk_tree_no_follow(int dir_fd, const std::filesystem::path& where, const tree_visitor& visit, int depth = 0);
+
+// Clears the set-uid and set-gid bits of everything under `dir` (itself
+// included), without following links. A missing `dir` is nothing to do.
+// Throws sandbox_error(bad_spec) when a file cannot be changed.
+void strip_set_id_bits(const std::filesystem::path& dir);
+
+}  // namespace cairn::runtime
