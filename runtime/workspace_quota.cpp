@@ -22,7 +22,6 @@
 
 #include <fmt/format.h>
 
-#include "runtime/mountinfo.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/small_file.hpp"
 #include "runtime/tree_copy.hpp"
@@ -36,6 +35,7 @@ constexpr std::uint64_t full_below_bytes = 128 << 10;
 constexpr auto lock_patience = std::chrono::seconds(5);
 
 constexpr std::uint64_t min_margin = 8ull << 20;
+constexpr const char* mount_record_kind = "mount";
 
 // The quota an image of `image_bytes` was made for (workspace_image_size inverted).
 std::uint64_t quota_of_image(std::uint64_t image_bytes) {
@@ -216,6 +216,7 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
     throw sandbox_error(sandbox_errc::workspace_failed,
                         fmt::format("{} is a mount point of another filesystem", folder.string()));
   unique_fd plain = open_folder(folder);  // the folder beneath, once the image covers it
+  record_.emplace(mount_record_kind, folder.string() + "\n" + image.string());
   try {
     mount_.emplace(image, folder);
   } catch (const sandbox_error& e) {
@@ -264,6 +265,7 @@ void mounted_workspace::unmount() {
     mount_.reset();
     charge_upkeep(folder_, 0, flushed, cpu, wall);
   }
+  record_.reset();
   mounted_ = false;
   image_lock_.reset();
 }
@@ -346,13 +348,21 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
 std::size_t sweep_orphaned_workspace_mounts() {
   std::unique_lock lock(sweep_mutex);
   std::size_t swept = 0;
-  for (const auto& m : read_mountinfo()) {
-    if (m.fstype != "ext4" || m.root != "/" || m.source.rfind("/dev/loop", 0) != 0) continue;
-    fs::path image = workspace_image_path(m.mount_point);
-    if (!is_loop_mount_of(m.mount_point, image)) continue;
+  for (const auto& record : own_records(mount_record_kind)) {
+    auto newline = record.subject.find('\n');
+    if (newline == std::string::npos) {
+      forget_record(record);
+      continue;
+    }
+    fs::path folder = record.subject.substr(0, newline), image = record.subject.substr(newline + 1);
+    // Held: a live host's, mounted or about to be (it records before it mounts).
     unique_fd image_lock(::open(image.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!image_lock || ::flock(image_lock.get(), LOCK_EX | LOCK_NB) < 0) continue;  // a live host's
-    if (unmount_folder(m.mount_point)) ++swept;
+    if (image_lock && ::flock(image_lock.get(), LOCK_EX | LOCK_NB) < 0) continue;
+    if (is_loop_mount_of(folder, image)) {
+      if (!unmount_folder(folder)) continue;
+      ++swept;
+    }
+    forget_record(record);
   }
   return swept;
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "runtime/loop_mount.hpp"
+#include "runtime/own_records.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/unique_fd.hpp"
 #include "runtime/workspace_template.hpp"
@@ -63,6 +64,7 @@ class mounted_workspace {
  private:
   std::filesystem::path folder_;
   unique_fd image_lock_;  // flocked: one process at a time mounts an image
+  std::optional<own_record> record_;  // from before the mount until after the unmount
   std::optional<loop_mount> mount_;
   std::uint64_t quota_bytes_ = 0;
   std::atomic<bool> mounted_{false};
@@ -125,9 +127,10 @@ std::filesystem::path workspace_image_path(const std::filesystem::path& workspac
 // before it sees ENOSPC.
 std::uint64_t workspace_image_size(std::uint64_t quota);
 
-// Unmounts the workspace images that dead hosts left mounted (an image
-// `<folder>.img` mounted at `<folder>` that nobody holds locked), freeing
-// their loop devices; returns how many. The files stay in the images.
+// Unmounts the workspace images that dead hosts left mounted (a mount cairn
+// recorded, own_records.hpp, whose image nobody holds locked), freeing their
+// loop devices; returns how many. The files stay in the images. A mount
+// cairn did not record is never touched, whatever its names.
 std::size_t sweep_orphaned_workspace_mounts();
 
 }  // namespace cairn::runtime

@@ -189,6 +189,8 @@ TEST_CASE("quota: the mounts dead hosts left behind are swept") {
     CHECK(sweep_orphaned_workspace_mounts() == 0);  // a live sandbox's mount is held
     CHECK(is_mount_point(spec.workspace));
   }
+  // Recorded as the host records its mounts; never removed, as by a host that died.
+  new own_record("mount", spec.workspace.string() + "\n" + (dir.path / "ws.img").string());
   std::string mount = "mount -o loop,nosuid,nodev " + (dir.path / "ws.img").string() + " " + spec.workspace.string();
   REQUIRE(std::system(mount.c_str()) == 0);
   fs::path stale_loop = loop_sysfs(spec.workspace);
