@@ -223,6 +223,8 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
     throw sandbox_error(sandbox_errc::workspace_failed, e.what());
   }
   mounted_ = true;
+  // The loop device may have served other images before: count from here.
+  const std::uint64_t written_before = device_bytes_written(folder_);
   // noatime: else reads (the agent's, release's copy) update atimes, and
   // committing them costs the unmount several flushes. Only speed is at stake.
   mount_attr noatime{};
@@ -234,7 +236,7 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   // agent need not see it. Kept when fsck filled it.
   ::unlinkat(root.get(), "lost+found", AT_REMOVEDIR);
   if (!has_entries(plain.get())) {
-    charge_upkeep(folder_, 1, device_bytes_written(folder_), cpu, wall);
+    charge_upkeep(folder_, 1, device_bytes_written(folder_) - written_before, cpu, wall);
     return;
   }
   try {
@@ -249,7 +251,7 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   }
   ::syncfs(root.get());
   clear_tree(plain.get(), folder);
-  charge_upkeep(folder_, 1, device_bytes_written(folder_), cpu, wall);
+  charge_upkeep(folder_, 1, device_bytes_written(folder_) - written_before, cpu, wall);
 }
 
 void mounted_workspace::unmount() {

@@ -238,3 +238,21 @@ TEST_CASE("runtime: a sweep leaves alone a process that only looks like a cairn 
   ::kill(stranger, SIGKILL);
   ::waitpid(middle, nullptr, 0);
 }
+
+// A measurement for the report, not a check: what one suspension costs with
+// a 900 MiB workspace and with an empty one.
+TEST_CASE("runtime: the cost of a suspension, 900 MiB workspace vs empty (root)", "[.measure]") {
+  if (!have_root("the cost of a suspension")) return;
+  for (std::uint64_t size : {std::uint64_t{0}, 900 * mib}) {
+    fixture f(200ms);
+    const std::string id = "cost" + std::to_string(size >> 20);
+    fs::create_directories(f.workspace(id));
+    if (size > 0)
+      REQUIRE(std::system(("dd if=/dev/zero of=" + (f.workspace(id) / "big").string() + " bs=1M count=900 " +
+                           "status=none")
+                              .c_str()) == 0);
+    auto run = f.run(id, RUNTIME_CHURN_AGENT_PATH, {{"sleeps", 5}, {"ms", 400}}, engine::default_policy());
+    REQUIRE(run.status == run_status::completed);
+    for (const auto& e : f.events(id, "suspended")) WARN("workspace " << (size >> 20) << " MiB: " << e.data.dump());
+  }
+}
