@@ -142,7 +142,9 @@ class bwrap_sandbox final : public sandbox {
     spawn_request request;
     request.argv = {bwrap_.string(), "--args", std::to_string(bwrap_args_fd), "--", sandbox_agent_path};
     request.argv.insert(request.argv.end(), args.begin(), args.end());
-    request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
+    auto record = std::make_unique<own_record>(sandbox_record_kind, host_identity());
+    request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
+                   std::string(sandbox_record_env) + "=" + record->token()};
     request.cwd = "/";
     request.log_fd = log->writer();
     request.extra_fds = {args_memfd.get(), info_write.get(), seccomp_memfd.get()};
@@ -161,6 +163,7 @@ class bwrap_sandbox final : public sandbox {
     handle->pid = child.pid;
     handle->pidfd = std::move(child.pidfd);
     handle->exit_codes_carry_signals = true;
+    handle->record = std::move(record);
     tracker_.track(handle);
     auto process = std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, std::move(log),
                                                    std::move(watch));

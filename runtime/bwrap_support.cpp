@@ -15,9 +15,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
+
+#include "runtime/own_records.hpp"
 
 namespace cairn::runtime {
 namespace {
@@ -84,6 +87,38 @@ proc_status read_status(pid_t pid) {
   return st;
 }
 
+// Field 22 of /proc/PID/stat; empty when the process is gone.
+std::string start_time(pid_t pid) {
+  std::string stat = read_proc("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');  // comm may hold anything
+  if (close == std::string::npos) return {};
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+  }
+  return field;
+}
+
+// The record token in the environment of `pid`, if any.
+std::string record_token_of(pid_t pid) {
+  const std::string wanted = std::string(sandbox_record_env) + "=";
+  std::string environ = read_proc("/proc/" + std::to_string(pid) + "/environ");
+  for (std::string_view rest = environ; !rest.empty();) {
+    auto nul = rest.find('\0');
+    std::string_view entry = rest.substr(0, nul);
+    if (entry.starts_with(wanted)) return std::string(entry.substr(wanted.size()));
+    rest = nul == std::string_view::npos ? std::string_view() : rest.substr(nul + 1);
+  }
+  return {};
+}
+
+bool host_alive(const std::string& identity) {
+  std::istringstream fields(identity);
+  pid_t pid = 0;
+  std::string start;
+  return fields >> pid >> start && pid > 0 && start_time(pid) == start;
+}
+
 bool is_orphaned_sandbox(pid_t pid) {
   if (!is_sandbox_bwrap(pid)) return false;
   proc_status st = read_status(pid);
@@ -93,21 +128,35 @@ bool is_orphaned_sandbox(pid_t pid) {
 
 }  // namespace
 
+std::string host_identity() { return fmt::format("{} {}", ::getpid(), start_time(::getpid())); }
+
 std::size_t kill_orphaned_sandboxes() {
+  auto records = own_records(sandbox_record_kind);
+  std::set<std::string> recorded, running;
+  for (const auto& r : records) recorded.insert(r.token);
   std::vector<unique_fd> killed;
   std::error_code ec;
   for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     pid_t pid = std::stoi(name);
+    if (!is_sandbox_bwrap(pid)) continue;
+    const std::string token = record_token_of(pid);
+    if (token.empty() || !recorded.count(token)) continue;  // not one cairn started
+    running.insert(token);
     if (!is_orphaned_sandbox(pid)) continue;
     // Checked again through the pidfd, so a recycled pid is never signalled.
     unique_fd pidfd = open_pidfd(pid);
-    if (!pidfd || !is_orphaned_sandbox(pid)) continue;
-    if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) == 0)
+    if (!pidfd || !is_orphaned_sandbox(pid) || record_token_of(pid) != token) continue;
+    if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) == 0) {
       killed.push_back(std::move(pidfd));
+      running.erase(token);
+    }
   }
   for (const auto& pidfd : killed) wait_pidfd(pidfd.get(), std::chrono::seconds(5));
+  // A live host may be about to start the sandbox it recorded.
+  for (const auto& r : records)
+    if (!running.count(r.token) && !host_alive(r.subject)) forget_record(r);
   return killed.size();
 }
 

@@ -23,10 +23,18 @@ inline constexpr const char* bwrap_missing_message =
 // executable `configured` on $PATH; nullopt when there is none.
 std::optional<std::filesystem::path> find_bwrap(const std::filesystem::path& configured);
 
-// Every sandbox's bwrap runs as `bwrap --args 4 -- /run/cairn/agent ...`;
-// kill_orphaned_sandboxes() recognises them by this command line.
+// Every sandbox's bwrap runs as `bwrap --args 4 -- /run/cairn/agent ...`
+// with CAIRN_SANDBOX_RECORD=TOKEN in its environment (cleared for the agent),
+// TOKEN naming the record (own_records.hpp, kind "sandbox", subject
+// host_identity()) written before it was started. kill_orphaned_sandboxes()
+// acts only on processes that carry both.
 inline constexpr const char* sandbox_agent_path = "/run/cairn/agent";
 inline constexpr int bwrap_args_fd = 4;
+inline constexpr const char* sandbox_record_kind = "sandbox";
+inline constexpr const char* sandbox_record_env = "CAIRN_SANDBOX_RECORD";
+// "PID START" of this process (START: its start time in /proc/PID/stat), so a
+// recycled pid is never taken for it.
+std::string host_identity();
 
 // "0.8.0" from `bwrap --version`; nullopt when it does not answer.
 std::optional<std::string> bwrap_version(const std::filesystem::path& bwrap);

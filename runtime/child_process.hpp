@@ -11,6 +11,7 @@
 
 #include "runtime/limit_watch.hpp"
 #include "runtime/output_log.hpp"
+#include "runtime/own_records.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/spawn.hpp"
 #include "runtime/unique_fd.hpp"
@@ -31,6 +32,9 @@ struct child_handle {
   // bwrap passes on an agent killed by signal N as exit code 128+N; with this
   // set, such a code is reported as the signal (as a shell would read it).
   bool exit_codes_carry_signals = false;
+  // bwrap: what lets a later host's sweep find the sandbox should this host
+  // die; removed once the handle goes, after its processes are reaped.
+  std::unique_ptr<own_record> record;
 
   // SIGKILL to the sandbox's pid 1 and, while `pid` is unreaped (until then
   // its pid and group id cannot be recycled), to the process and its group.

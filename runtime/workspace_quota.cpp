@@ -22,7 +22,6 @@
 
 #include <fmt/format.h>
 
-#include "runtime/mountinfo.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/small_file.hpp"
 #include "runtime/tree_copy.hpp"
@@ -36,6 +35,7 @@ constexpr std::uint64_t full_below_bytes = 128 << 10;
 constexpr auto lock_patience = std::chrono::seconds(5);
 
 constexpr std::uint64_t min_margin = 8ull << 20;
+constexpr const char* mount_record_kind = "mount";
 
 // The quota an image of `image_bytes` was made for (workspace_image_size inverted).
 std::uint64_t quota_of_image(std::uint64_t image_bytes) {
@@ -212,12 +212,15 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
     throw sandbox_error(sandbox_errc::workspace_failed,
                         fmt::format("{} is a mount point of another filesystem", folder.string()));
   unique_fd plain = open_folder(folder);  // the folder beneath, once the image covers it
+  record_.emplace(mount_record_kind, folder.string() + "\n" + image.string());
   try {
     mount_.emplace(image, folder);
   } catch (const sandbox_error& e) {
     throw sandbox_error(sandbox_errc::workspace_failed, e.what());
   }
   mounted_ = true;
+  // The loop device may have served other images before: count from here.
+  const std::uint64_t written_before = device_bytes_written(folder_);
   // noatime: else reads (the agent's, release's copy) update atimes, and
   // committing them costs the unmount several flushes. Only speed is at stake.
   mount_attr noatime{};
@@ -229,7 +232,7 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   // agent need not see it. Kept when fsck filled it.
   ::unlinkat(root.get(), "lost+found", AT_REMOVEDIR);
   if (!has_entries(plain.get())) {
-    charge_upkeep(folder_, 1, device_bytes_written(folder_), cpu, wall);
+    charge_upkeep(folder_, 1, device_bytes_written(folder_) - written_before, cpu, wall);
     return;
   }
   try {
@@ -244,7 +247,7 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   }
   ::syncfs(root.get());
   clear_tree(plain.get(), folder);
-  charge_upkeep(folder_, 1, device_bytes_written(folder_), cpu, wall);
+  charge_upkeep(folder_, 1, device_bytes_written(folder_) - written_before, cpu, wall);
 }
 
 void mounted_workspace::unmount() {
@@ -260,6 +263,7 @@ void mounted_workspace::unmount() {
     mount_.reset();
     charge_upkeep(folder_, 0, flushed, cpu, wall);
   }
+  record_.reset();
   mounted_ = false;
   image_lock_.reset();
 }
@@ -341,13 +345,21 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
 std::size_t sweep_orphaned_workspace_mounts() {
   std::unique_lock lock(sweep_mutex);
   std::size_t swept = 0;
-  for (const auto& m : read_mountinfo()) {
-    if (m.fstype != "ext4" || m.root != "/" || m.source.rfind("/dev/loop", 0) != 0) continue;
-    auto image = loop_backing_file(m.mount_point);
-    if (!image || image->extension() != ".img" || image->parent_path().filename() != "images") continue;
-    unique_fd image_lock(::open(image->c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (!image_lock || ::flock(image_lock.get(), LOCK_EX | LOCK_NB) < 0) continue;  // a live host's
-    if (unmount_folder(m.mount_point)) ++swept;
+  for (const auto& record : own_records(mount_record_kind)) {
+    auto newline = record.subject.find('\n');
+    if (newline == std::string::npos) {
+      forget_record(record);
+      continue;
+    }
+    fs::path folder = record.subject.substr(0, newline), image = record.subject.substr(newline + 1);
+    // Held: a live host's, mounted or about to be (it records before it mounts).
+    unique_fd image_lock(::open(image.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (image_lock && ::flock(image_lock.get(), LOCK_EX | LOCK_NB) < 0) continue;
+    if (is_loop_mount_of(folder, image)) {
+      if (!unmount_folder(folder)) continue;
+      ++swept;
+    }
+    forget_record(record);
   }
   return swept;
 }

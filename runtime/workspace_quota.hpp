@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "runtime/loop_mount.hpp"
+#include "runtime/own_records.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/unique_fd.hpp"
 #include "runtime/workspace_template.hpp"
@@ -64,6 +65,7 @@ class mounted_workspace {
  private:
   std::filesystem::path folder_;
   unique_fd image_lock_;  // flocked: one process at a time mounts an image
+  std::optional<own_record> record_;  // from before the mount until after the unmount
   std::optional<loop_mount> mount_;
   std::uint64_t quota_bytes_ = 0;
   std::atomic<bool> mounted_{false};
@@ -126,10 +128,10 @@ workspace_upkeep workspace_upkeep_of(const std::filesystem::path& workspace);
 // before it sees ENOSPC.
 std::uint64_t workspace_image_size(std::uint64_t quota);
 
-// Unmounts the workspace images that dead hosts left mounted (an image
-// `.../images/NAME.img` mounted through a loop device that nobody holds
-// locked), freeing
-// their loop devices; returns how many. The files stay in the images.
+// Unmounts the workspace images that dead hosts left mounted (a mount cairn
+// recorded, own_records.hpp, whose image nobody holds locked), freeing their
+// loop devices; returns how many. The files stay in the images. A mount
+// cairn did not record is never touched, whatever its names.
 std::size_t sweep_orphaned_workspace_mounts();
 
 }  // namespace cairn::runtime

@@ -5,7 +5,10 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
+#include <memory>
+#include <sstream>
 #include <future>
 #include <thread>
 
@@ -117,12 +120,22 @@ struct fixture {
     });
   }
 
-  // How many times the agent really executed `line` (e.g. "step a"). The
-  // workspace is copied back when the run ends or is suspended.
+  // How many times the agent really executed `line` (e.g. "step a"). Under
+  // root a run's files stay in its quota image until it ends (a suspended
+  // run's image is only unmounted): then they are read with debugfs.
   int executed(const std::string& id, const std::string& line) {
-    std::ifstream in(dir / "ws" / id / "exec.log");
+    const auto ws = dir / "ws" / id;
+    std::stringstream log;
+    if (std::filesystem::exists(ws.string() + ".img")) {
+      const std::string read = "debugfs -R 'cat /exec.log' " + ws.string() + ".img 2>/dev/null";
+      std::unique_ptr<FILE, int (*)(FILE*)> out(::popen(read.c_str(), "r"), ::pclose);
+      char buffer[4096];
+      for (std::size_t n; out && (n = std::fread(buffer, 1, sizeof buffer, out.get())) > 0;) log.write(buffer, n);
+    } else {
+      log << std::ifstream(ws / "exec.log").rdbuf();
+    }
     int n = 0;
-    for (std::string l; std::getline(in, l);) n += l == line;
+    for (std::string l; std::getline(log, l);) n += l == line;
     return n;
   }
 

@@ -7,7 +7,10 @@
 // warning naming what was not tested.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -16,6 +19,8 @@
 #include <thread>
 
 #include "engine/engine.hpp"
+#include "runtime/sandbox.hpp"
+#include "runtime/workspace_quota.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -170,5 +175,84 @@ TEST_CASE("runtime: suspensions are charged to the run and capped by limits.susp
   if (::geteuid() == 0) {
     // Each suspension unmounted the image once, after one mount: the flush is counted.
     CHECK(suspended[0].data.at("bytes_written").get<std::uint64_t>() > 0);
+  }
+}
+
+TEST_CASE("runtime: a sweep leaves alone a loop mount of an X.img that cairn did not make (root)") {
+  if (!have_root("that a sweep leaves a foreign loop mount alone")) return;
+  testing::temp_dir dir;
+  const fs::path image = dir / "X.img", folder = dir / "X";
+  fs::create_directories(folder);
+  const std::string make = "truncate -s 16M " + image.string() + " && mkfs.ext4 -q -F " + image.string() +
+                           " >/dev/null 2>&1 && mount -o loop " + image.string() + " " + folder.string();
+  REQUIRE(std::system(make.c_str()) == 0);
+  auto mounted = [&] {
+    struct stat here {}, parent {};
+    return ::stat(folder.c_str(), &here) == 0 && ::stat(dir.path().c_str(), &parent) == 0 &&
+           here.st_dev != parent.st_dev;
+  };
+  REQUIRE(mounted());
+  runtime::sweep_orphaned_workspace_mounts();
+  CHECK(mounted());  // unmounted before: X.img at X, unlocked
+  std::system(("umount " + folder.string()).c_str());
+}
+
+TEST_CASE("runtime: a sweep leaves alone a process that only looks like a cairn sandbox") {
+  // pid 1 of its own pid namespace, run as `bwrap --args 4 -- /run/cairn/agent`, its parent no bwrap.
+  int report[2];
+  REQUIRE(::pipe(report) == 0);
+  pid_t middle = ::fork();
+  if (middle == 0) {
+    if (::unshare(CLONE_NEWPID | (::geteuid() == 0 ? 0 : CLONE_NEWUSER)) < 0) ::_exit(1);
+    pid_t stranger = ::fork();
+    if (stranger == 0) {
+      const char* argv[] = {"bwrap", "--args", "4", "--", "/run/cairn/agent", nullptr};
+      ::execv(RUNTIME_FOREIGN_BWRAP_PATH, const_cast<char**>(argv));
+      ::_exit(127);
+    }
+    [[maybe_unused]] ssize_t n = ::write(report[1], &stranger, sizeof stranger);
+    ::waitpid(stranger, nullptr, 0);
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  pid_t stranger = -1;
+  REQUIRE(::read(report[0], &stranger, sizeof stranger) == sizeof stranger);
+  ::close(report[0]);
+  auto running = [&] {
+    std::ifstream stat("/proc/" + std::to_string(stranger) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    auto close = line.rfind(')');
+    return close != std::string::npos && line.size() > close + 2 && line[close + 2] != 'Z';
+  };
+  // Until it has exec'd, its command line is not yet the one that looks like cairn's.
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  for (std::string cmdline; cmdline.rfind("bwrap", 0) != 0 && std::chrono::steady_clock::now() < until;) {
+    std::ifstream in("/proc/" + std::to_string(stranger) + "/cmdline");
+    std::getline(in, cmdline, '\0');
+    std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(running());
+  runtime::kill_orphaned_sandboxes();
+  CHECK(running());  // killed before, by its command line alone
+  ::kill(stranger, SIGKILL);
+  ::waitpid(middle, nullptr, 0);
+}
+
+// A measurement for the report, not a check: what one suspension costs with
+// a 900 MiB workspace and with an empty one.
+TEST_CASE("runtime: the cost of a suspension, 900 MiB workspace vs empty (root)", "[.measure]") {
+  if (!have_root("the cost of a suspension")) return;
+  for (std::uint64_t size : {std::uint64_t{0}, 900 * mib}) {
+    fixture f(200ms);
+    const std::string id = "cost" + std::to_string(size >> 20);
+    fs::create_directories(f.workspace(id));
+    if (size > 0)
+      REQUIRE(std::system(("dd if=/dev/zero of=" + (f.workspace(id) / "big").string() + " bs=1M count=900 " +
+                           "status=none")
+                              .c_str()) == 0);
+    auto run = f.run(id, RUNTIME_CHURN_AGENT_PATH, {{"sleeps", 5}, {"ms", 400}}, engine::default_policy());
+    REQUIRE(run.status == run_status::completed);
+    for (const auto& e : f.events(id, "suspended")) WARN("workspace " << (size >> 20) << " MiB: " << e.data.dump());
   }
 }

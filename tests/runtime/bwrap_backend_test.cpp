@@ -10,6 +10,8 @@
 #include <fstream>
 #include <thread>
 
+#include "runtime/bwrap_support.hpp"
+#include "runtime/own_records.hpp"
 #include "tests/runtime/sandbox_fixture.hpp"
 
 namespace cairn::runtime::test {
@@ -150,6 +152,9 @@ TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and kille
   REQUIRE(::pipe2(info, O_CLOEXEC) == 0);
   REQUIRE(::pipe2(block, O_CLOEXEC) == 0);
   for (int* fd : {&info[0], &info[1], &block[0], &block[1]}) *fd = high(*fd);
+  // Recorded as the host records its sandboxes; never removed, as by a host that died.
+  auto* record = new own_record(sandbox_record_kind, host_identity());
+  const std::string record_env = std::string(sandbox_record_env) + "=" + record->token();
   pid_t bwrap = ::fork();
   if (bwrap == 0) {
     int devnull = ::open("/dev/null", O_RDWR);  // an orphan must not hold the test's output open
@@ -157,7 +162,8 @@ TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and kille
     ::dup2(args_fd, 4);
     ::dup2(info[1], 5);
     ::dup2(block[0], 6);
-    ::execl("/usr/bin/bwrap", "bwrap", "--args", "4", "--", "/run/cairn/agent", token.c_str(), nullptr);
+    const char* env[] = {record_env.c_str(), nullptr};
+    ::execle("/usr/bin/bwrap", "bwrap", "--args", "4", "--", "/run/cairn/agent", token.c_str(), nullptr, env);
     ::_exit(127);
   }
   ::close(info[1]);
@@ -180,6 +186,7 @@ TEST_CASE("bwrap: a sandbox orphaned before bwrap released it is found and kille
   CHECK(kill_orphaned_sandboxes() == 1);
   CHECK(count_processes_with(token) == 0);
   ::syscall(SYS_pidfd_send_signal, orphan, SIGKILL, nullptr, 0);
+  delete record;
   for (int fd : {orphan, args_fd, info[0], block[0], block[1]}) ::close(fd);
 }
 

@@ -17,6 +17,7 @@
 #include <functional>
 
 #include "runtime/mountinfo.hpp"
+#include "runtime/own_records.hpp"
 #include "runtime/sandbox_resources.hpp"
 #include "runtime/workspace_quota.hpp"
 #include "tests/runtime/sandbox_fixture.hpp"
@@ -239,7 +240,9 @@ TEST_CASE("quota: the mounts dead hosts left behind are swept") {
     sweep_orphaned_workspace_mounts();  // whatever else it finds, a live sandbox's mount is held
     CHECK(is_mount_point(spec.workspace));
   }
-  // What a dead host leaves: the image mounted, nobody holding it.
+  // What a dead host leaves: the image mounted, nobody holding it, and the
+  // record of that mount, never removed.
+  new own_record("mount", spec.workspace.string() + "\n" + image.string());
   json swept = in_private_mount_world([&] {
     std::string mount = "mount -o loop,nosuid,nodev " + image.string() + " " + spec.workspace.string();
     if (std::system(mount.c_str()) != 0) throw std::runtime_error(mount + " failed");
