@@ -27,7 +27,8 @@ attempt_driver::attempt_driver(storage::journal& journal, const storage::run_rec
       attempt_(attempt),
       options_(options),
       observer_(observer),
-      tools_(journal, run, p, options.llm, [this](const json& event) { observer_.on_emit(event); }) {}
+      budget_(journal, run.id, p.journal),
+      tools_(journal, run, p, budget_, options.llm, [this](const json& event) { observer_.on_emit(event); }) {}
 
 attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   auto history = journal_.steps(run_.id);
@@ -65,6 +66,9 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
     return died(e.truncated() ? "closed its channel in the middle of a frame" : "closed its channel");
   } catch (const attempt_end& end) {
     return end.result;
+  } catch (const budget_exceeded& over) {
+    process_->kill();
+    return exceeded(over.message, over.limit);
   }
 }
 
@@ -162,12 +166,12 @@ void attempt_driver::step_timed_out() {
                                          timeout.count()),
                              "timeout"};
   if (step.attempt < step.max_attempts) {
-    journal_.append_event(run_.id, "step_retry",
-                          {{"name", step.name},
-                           {"attempt", step.attempt},
-                           {"error", {{"message", error.message}, {"type", error.type}}},
-                           {"delay_ms", 0}},
-                          step.seq);
+    journal_event("step_retry",
+                  {{"name", step.name},
+                   {"attempt", step.attempt},
+                   {"error", {{"message", error.message}, {"type", error.type}}},
+                   {"delay_ms", 0}},
+                  step.seq);
     observer_.on_retry(protocol::retry_msg{step.seq, step.name, step.attempt, error, 0});
   } else {
     storage::step_record record;
@@ -250,6 +254,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::tool_msg& m) {
 
 // The answer to the agent goes out only after this returns: the row is durable.
 void attempt_driver::commit(const storage::step_record& record, std::optional<std::int64_t> signal_id) {
+  budget_.charge_step(record.result);
   crash_point("before_commit");
   if (signal_id) journal_.deliver_signal(*signal_id, record);
   else journal_.append_step(record);
@@ -259,14 +264,19 @@ void attempt_driver::commit(const storage::step_record& record, std::optional<st
   in_step_.reset();
 }
 
+void attempt_driver::journal_event(std::string_view kind, const json& data, std::optional<std::uint64_t> seq) {
+  budget_.charge_event(kind, data);
+  journal_.append_event(run_.id, kind, data, seq);
+}
+
 std::optional<attempt_result> attempt_driver::on(const protocol::retry_msg& m) {
   check_seq(m.seq, "retry");
-  journal_.append_event(run_.id, "step_retry",
-                        {{"name", m.name},
-                         {"attempt", m.attempt},
-                         {"error", {{"message", m.error.message}, {"type", m.error.type}}},
-                         {"delay_ms", m.delay_ms}},
-                        m.seq);
+  journal_event("step_retry",
+                {{"name", m.name},
+                 {"attempt", m.attempt},
+                 {"error", {{"message", m.error.message}, {"type", m.error.type}}},
+                 {"delay_ms", m.delay_ms}},
+                m.seq);
   process_->io().send(protocol::to_json(protocol::host_message{protocol::ack_msg{m.seq}}));
   observer_.on_retry(m);
   in_step_.reset();  // the agent waits out its backoff; the next begin restarts the clock

@@ -10,10 +10,13 @@
 
 #include <fmt/format.h>
 
+#include "protocol/bounded_json.hpp"
+
 namespace cairn::engine {
 namespace {
 
 constexpr std::uint64_t mib = 1ull << 20;
+constexpr std::size_t max_policy_bytes = 1 << 20;
 constexpr const char* builtin_fetch = "http.fetch";
 constexpr const char* builtin_llm = "llm.chat";
 
@@ -116,7 +119,7 @@ std::uint64_t physical_memory() {
   return pages > 0 && size > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(size) : 1ull << 40;
 }
 
-runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wall) {
+runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wall, journal_limits& journal) {
   runtime::resource_limits d = default_policy().limits;
   runtime::resource_limits l;
   const std::uint64_t ram_mib = physical_memory() / mib;
@@ -132,6 +135,12 @@ runtime::resource_limits parse_limits(object_reader& r, std::chrono::seconds& wa
     throw policy_error(r.key_of("tmp_mb"), fmt::format("{} MiB is impossible: /tmp is memory and must fit in "
                                                        "memory_mb ({} MiB)",
                                                        l.max_tmp_bytes / mib, l.max_memory_bytes / mib));
+  const journal_limits dj;
+  journal.journal_bytes = r.number("journal_mb", dj.journal_bytes / mib, 1, 1ull << 20, " MiB") * mib;
+  // A step's output reaches the agent in one frame, at most 16 MiB.
+  journal.step_output_bytes = r.number("step_output_mb", dj.step_output_bytes / mib, 1, 15, " MiB") * mib;
+  journal.signal_bytes = r.number("signal_kb", dj.signal_bytes >> 10, 1, 15ull << 10, " KiB") << 10;
+  journal.signals = r.number("signals", dj.signals, 1, 1'000'000);
   r.done();
   return l;
 }
@@ -296,7 +305,7 @@ policy parse_policy(const json& j) {
                                   "through the http.fetch tool, which the host makes within this policy");
   if (const json* limits = root.take("limits")) {
     object_reader r(*limits, "limits");
-    p.limits = parse_limits(r, p.wall_time);
+    p.limits = parse_limits(r, p.wall_time, p.journal);
   }
   if (const json* t = root.take("timeouts")) {
     object_reader r(*t, "timeouts");
@@ -329,10 +338,21 @@ policy parse_policy(const json& j) {
 }
 
 policy load_policy_file(const std::filesystem::path& file) {
-  std::ifstream in(file);
+  std::ifstream in(file, std::ios::binary);
   if (!in) throw policy_error("", fmt::format("cannot read policy file {}", file.string()));
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded()) throw policy_error("", fmt::format("policy file {} is not valid JSON", file.string()));
+  // One byte past the limit tells a file that is too long without reading it all.
+  std::string text(max_policy_bytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > max_policy_bytes)
+    throw policy_error("", fmt::format("policy file {} is larger than {} KiB; a policy is a few lines", file.string(),
+                                       max_policy_bytes >> 10));
+  json j;
+  try {
+    j = protocol::parse_bounded(text, "policy file " + file.string(), {protocol::max_depth, max_policy_bytes});
+  } catch (const protocol::json_error& e) {
+    throw policy_error("", e.what());
+  }
   // A user tool's program may be named relative to the policy file, so a
   // policy and its tools can live together in one folder.
   if (j.is_object() && j.contains("tools") && j["tools"].is_object())
@@ -389,7 +409,11 @@ json to_json(const policy& p) {
             {"open_files", l.max_open_files},
             {"workspace_mb", l.max_workspace_bytes / mib},
             {"file_mb", l.max_file_bytes / mib},
-            {"tmp_mb", l.max_tmp_bytes / mib}}},
+            {"tmp_mb", l.max_tmp_bytes / mib},
+            {"journal_mb", p.journal.journal_bytes / mib},
+            {"step_output_mb", p.journal.step_output_bytes / mib},
+            {"signal_kb", p.journal.signal_bytes >> 10},
+            {"signals", p.journal.signals}}},
           {"timeouts",
            {{"run_seconds", p.timeouts.run.count()},
             {"step_seconds", p.timeouts.step.count()},
