@@ -9,8 +9,25 @@
 #include "cli/support.hpp"
 #include "engine/doctor.hpp"
 #include "engine/owner.hpp"
+#include "protocol/bounded_json.hpp"
 
 namespace cairn::cli {
+namespace {
+
+// What `read` returns, or nothing and a line in `notes` when a row cannot be
+// loaded (storage's errc::unreadable): `cairn show` shows what it can.
+template <class F>
+auto readable(F&& read, std::vector<std::string>& notes) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const storage::storage_error& e) {
+    if (e.code() != storage::errc::unreadable) throw;
+    notes.push_back(e.what());
+    return {};
+  }
+}
+
+}  // namespace
 
 int run_command(const paths& p, const run_args& args, bool as_json) {
   return guarded([&] {
@@ -100,15 +117,18 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
     storage::journal journal(p.db, {.read_only = true});
     auto run = journal.find_run(run_id);
     if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, p.db.string()));
-    auto steps = journal.steps(run_id);
-    auto events = journal.events(run_id);
+    std::vector<std::string> unreadable;
+    auto steps = readable([&] { return journal.steps(run_id); }, unreadable);
+    auto events = readable([&] { return journal.events(run_id); }, unreadable);
+    auto signals = readable([&] { return journal.signals(run_id); }, unreadable);
     if (as_json) {
       json out = {{"run", to_json(*run)}, {"steps", json::array()}, {"events", json::array()},
                   {"signals", json::array()}, {"children", json::array()}};
       for (const auto& s : steps) out["steps"].push_back(to_json(s));
       for (const auto& e : events) out["events"].push_back(to_json(e));
-      for (const auto& sig : journal.signals(run_id)) out["signals"].push_back(to_json(sig));
+      for (const auto& sig : signals) out["signals"].push_back(to_json(sig));
       for (const auto& c : journal.children(run_id)) out["children"].push_back(c.id);
+      if (!unreadable.empty()) out["unreadable"] = unreadable;
       std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
       return 0;
     }
@@ -124,7 +144,6 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
                                e.seq ? fmt::format("seq {} ", *e.seq) : "", preview(e.data, 90));
     }
     if (!notable.empty()) std::cout << "\nevents\n" << notable;
-    auto signals = journal.signals(run_id);
     if (!signals.empty()) std::cout << "\nsignals\n";
     for (const auto& sig : signals)
       std::cout << fmt::format("  {}  {:<16} {}  {}\n", format_time(sig.sent_at_ms), sig.name,
@@ -135,6 +154,8 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
     for (const auto& c : children)
       std::cout << fmt::format("  {:<24} {:<10} {}\n", c.id, storage::to_string(c.status),
                                std::filesystem::path(c.agent).filename().string());
+    if (!unreadable.empty()) std::cout << "\nnot shown\n";
+    for (const auto& why : unreadable) std::cout << "  " << why << "\n";
     return 0;
   });
 }
@@ -167,9 +188,11 @@ int settle_command(const paths& p, const settle_args& args, bool as_json) {
       s.error = args.error;
     } else {
       s.outcome = engine::settlement::how::result;
-      s.result = json::parse(args.result, nullptr, false);
-      if (s.result.is_discarded()) {
-        std::cerr << "cairn settle: --result is not valid JSON\n";
+      try {
+        s.result = protocol::parse_bounded(args.result, "--result",
+                                           {protocol::max_output_depth, protocol::default_max_frame});
+      } catch (const protocol::json_error& e) {
+        std::cerr << "cairn settle: " << e.what() << "\n";
         return 2;
       }
     }

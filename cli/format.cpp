@@ -98,6 +98,7 @@ std::string run_summary(const storage::run_record& r) {
   if (!r.owner.empty()) out += fmt::format("  owner      {}\n", r.owner);
   if (r.status == storage::run_status::completed) out += fmt::format("  output     {}\n", preview(r.output, 100));
   if (r.error) out += fmt::format("  error      {}: {}\n", r.error->type, r.error->message);
+  if (!r.unreadable.empty()) out += fmt::format("  unreadable {}\n", r.unreadable);
   if (r.deadline_ms) out += fmt::format("  deadline   {}\n", format_time(*r.deadline_ms));
   if (r.cancel_requested_at_ms && r.status != storage::run_status::cancelled)
     out += fmt::format("  cancel     requested {}\n", format_time(*r.cancel_requested_at_ms));
@@ -153,6 +154,7 @@ json to_json(const storage::run_record& r) {
                          {"wake_at_ms", r.wait->wake_at_ms ? json(*r.wait->wake_at_ms) : json(nullptr)}}
                   : json(nullptr);
   j["error"] = r.error ? json{{"message", r.error->message}, {"type", r.error->type}} : json(nullptr);
+  if (!r.unreadable.empty()) j["unreadable"] = r.unreadable;
   return j;
 }
 

@@ -11,6 +11,7 @@
 #include "engine/daemon_lock.hpp"
 #include "engine/owner.hpp"
 #include "engine/scheduler.hpp"
+#include "protocol/bounded_json.hpp"
 
 namespace cairn::cli {
 namespace {
@@ -126,9 +127,11 @@ int serve_command(const paths& p, const serve_args& args) {
 int signal_command(const paths& p, const std::string& run_id, const std::string& name, const std::string& data,
                    bool as_json) {
   return guarded([&] {
-    json payload = json::parse(data, nullptr, false);
-    if (payload.is_discarded()) {
-      std::cerr << "cairn signal: --data is not valid JSON\n";
+    json payload;
+    try {
+      payload = protocol::parse_bounded(data, "--data", {engine::max_signal_depth, protocol::default_max_frame});
+    } catch (const protocol::json_error& e) {
+      std::cerr << "cairn signal: " << e.what() << "; nothing was sent\n";
       return 2;
     }
     storage::journal journal(p.db);

@@ -9,6 +9,7 @@
 
 #include "cli/format.hpp"
 #include "engine/scheduler.hpp"
+#include "protocol/bounded_json.hpp"
 
 namespace cairn::cli {
 namespace {
@@ -119,9 +120,9 @@ void print_history(storage::journal& journal, const std::string& run_id, bool qu
 std::optional<engine::run_request> make_request(const paths& p, const run_args& args) {
   engine::run_request request;
   try {
-    request.input = json::parse(args.input);
-  } catch (const json::parse_error& e) {
-    std::cerr << "cairn: --input is not valid JSON: " << e.what() << "\n";
+    request.input = protocol::parse_bounded(args.input, "--input", {protocol::max_input_depth, protocol::default_max_frame});
+  } catch (const protocol::json_error& e) {
+    std::cerr << "cairn: " << e.what() << "\n";
     return std::nullopt;
   }
   std::error_code ec;

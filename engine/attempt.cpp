@@ -44,7 +44,8 @@ attempt_driver::attempt_driver(storage::journal& journal, const storage::run_rec
       attempt_(attempt),
       options_(options),
       observer_(observer),
-      tools_(journal, run, p, options.llm, [this](const json& event) { observer_.on_emit(event); }) {}
+      budget_(journal, run.id, p.journal),
+      tools_(journal, run, p, budget_, options.llm, [this](const json& event) { observer_.on_emit(event); }) {}
 
 attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   auto history = journal_.steps(run_.id);
@@ -85,6 +86,9 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
     return died(e.truncated() ? "closed its channel in the middle of a frame" : "closed its channel");
   } catch (const attempt_end& end) {
     return end.result;
+  } catch (const budget_exceeded& over) {
+    process_->kill();
+    return exceeded(over.message, over.limit);
   }
 }
 
@@ -205,12 +209,12 @@ void attempt_driver::send(const protocol::host_message& message) {
 }
 
 void attempt_driver::record_retry(const protocol::retry_msg& retry) {
-  journal_.append_event(run_.id, "step_retry",
-                        {{"name", retry.name},
-                         {"attempt", step_attempt()},
-                         {"error", {{"message", retry.error.message}, {"type", retry.error.type}}},
-                         {"delay_ms", retry.delay_ms}},
-                        retry.seq);
+  journal_event("step_retry",
+                {{"name", retry.name},
+                 {"attempt", step_attempt()},
+                 {"error", {{"message", retry.error.message}, {"type", retry.error.type}}},
+                 {"delay_ms", retry.delay_ms}},
+                retry.seq);
   ++step_failures_;
   observer_.on_retry(retry);
 }
@@ -301,6 +305,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::tool_msg& m) {
 
 // The answer to the agent goes out only after this returns: the row is durable.
 void attempt_driver::commit(const storage::step_record& record, std::optional<std::int64_t> signal_id) {
+  budget_.charge_step(record.result);
   crash_point("before_commit");
   if (signal_id) journal_.deliver_signal(*signal_id, record);
   else journal_.append_step(record);
@@ -309,6 +314,11 @@ void attempt_driver::commit(const storage::step_record& record, std::optional<st
   step_failures_ = 0;
   begun_at_ms_.reset();
   in_step_.reset();
+}
+
+void attempt_driver::journal_event(std::string_view kind, const json& data, std::optional<std::uint64_t> seq) {
+  budget_.charge_event(kind, data);
+  journal_.append_event(run_.id, kind, data, seq);
 }
 
 std::optional<attempt_result> attempt_driver::on(const protocol::retry_msg& m) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/attempt.hpp"
+#include "engine/journal_budget.hpp"
 #include "engine/tool_broker.hpp"
 
 namespace cairn::engine {
@@ -79,7 +80,12 @@ class attempt_driver {
   // and sends it to the agent as the result of its request.
   void record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id = std::nullopt);
 
+  // Both count against the run's journal budget; over it, they throw
+  // budget_exceeded and write nothing. Events the agent causes (retries,
+  // timers, waits) go through journal_event; the host's own few per attempt
+  // (warnings, cancel_sent, limit_exceeded) are counted from the next one.
   void commit(const storage::step_record& record, std::optional<std::int64_t> signal_id = std::nullopt);
+  void journal_event(std::string_view kind, const json& data, std::optional<std::uint64_t> seq = std::nullopt);
   void expect_clean_exit(std::string_view last);
   void check_seq(std::uint64_t seq, std::string_view what);
   std::optional<protocol::agent_message> receive(std::chrono::milliseconds timeout);
@@ -95,6 +101,7 @@ class attempt_driver {
   int attempt_;
   const engine_options& options_;
   run_observer& observer_;
+  journal_budget budget_;
   tool_broker tools_;
   std::unique_ptr<runtime::agent_process> process_;
   clock::time_point started_, last_check_;

@@ -106,7 +106,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::sleep_msg& m) {
       throw violation{fmt::format("a sleep until {} ms since the epoch, more than 100 years ahead", *m.until_ms)};
     until = m.until_ms ? *m.until_ms : now + std::max<std::int64_t>(*m.duration_ms, 0);
     const bool in_past = m.until_ms ? *m.until_ms < now : *m.duration_ms < 0;
-    journal_.append_event(run_.id, "timer_set", {{"until_ms", until}, {"in_past", in_past}}, m.seq);
+    journal_event("timer_set", {{"until_ms", until}, {"in_past", in_past}}, m.seq);
     if (in_past)
       observer_.on_warning(fmt::format("run {}: the timer at step {} was set for {}, which is in the past; it "
                                        "fires now",
@@ -139,8 +139,8 @@ std::optional<attempt_result> attempt_driver::on(const protocol::wait_msg& m) {
     if (!started->at("deadline_ms").is_null()) deadline = started->at("deadline_ms").get<std::int64_t>();
   } else {
     if (m.timeout_ms) deadline = storage::now_ms() + std::max<std::int64_t>(*m.timeout_ms, 0);
-    journal_.append_event(run_.id, "wait_started",
-                          {{"signal", m.signal}, {"deadline_ms", deadline ? json(*deadline) : json(nullptr)}}, m.seq);
+    journal_event("wait_started", {{"signal", m.signal}, {"deadline_ms", deadline ? json(*deadline) : json(nullptr)}},
+                  m.seq);
   }
   auto deliver = [&] {
     protocol::step_result r;

@@ -12,6 +12,7 @@
 #include "engine/run_id.hpp"
 #include "engine/run_paths.hpp"
 #include "engine/tool_broker.hpp"
+#include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -56,6 +57,16 @@ std::int64_t whole_ms(std::chrono::nanoseconds d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
 }
 
+// The run's journal limits; the defaults when its stored policy no longer
+// parses (its next attempt fails on that).
+journal_limits journal_limits_of(const storage::run_record& run) {
+  try {
+    return parse_policy(run.policy).journal;
+  } catch (const policy_error&) {
+    return {};
+  }
+}
+
 }  // namespace
 
 backend_factory default_backends() {
@@ -71,6 +82,10 @@ engine::engine(storage::journal& journal, engine_options options)
 
 std::pair<storage::run_record, bool> engine::submit(const run_request& request) {
   if (request.max_attempts < 1) throw engine_error(errc::bad_request, "--max-attempts must be at least 1");
+  if (protocol::nesting_depth(request.input) > protocol::max_input_depth)
+    throw engine_error(errc::bad_request, fmt::format("the input nests deeper than {} levels, more than a run can be "
+                                                      "handed; send a flatter value",
+                                                      protocol::max_input_depth));
   backend(request.sandbox);  // rejects an unknown sandbox before anything is written
   storage::new_run run;
   run.id = request.id.empty() ? new_run_id() : request.id;
@@ -101,7 +116,16 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
 storage::run_record engine::drive_run(const std::string& run_id, run_observer* observer, bool revive_failed) {
   null_observer quiet;
   run_observer& watch = observer ? *observer : quiet;
+  try {
+    return execute_run(run_id, watch, revive_failed);
+  } catch (const storage::storage_error& e) {
+    if (e.code() != storage::errc::unreadable) throw;
+    return end_run(run_id, storage::run_status::failed, nullptr,
+                   protocol::error_info{fmt::format("run {} cannot go on: {}", run_id, e.what()), "journal"}, watch);
+  }
+}
 
+storage::run_record engine::execute_run(const std::string& run_id, run_observer& watch, bool revive_failed) {
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
   if (run->status == storage::run_status::completed || run->status == storage::run_status::cancelled) return *run;
@@ -115,6 +139,7 @@ storage::run_record engine::drive_run(const std::string& run_id, run_observer* o
     run = journal_.find_run(run_id);
   }
   claim(journal_, *run);
+  if (!run->unreadable.empty()) throw storage::storage_error(storage::errc::unreadable, run->unreadable);
 
   auto& sandboxes = backend(run->sandbox);
   make_home_folders(home());
@@ -267,15 +292,26 @@ void engine::cancel_children(const std::string& run_id, const std::string& reaso
 storage::signal_record engine::signal(const std::string& run_id, const std::string& name, const json& payload) {
   if (name.empty() || name.size() > protocol::max_name_size)
     throw engine_error(errc::bad_request, "a signal needs a name (at most 1024 bytes)");
+  // Refused here, before it is stored: a run could never be handed a deeper one.
+  if (protocol::nesting_depth(payload) > max_signal_depth)
+    throw engine_error(errc::bad_request, fmt::format("the signal payload nests deeper than {} levels, more than a "
+                                                      "run can be handed; send a flatter value",
+                                                      max_signal_depth));
+  auto run = journal_.find_run(run_id);
+  if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
+  const auto limits = journal_limits_of(*run);
+  if (const auto bytes = protocol::dumped_size(payload); bytes > limits.signal_bytes)
+    throw engine_error(errc::bad_request, fmt::format("the signal payload is {} bytes, more than run {} accepts ({} "
+                                                      "KiB, limits.signal_kb in its policy)",
+                                                      bytes, run_id, limits.signal_bytes >> 10));
   try {
-    auto id = journal_.enqueue_signal(run_id, name, payload);
-    for (auto& s : journal_.signals(run_id))
-      if (s.id == id) return s;
-    throw engine_error(errc::not_found, "signal " + std::to_string(id) + " vanished right after it was queued");
+    return journal_.enqueue_signal(run_id, name, payload, limits.signals);
   } catch (const storage::storage_error& e) {
     if (e.code() == storage::errc::not_found)
       throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
     if (e.code() == storage::errc::finished) throw engine_error(errc::bad_request, e.what());
+    if (e.code() == storage::errc::limit_reached)
+      throw engine_error(errc::bad_request, std::string(e.what()) + " (limits.signals in its policy)");
     throw;
   }
 }
@@ -317,7 +353,7 @@ bool wait_is_over(storage::journal& journal, const storage::run_record& run) {
   if (!run.wait) return true;
   const auto& w = *run.wait;
   if (w.wake_at_ms && now >= *w.wake_at_ms) return true;
-  if (w.kind == "signal") return journal.pending_signal(run.id, w.key).has_value();
+  if (w.kind == "signal") return journal.has_pending_signal(run.id, w.key);
   if (w.kind == "child") {
     auto child = journal.find_run(w.key);
     return !child || ended(child->status);
@@ -339,6 +375,10 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
     throw engine_error(errc::bad_request, fmt::format("step {} of run {} is not in doubt; the call in doubt is step {} "
                                                       "(tool '{}')",
                                                       seq, run_id, doubt->seq, doubt->tool));
+  if (s.outcome == settlement::how::result && protocol::nesting_depth(s.result) > protocol::max_output_depth)
+    throw engine_error(errc::bad_request, fmt::format("the result nests deeper than {} levels, more than a step can "
+                                                      "hold; record a flatter value",
+                                                      protocol::max_output_depth));
   static constexpr const char* names[] = {"result", "error", "retry"};
   if (s.outcome != settlement::how::retry) {
     storage::step_record record;

@@ -30,6 +30,10 @@ enum class errc {
   bad_request,
 };
 
+// Deepest signal payload a run accepts: it reaches the agent as the
+// "payload" of a step's output, so four levels down in a replayed `start`.
+inline constexpr std::size_t max_signal_depth = protocol::max_output_depth - 1;
+
 class engine_error : public std::runtime_error {
  public:
   engine_error(errc code, const std::string& message) : std::runtime_error(message), code_(code) {}
@@ -104,7 +108,8 @@ class engine {
   engine(storage::journal& journal, engine_options options);
 
   // Records a pending run, or returns the existing one with this id. An id
-  // or workspace that cannot be used is refused (bad_request).
+  // or workspace that cannot be used, or an input deeper than
+  // protocol::max_input_depth, is refused (bad_request).
   std::pair<storage::run_record, bool> submit(const run_request& request);
 
   // Drives the run to its end (completed or failed) in this process and
@@ -117,12 +122,15 @@ class engine {
   // never recorded stops in_doubt instead (see settle).
   // With `revive_failed` false a failed or in-doubt run is returned as it is
   // (a scheduler must never restart what stopped; `cairn resume` may).
+  // A run whose journal holds a value cairn cannot load (storage's
+  // errc::unreadable) fails with error type "journal"; other runs go on.
   storage::run_record execute(const std::string& run_id, run_observer* observer = nullptr, bool revive_failed = true);
 
   // Records the outcome of the in-doubt call at `seq` (or that it is to be
   // made again) and makes the run pending, ready for execute. Refused
-  // (bad_request) unless that call is the one in doubt; busy while a live
-  // process executes the run.
+  // (bad_request) unless that call is the one in doubt, or when the result
+  // nests deeper than protocol::max_output_depth; busy while a live process
+  // executes the run.
   storage::run_record settle(const std::string& run_id, std::uint64_t seq, const settlement& s);
 
   // Runs left unfinished by host processes that have died, oldest first,
@@ -130,9 +138,11 @@ class engine {
   // (a timer that came due while no host was up).
   std::vector<storage::run_record> orphaned_runs();
 
-  // Queues signal `name` for the run; the run gets it (once) from
-  // ctx.wait_signal(name). Refused (bad_request) for a run that has ended;
-  // not_found for an unknown run.
+  // Queues signal `name` for the run and returns it; the run gets it (once)
+  // from ctx.wait_signal(name). Refused (bad_request), with nothing stored,
+  // for a run that has ended, a payload deeper than max_signal_depth or
+  // larger than the run's limits.signal_kb, or a run that already holds
+  // limits.signals signals; not_found for an unknown run.
   storage::signal_record signal(const std::string& run_id, const std::string& name, const json& payload);
 
   // What cancel() did.
@@ -147,10 +157,13 @@ class engine {
   storage::journal& journal() { return journal_; }
 
  private:
+  // drive_run() but for a run whose stored data cannot be read (storage_error(unreadable)).
+  storage::run_record execute_run(const std::string& run_id, run_observer& watch, bool revive_failed);
   // Backends are made once per engine: making one checks the bwrap version
   // and sweeps orphaned sandboxes.
   runtime::sandbox_backend& backend(const std::string& name);
-  // execute() but for a run taken over meanwhile, which throws storage_error(fenced).
+  // execute() but for a run taken over meanwhile, which throws
+  // storage_error(fenced); a run whose stored data cannot be read ends failed.
   storage::run_record drive_run(const std::string& run_id, run_observer* observer, bool revive_failed);
   const std::filesystem::path& home() const;
   // Records the end, releases the workspace, cancels unfinished children.

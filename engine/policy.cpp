@@ -10,10 +10,13 @@
 
 #include <fmt/format.h>
 
+#include "protocol/bounded_json.hpp"
+
 namespace cairn::engine {
 namespace {
 
 constexpr std::uint64_t mib = 1ull << 20;
+constexpr std::size_t max_policy_bytes = 1 << 20;
 constexpr const char* builtin_fetch = "http.fetch";
 constexpr const char* builtin_llm = "llm.chat";
 
@@ -137,6 +140,13 @@ void parse_limits(object_reader& r, policy& p) {
     throw policy_error(r.key_of("tmp_mb"), fmt::format("{} MiB is impossible: /tmp is memory and must fit in "
                                                        "memory_mb ({} MiB)",
                                                        l.max_tmp_bytes / mib, l.max_memory_bytes / mib));
+  const journal_limits dj;
+  auto& journal = p.journal;
+  journal.journal_bytes = r.number("journal_mb", dj.journal_bytes / mib, 1, 1ull << 20, " MiB") * mib;
+  // A step's output reaches the agent in one frame, at most 16 MiB.
+  journal.step_output_bytes = r.number("step_output_mb", dj.step_output_bytes / mib, 1, 15, " MiB") * mib;
+  journal.signal_bytes = r.number("signal_kb", dj.signal_bytes >> 10, 1, 15ull << 10, " KiB") << 10;
+  journal.signals = r.number("signals", dj.signals, 1, 1'000'000);
   r.done();
   p.limits = l;
 }
@@ -353,10 +363,21 @@ policy parse_policy(const json& j) {
 }
 
 policy load_policy_file(const std::filesystem::path& file) {
-  std::ifstream in(file);
+  std::ifstream in(file, std::ios::binary);
   if (!in) throw policy_error("", fmt::format("cannot read policy file {}", file.string()));
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded()) throw policy_error("", fmt::format("policy file {} is not valid JSON", file.string()));
+  // One byte past the limit tells a file that is too long without reading it all.
+  std::string text(max_policy_bytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > max_policy_bytes)
+    throw policy_error("", fmt::format("policy file {} is larger than {} KiB; a policy is a few lines", file.string(),
+                                       max_policy_bytes >> 10));
+  json j;
+  try {
+    j = protocol::parse_bounded(text, "policy file " + file.string(), {protocol::max_depth, max_policy_bytes});
+  } catch (const protocol::json_error& e) {
+    throw policy_error("", e.what());
+  }
   // A user tool's program may be named relative to the policy file, so a
   // policy and its tools can live together in one folder.
   if (j.is_object() && j.contains("tools") && j["tools"].is_object())
@@ -416,7 +437,11 @@ json to_json(const policy& p) {
             {"file_mb", l.max_file_bytes / mib},
             {"tmp_mb", l.max_tmp_bytes / mib},
             {"log_mb", l.max_log_bytes / mib},
-            {"suspensions_per_hour", p.suspensions_per_hour}}},
+            {"suspensions_per_hour", p.suspensions_per_hour},
+            {"journal_mb", p.journal.journal_bytes / mib},
+            {"step_output_mb", p.journal.step_output_bytes / mib},
+            {"signal_kb", p.journal.signal_bytes >> 10},
+            {"signals", p.journal.signals}}},
           {"timeouts",
            {{"run_seconds", p.timeouts.run.count()},
             {"step_seconds", p.timeouts.step.count()},

@@ -82,9 +82,19 @@ struct child_grant {
   std::vector<std::string> agents;  // absolute paths (see load_policy_file)
 };
 
+// What a run may make the host store, beside its sandbox's limits ("limits"
+// in the policy file: journal_mb, step_output_mb, signal_kb, signals).
+struct journal_limits {
+  std::uint64_t journal_bytes = 256ull << 20;     // its steps, tool calls and events in the journal
+  std::uint64_t step_output_bytes = 4ull << 20;   // one step's output or tool result, as JSON text
+  std::uint64_t signal_bytes = 64ull << 10;       // one signal's payload, as JSON text
+  std::uint64_t signals = 1000;                   // signals it holds, queued and delivered
+};
+
 struct policy {
   std::string network = "none";
   runtime::resource_limits limits;
+  journal_limits journal;
   std::chrono::seconds wall_time{3600};  // per attempt; 0: unlimited
   // From the run's creation to its end, across every attempt and suspension
   // (limits.run_wall_seconds); then it fails with type limit_exceeded. 0: unlimited.

@@ -15,8 +15,9 @@ std::string clip(const std::string& s, std::size_t max) { return s.size() <= max
 }  // namespace
 
 tool_broker::tool_broker(storage::journal& journal, const storage::run_record& run, const policy& p,
-                         const std::optional<llm_endpoint>& llm, std::function<void(const json&)> emit)
-    : journal_(journal), run_(run), policy_(p), emit_(std::move(emit)) {
+                         journal_budget& budget, const std::optional<llm_endpoint>& llm,
+                         std::function<void(const json&)> emit)
+    : journal_(journal), run_(run), policy_(p), budget_(budget), emit_(std::move(emit)) {
   if (p.http_fetch) tools_["http.fetch"] = make_http_fetch(*p.http_fetch);
   if (p.llm_chat) tools_["llm.chat"] = make_llm_chat(*p.llm_chat, llm);
   for (const auto& [name, spec] : p.commands)
@@ -67,10 +68,10 @@ protocol::step_result tool_broker::call(const protocol::tool_msg& m) {
   r.attempt = previous + 1;
   // Durable before the call: after a crash, an at-most-once call with this
   // record and no result is in doubt, never silently repeated.
-  journal_.append_event(run_.id, "tool_started",
-                        {{"tool", m.name}, {"args", m.args}, {"idempotency", to_string(kind)},
-                         {"key", call.idempotency_key}},
-                        m.seq);
+  json marker = {{"tool", m.name}, {"idempotency", to_string(kind)}};
+  if (kind == idempotency::at_most_once) marker["args"] = m.args;
+  budget_.charge_event("tool_started", marker);
+  journal_.append_event(run_.id, "tool_started", marker, m.seq);
   crash_point("tool_started");
   crash_point("tool_started." + m.name);
   std::optional<tool_error> error;

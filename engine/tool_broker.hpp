@@ -5,7 +5,9 @@
 // agent can catch it); nothing is called then.
 //
 // Journal records (events, at the call's seq):
-//   tool_started  {"tool", "args", "idempotency", "key"}  durable before the call
+//   tool_started  {"tool", "idempotency", "args"}  durable before the call; "args"
+//                 only for an at-most-once call, which `cairn settle` shows (an
+//                 idempotent one is simply made again, with the args replay sends)
 //   tool_settled  {"how": "result" | "error" | "retry"}    written by `cairn settle`
 #pragma once
 
@@ -14,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/journal_budget.hpp"
 #include "engine/policy.hpp"
 #include "engine/tools/llm_chat.hpp"
 #include "engine/tools/tool.hpp"
@@ -24,18 +27,21 @@ namespace cairn::engine {
 
 class tool_broker {
  public:
-  // `journal` and `run` must outlive the broker. `emit` receives live events
-  // (e.g. LLM tokens); it is not journaled.
-  tool_broker(storage::journal& journal, const storage::run_record& run, const policy& p,
+  // `journal`, `run` and `budget` must outlive the broker. `emit` receives
+  // live events (e.g. LLM tokens); it is not journaled.
+  tool_broker(storage::journal& journal, const storage::run_record& run, const policy& p, journal_budget& budget,
               const std::optional<llm_endpoint>& llm, std::function<void(const json&)> emit);
 
   // The outcome of the call, ready to journal: kind tool, name the tool's.
+  // Throws budget_exceeded, before calling anything, when the started
+  // record would take the run past its journal_mb.
   protocol::step_result call(const protocol::tool_msg& m);
 
  private:
   storage::journal& journal_;
   const storage::run_record& run_;
   const policy& policy_;
+  journal_budget& budget_;
   std::function<void(const json&)> emit_;
   std::map<std::string, std::unique_ptr<tool>> tools_;
 };

@@ -1,6 +1,7 @@
 #include "protocol/bounded_json.hpp"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 namespace cairn::protocol {
@@ -35,6 +36,25 @@ std::size_t nesting_depth(const nlohmann::json& value) {
     for (const auto& child : *v) todo.emplace_back(&child, depth + 1);
   }
   return deepest;
+}
+
+namespace {
+
+// An output for nlohmann's serializer that only counts.
+class byte_counter : public nlohmann::detail::output_adapter_protocol<char> {
+ public:
+  void write_character(char) override { ++bytes; }
+  void write_characters(const char*, std::size_t length) override { bytes += length; }
+  std::size_t bytes = 0;
+};
+
+}  // namespace
+
+std::size_t dumped_size(const nlohmann::json& value) {
+  auto counter = std::make_shared<byte_counter>();
+  nlohmann::detail::serializer<nlohmann::json> out(counter, ' ', nlohmann::json::error_handler_t::replace);
+  out.dump(value, false, false, 0);
+  return counter->bytes;
 }
 
 nlohmann::json parse_bounded(std::string_view text, std::string_view what, const json_bounds& bounds) {

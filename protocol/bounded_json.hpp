@@ -43,4 +43,9 @@ std::size_t nesting_depth(std::string_view text);
 // that did not come through parse_bounded.
 std::size_t nesting_depth(const nlohmann::json& value);
 
+// The bytes of value.dump() (compact, invalid UTF-8 replaced, as the journal
+// stores values), counted without building the text. Recurses once per
+// level: only for values whose depth is bounded.
+std::size_t dumped_size(const nlohmann::json& value);
+
 }  // namespace cairn::protocol

@@ -24,6 +24,13 @@ inline constexpr std::size_t max_name_size = 1024;
 // duration never overflows; an SDK maps longer waits to this or to "none".
 constexpr std::int64_t max_duration_ms = 100ll * 365 * 24 * 3600 * 1000;
 
+// How deep a value may nest where the host places it, so that every frame
+// carrying it, replayed history included, stays within max_depth (frame.hpp):
+// a run's input sits one level down in `start`, a step's output three (in
+// start.history[i].output).
+inline constexpr std::size_t max_input_depth = max_depth - 1;
+inline constexpr std::size_t max_output_depth = max_depth - 3;
+
 // step, now, random: recorded by the agent (begin/step). tool, sleep, signal,
 // child, join: recorded only by the host, for the agent's tool, sleep, wait,
 // child and join requests; a begin or step of those kinds is a violation.

@@ -16,6 +16,8 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <fmt/format.h>
 
+#include "protocol/bounded_json.hpp"
+
 namespace cairn::storage {
 namespace fs = std::filesystem;
 
@@ -159,7 +161,27 @@ constexpr long shm_last_exclusive_lock = 122;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-json load(const SQLite::Column& c) { return c.isNull() ? json() : json::parse(c.getString()); }
+// What cairn ever stores: values that fit in a frame.
+constexpr protocol::json_bounds stored_bounds{protocol::max_depth, protocol::default_max_frame};
+
+// The value of a JSON column, or null with `why` set when it is beyond
+// stored_bounds or not JSON. `what` names the value in `why`.
+json load_or_explain(const SQLite::Column& c, std::string_view what, std::string& why) {
+  if (c.isNull()) return json();
+  try {
+    return protocol::parse_bounded(c.getString(), what, stored_bounds);
+  } catch (const protocol::json_error& e) {
+    why = fmt::format("{}; cairn never stores such a value (an older cairn or another program wrote it)", e.what());
+    return json();
+  }
+}
+
+json load(const SQLite::Column& c, std::string_view what) {
+  std::string why;
+  json value = load_or_explain(c, what, why);
+  if (!why.empty()) throw storage_error(errc::unreadable, why);
+  return value;
+}
 
 void bind_one(SQLite::Statement& s, int i, std::string_view v) { s.bind(i, std::string(v)); }
 void bind_one(SQLite::Statement& s, int i, std::int64_t v) { s.bind(i, v); }
@@ -383,11 +405,14 @@ run_record read_run(SQLite::Statement& s) {
   run_record r;
   r.id = s.getColumn(0).getString();
   r.agent = s.getColumn(1).getString();
-  r.input = load(s.getColumn(2));
+  auto field = [&](int column, const char* name) {
+    return load_or_explain(s.getColumn(column), fmt::format("the {} of run {}", name, r.id), r.unreadable);
+  };
+  r.input = field(2, "input");
   auto status = parse_run_status(s.getColumn(3).getString());
   if (!status) throw storage_error(errc::corrupt, "run " + r.id + " has an unknown status");
   r.status = *status;
-  r.output = load(s.getColumn(4));
+  r.output = field(4, "output");
   if (!s.getColumn(5).isNull()) r.error = protocol::error_info{s.getColumn(5).getString(), s.getColumn(6).getString()};
   r.attempts = s.getColumn(7).getInt();
   r.max_attempts = s.getColumn(8).getInt();
@@ -397,7 +422,7 @@ run_record read_run(SQLite::Statement& s) {
   r.created_at_ms = s.getColumn(12).getInt64();
   r.updated_at_ms = s.getColumn(13).getInt64();
   if (!s.getColumn(14).isNull()) r.finished_at_ms = s.getColumn(14).getInt64();
-  r.policy = load(s.getColumn(15));
+  r.policy = field(15, "policy");
   if (!s.getColumn(16).isNull()) r.parent_id = s.getColumn(16).getString();
   if (!s.getColumn(17).isNull())
     r.wait = wait_spec{s.getColumn(17).getString(), s.getColumn(18).getString(),
@@ -418,7 +443,7 @@ signal_record read_signal(SQLite::Statement& s) {
   r.id = s.getColumn(0).getInt64();
   r.run_id = s.getColumn(1).getString();
   r.name = s.getColumn(2).getString();
-  r.payload = load(s.getColumn(3));
+  r.payload = load(s.getColumn(3), fmt::format("the payload of signal {} of run {}", r.id, r.run_id));
   r.sent_at_ms = s.getColumn(4).getInt64();
   if (!s.getColumn(5).isNull()) r.delivered_seq = static_cast<std::uint64_t>(s.getColumn(5).getInt64());
   r.delivered_at_ms = optional_int64(s.getColumn(6));
@@ -887,20 +912,37 @@ std::map<run_status, int> journal::count_by_status() {
   });
 }
 
-std::int64_t journal::enqueue_signal(std::string_view run_id, std::string_view name, const json& payload) {
+signal_record journal::enqueue_signal(std::string_view run_id, std::string_view name, const json& payload,
+                                     std::uint64_t max_signals) {
   return impl_->guard(run_id, [&] {
     SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
     const auto status = impl_->status_of(run_id);
     if (is_finished(status))
       throw storage_error(errc::finished, fmt::format("run {} already finished ({}); nobody will read signal '{}'",
                                                       run_id, to_string(status), name));
+    // Counted under the write lock: concurrent senders cannot overshoot.
+    auto held = statement(impl_->db, "SELECT count(*) FROM signals WHERE run_id = ?", run_id);
+    held.executeStep();
+    if (static_cast<std::uint64_t>(held.getColumn(0).getInt64()) >= max_signals)
+      throw storage_error(errc::limit_reached, fmt::format("run {} already holds {} signals (queued and delivered), "
+                                                           "the most it may; signal '{}' was not queued",
+                                                           run_id, held.getColumn(0).getInt64(), name));
+    signal_record r{0, std::string(run_id), std::string(name), payload, now_ms(), std::nullopt, std::nullopt};
     statement(impl_->db, "INSERT INTO signals (run_id, name, payload, sent_at_ms) VALUES (?, ?, ?, ?)", run_id, name,
-              dump(payload), now_ms())
+              dump(payload), r.sent_at_ms)
         .exec();
-    const std::int64_t id = impl_->db.getLastInsertRowid();
-    impl_->event(run_id, "signal_queued", {{"name", name}, {"signal_id", id}}, std::nullopt);
+    r.id = impl_->db.getLastInsertRowid();
+    impl_->event(run_id, "signal_queued", {{"name", name}, {"signal_id", r.id}}, std::nullopt);
     tx.commit();
-    return id;
+    return r;
+  });
+}
+
+bool journal::has_pending_signal(std::string_view run_id, std::string_view name) {
+  return impl_->guard(run_id, [&] {
+    return statement(impl_->db, "SELECT 1 FROM signals WHERE run_id = ? AND name = ? AND delivered_seq IS NULL LIMIT 1",
+                     run_id, name)
+        .executeStep();
   });
 }
 
@@ -977,7 +1019,7 @@ std::vector<step_record> journal::steps(std::string_view run_id) {
       r.name = s.getColumn(1).getString();
       r.kind = parse_kind(s.getColumn(2).getString());
       r.ok = s.getColumn(3).getString() == "ok";
-      if (r.ok) r.output = load(s.getColumn(4));
+      if (r.ok) r.output = load(s.getColumn(4), fmt::format("the output of step {} of run {}", r.seq, run_id));
       else r.error = {s.getColumn(5).getString(), s.getColumn(6).getString()};
       r.attempt = s.getColumn(7).getInt();
       r.duration_us = s.getColumn(8).getInt64();
@@ -1019,6 +1061,21 @@ std::uint64_t journal::step_count(std::string_view run_id) {
   });
 }
 
+std::uint64_t journal::bytes_of_run(std::string_view run_id) {
+  return impl_->guard(run_id, [&] {
+    // CAST AS BLOB: length() of a text counts characters, the budget counts bytes.
+    auto s = statement(impl_->db,
+                       "SELECT (SELECT coalesce(sum(length(CAST(name AS BLOB)) + coalesce(length(CAST(output AS BLOB)), 0) "
+                       "  + coalesce(length(CAST(error_message AS BLOB)), 0) + coalesce(length(CAST(error_type AS BLOB)), 0)), 0) "
+                       "  FROM steps WHERE run_id = ?1) + "
+                       "(SELECT coalesce(sum(length(CAST(kind AS BLOB)) + length(CAST(data AS BLOB))), 0) "
+                       "  FROM events WHERE run_id = ?1)",
+                       run_id);
+    s.executeStep();
+    return static_cast<std::uint64_t>(s.getColumn(0).getInt64());
+  });
+}
+
 namespace {
 
 std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id) {
@@ -1029,7 +1086,7 @@ std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run
     e.run_id = std::string(run_id);
     if (!s.getColumn(1).isNull()) e.seq = static_cast<std::uint64_t>(s.getColumn(1).getInt64());
     e.kind = s.getColumn(2).getString();
-    e.data = load(s.getColumn(3));
+    e.data = load(s.getColumn(3), fmt::format("the data of event {} of run {}", e.id, run_id));
     e.at_ms = s.getColumn(4).getInt64();
     events.push_back(std::move(e));
   }

@@ -2,6 +2,13 @@
 // SQLite database (WAL mode). The schema and its migrations are at the top of
 // journal.cpp. SQLiteCpp stays inside storage/; callers see only these types.
 //
+// Every JSON value is loaded within the bounds of what cairn writes
+// (protocol::max_depth levels, protocol::default_max_frame bytes), so copying
+// or printing a loaded value cannot exhaust the stack. A value beyond them
+// (written by an older cairn or another program) is storage_error(unreadable)
+// naming its run, or for a run's own fields run_record::unreadable: it stops
+// that run, never the process.
+//
 // Threading: one journal object per thread. Many processes may open the same
 // file; SQLite serializes their writers and readers never block a writer.
 #pragma once
@@ -34,6 +41,8 @@ enum class errc {
   not_found,       // no such run (or signal); in read-only mode, no journal file yet
   finished,        // the run already ended (completed, failed or cancelled)
   fenced,          // another process took the run over: this journal object no longer holds it
+  unreadable,      // a stored value of one run is invalid JSON, too deep or too long; the message names it
+  limit_reached,   // a bound the caller gave refuses the write (e.g. how many signals a run may hold)
   io,              // any other failure to open, read or write
 };
 
@@ -87,6 +96,9 @@ struct run_record {
   std::optional<wait_spec> wait;   // set only while status is waiting
   std::optional<std::int64_t> cancel_requested_at_ms;
   std::optional<std::int64_t> deadline_ms;  // the run's overall timeout
+  // Why input, output or policy could not be loaded (that field is null
+  // then); "" when all were. Such a run cannot be executed.
+  std::string unreadable;
 };
 
 struct new_run {
@@ -232,12 +244,17 @@ class journal {
   // How many runs have each status; every status is present, zero included.
   std::map<run_status, int> count_by_status();
 
-  // Queues a signal for the run and returns its id; event signal_queued {name,
+  // Queues a signal for the run and returns it; event signal_queued {name,
   // signal_id}. storage_error(not_found) when there is no such run,
-  // storage_error(finished) when it has finished; nothing is written then.
-  std::int64_t enqueue_signal(std::string_view run_id, std::string_view name, const json& payload);
+  // storage_error(finished) when it has finished, storage_error(limit_reached)
+  // when the run already holds `max_signals` signals (delivered or not);
+  // nothing is written then.
+  signal_record enqueue_signal(std::string_view run_id, std::string_view name, const json& payload,
+                               std::uint64_t max_signals = UINT64_MAX);
   // The oldest undelivered signal of the run with this name.
   std::optional<signal_record> pending_signal(std::string_view run_id, std::string_view name);
+  // Whether pending_signal would find one (without loading its payload).
+  bool has_pending_signal(std::string_view run_id, std::string_view name);
   // In one transaction: marks the signal delivered at step.result.seq and
   // journals `step` (as append_step), event signal_delivered {name, signal_id}
   // at that seq. A signal already delivered, or a step already journaled, is
@@ -260,6 +277,9 @@ class journal {
   // The run's events at one seq, oldest first.
   std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq);
   std::uint64_t step_count(std::string_view run_id);
+  // The bytes the run's steps and events occupy: each step's name, output
+  // (its JSON text), error message and type; each event's kind and data.
+  std::uint64_t bytes_of_run(std::string_view run_id);
 
  private:
   struct impl;

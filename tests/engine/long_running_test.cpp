@@ -124,10 +124,10 @@ struct fixture {
   // root a run's files stay in its quota image until it ends (a suspended
   // run's image is only unmounted): then they are read with debugfs.
   int executed(const std::string& id, const std::string& line) {
-    const auto ws = dir / "ws" / id;
+    const auto ws = dir / "ws" / id, image = options.home / "images" / (id + ".img");
     std::stringstream log;
-    if (std::filesystem::exists(ws.string() + ".img")) {
-      const std::string read = "debugfs -R 'cat /exec.log' " + ws.string() + ".img 2>/dev/null";
+    if (std::filesystem::exists(image)) {
+      const std::string read = "debugfs -R 'cat /exec.log' " + image.string() + " 2>/dev/null";
       std::unique_ptr<FILE, int (*)(FILE*)> out(::popen(read.c_str(), "r"), ::pclose);
       char buffer[4096];
       for (std::size_t n; out && (n = std::fread(buffer, 1, sizeof buffer, out.get())) > 0;) log.write(buffer, n);

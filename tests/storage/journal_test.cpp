@@ -39,6 +39,8 @@ struct StringMaker<errc> {
       case errc::not_found: return "not_found";
       case errc::finished: return "finished";
       case errc::fenced: return "fenced";
+      case errc::unreadable: return "unreadable";
+      case errc::limit_reached: return "limit_reached";
       case errc::io: return "io";
     }
     return "?";
@@ -692,11 +694,11 @@ TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives th
   j.create_run(a_run("other"));
   CHECK_FALSE(j.pending_signal("r", "a"));
 
-  const auto a1 = j.enqueue_signal("r", "a", {{"n", 1}});  // while pending
+  const auto a1 = j.enqueue_signal("r", "a", {{"n", 1}}).id;  // while pending
   j.claim_run("r", "", "host");
-  const auto b1 = j.enqueue_signal("r", "b", {{"n", 2}});  // while running
+  const auto b1 = j.enqueue_signal("r", "b", {{"n", 2}}).id;  // while running
   j.suspend_run("r", wait_for("signal", "a", 0));
-  const auto a2 = j.enqueue_signal("r", "a", {{"n", 3}});  // while waiting
+  const auto a2 = j.enqueue_signal("r", "a", {{"n", 3}}).id;  // while waiting
   j.enqueue_signal("other", "a", {{"n", 4}});
   CHECK(a1 < b1);
   CHECK(b1 < a2);
@@ -737,8 +739,8 @@ TEST_CASE("deliver_signal puts each signal into exactly one step, atomically") {
   journal j(dir / "cairn.db");
   j.create_run(a_run("r"));
   j.create_run(a_run("other"));
-  const auto go = j.enqueue_signal("r", "go", {{"approved", true}});
-  const auto again = j.enqueue_signal("r", "go", {{"approved", false}});
+  const auto go = j.enqueue_signal("r", "go", {{"approved", true}}).id;
+  const auto again = j.enqueue_signal("r", "go", {{"approved", false}}).id;
 
   auto step = ok_step("r", 3, {{"approved", true}});
   step.result.name = "go";
@@ -775,7 +777,7 @@ TEST_CASE("deliver_signal puts each signal into exactly one step, atomically") {
     auto err = error_from([&] { j.deliver_signal(again + 100, ok_step("r", 4, 1)); });
     REQUIRE(err);
     CHECK(err->code() == errc::not_found);
-    const auto theirs = j.enqueue_signal("other", "go", 1);
+    const auto theirs = j.enqueue_signal("other", "go", 1).id;
     CHECK_THROWS_AS(j.deliver_signal(theirs, ok_step("r", 4, 1)), std::invalid_argument);
     CHECK_FALSE(j.signals("other")[0].delivered_seq);
   }
@@ -899,7 +901,7 @@ TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs 
   waits("signal-other-name", false, wait_for("signal", "go", 1));
   j.enqueue_signal("signal-other-name", "stop", 1);
   create("signal-used", false);
-  j.deliver_signal(j.enqueue_signal("signal-used", "go", 1), ok_step("signal-used", 0, 1));
+  j.deliver_signal(j.enqueue_signal("signal-used", "go", 1).id, ok_step("signal-used", 0, 1));
   j.suspend_run("signal-used", wait_for("signal", "go", 1));  // the one "go" was already delivered at step 0
   waits("signal-timed-out", true, wait_for("signal", "go", 1, now - 1));
   waits("signal-not-yet", false, wait_for("signal", "go", 1, now + 1));
@@ -1220,7 +1222,7 @@ TEST_CASE("a journal that lost its run to another is fenced: none of its writes 
   journal a(dir / "cairn.db"), b(dir / "cairn.db");
   a.create_run(a_run("r"));
   a.create_run(a_run("other"));
-  const auto queued = a.enqueue_signal("r", "go", 1);
+  const auto queued = a.enqueue_signal("r", "go", 1).id;
   REQUIRE(a.claim_run("r", "", "host-a"));
   CHECK(a.find_run("r")->epoch == 1);
   CHECK(a.begin_attempt("r") == 1);
@@ -1298,4 +1300,72 @@ TEST_CASE("two journal objects of one process with the same owner are told apart
   CHECK(first.find_run("r")->epoch == 3);
   first.finish_run("r", run_status::completed, "first", std::nullopt);
   CHECK(first.steps("r").size() == 2);
+TEST_CASE("a value stored past the bounds makes only its run unreadable, and says which value") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  journal j(db);
+  j.create_run(a_run("victim"));
+  j.create_run(a_run("deep-input"));
+  j.create_run(a_run("bystander"));
+  j.append_step(ok_step("bystander", 0, {{"ok", true}}));
+  const std::string deep = std::string(60'000, '[') + std::string(60'000, ']');
+  {
+    // As an older cairn, or another program, could have written them.
+    SQLite::Database raw(db.string(), SQLite::OPEN_READWRITE);
+    SQLite::Statement signal(raw, "INSERT INTO signals (run_id, name, payload, sent_at_ms) VALUES ('victim', 'go', ?, 1)");
+    signal.bind(1, deep);
+    signal.exec();
+    SQLite::Statement input(raw, "UPDATE runs SET input = ? WHERE id = 'deep-input'");
+    input.bind(1, deep);
+    input.exec();
+  }
+  CHECK(j.has_pending_signal("victim", "go"));
+  for (auto read : std::vector<std::function<void()>>{[&] { j.pending_signal("victim", "go"); },
+                                                      [&] { j.signals("victim"); }}) {
+    auto err = error_from(read);
+    REQUIRE(err);
+    CHECK(err->code() == errc::unreadable);
+    CHECK_THAT(err->what(), Catch::Contains("payload of signal") && Catch::Contains("of run victim") &&
+                                Catch::Contains("nests deeper than 128 levels"));
+  }
+  auto run = j.find_run("deep-input");
+  REQUIRE(run);
+  CHECK(run->input.is_null());
+  CHECK_THAT(run->unreadable, Catch::Contains("the input of run deep-input nests deeper than 128 levels"));
+  CHECK(j.list_runs().size() == 3);
+  CHECK(j.find_run("bystander")->unreadable.empty());
+  CHECK(j.steps("bystander").size() == 1);
+}
+
+TEST_CASE("enqueue_signal refuses a run that holds max_signals signals, delivered ones included") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  const auto first = j.enqueue_signal("r", "go", 1, 2);
+  CHECK(first.run_id == "r");
+  CHECK(first.payload == 1);
+  CHECK(j.signals("r")[0].sent_at_ms == first.sent_at_ms);
+  auto step = ok_step("r", 0, 1);
+  step.result.kind = protocol::step_kind::signal;
+  j.deliver_signal(first.id, step);
+  j.enqueue_signal("r", "go", 2, 2);
+  auto err = error_from([&] { j.enqueue_signal("r", "go", 3, 2); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::limit_reached);
+  CHECK(j.signals("r").size() == 2);
+}
+
+TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other runs'") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.create_run(a_run("other"));
+  const auto before = j.bytes_of_run("r");
+  auto step = ok_step("r", 0, std::string(10'000, 'x'));
+  j.append_step(step);
+  j.append_event("r", "note", {{"text", std::string(5'000, 'y')}});
+  j.append_step(ok_step("other", 0, std::string(50'000, 'z')));
+  const auto after = j.bytes_of_run("r");
+  // The step's name and output text, the event's kind and data text.
+  CHECK(after - before == step.result.name.size() + 10'002 + 4 + json{{"text", std::string(5'000, 'y')}}.dump().size());
 }

@@ -1,0 +1,46 @@
+// What a run may still write to the journal: the policy's journal_mb over
+// all its steps, tool calls and events, and step_output_mb over each step.
+// One per attempt: it asks the journal once what the run occupies, then
+// counts what the attempt writes. The few bytes the journal adds by itself
+// (attempt_started, run_waiting, signal_delivered: one per attempt or step)
+// are counted from the next attempt on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "engine/policy.hpp"
+#include "storage/journal.hpp"
+
+namespace cairn::engine {
+
+// A write would go past one of the run's journal limits; nothing of it was
+// written. `limit` is the policy key (journal_mb or step_output_mb).
+struct budget_exceeded {
+  std::string limit;
+  std::string message;
+};
+
+class journal_budget {
+ public:
+  // `limits` must outlive the budget.
+  journal_budget(storage::journal& journal, const std::string& run_id, const journal_limits& limits);
+
+  // Counts a step about to be journaled: its name, output (as JSON text),
+  // error message and type, as journal::bytes_of_run counts them. Throws
+  // budget_exceeded, counting nothing, when it is over step_output_mb or
+  // would take the run past journal_mb.
+  void charge_step(const protocol::step_result& step);
+  // Counts an event about to be journaled (its kind and data); throws
+  // budget_exceeded when it would take the run past journal_mb.
+  void charge_event(std::string_view kind, const json& data);
+
+ private:
+  void charge(std::uint64_t bytes, const std::string& what);
+
+  const journal_limits& limits_;
+  std::uint64_t used_;
+};
+
+}  // namespace cairn::engine
