@@ -11,6 +11,8 @@
 //   /slow?ms=N                 answers after N ms (default 5000)
 //   /big?bytes=N               N bytes of 'x' (default 1000)
 //   /echo                      the request as JSON: method, target, headers, body
+//   /deep?levels=N             a chat completion whose "usage" nests N arrays deep
+//                              (default 300000), as a hostile model server sends
 // Fixtures match on their first path segment and any method, so a base URL
 // such as http://127.0.0.1:PORT/status/500 points an LLM client at one.
 #include <sys/socket.h>
@@ -365,6 +367,12 @@ void respond(tcp::socket& socket, const request& req, server& s) {
     return send(socket, req, http::status::ok, "text/plain", fmt::format("answered after {} ms\n", ms));
   }
   if (first == "big") return big(socket, req, std::max(0L, number_param(params, "bytes", 1000)));
+  if (first == "deep") {
+    auto levels = static_cast<std::size_t>(std::max(0L, number_param(params, "levels", 300000)));
+    return send(socket, req, http::status::ok, "application/json",
+                R"({"choices": [{"message": {"role": "assistant", "content": "deep"}, "finish_reason": "stop"}], )"
+                R"("usage": )" + std::string(levels, '[') + std::string(levels, ']') + "}");
+  }
   send_json(socket, req, http::status::not_found, openai_error("no route for " + path, "not_found"));
 }
 
