@@ -37,7 +37,8 @@ struct harness {
              {"input", {{"to", "string"}, {"mode?", "string"}}},
              {"idempotency", idempotency},
              {"timeout_ms", 1000},
-             {"max_output_bytes", 65536}}}}}});
+             {"max_output_bytes", 65536},
+             {"env", {"CAIRN_TEST_TOOL_LOG"}}}}}}});
   }
 
   storage::run_record run(const std::string& id, json input, engine::policy p = mailer_policy()) {
