@@ -176,10 +176,15 @@ std::string policy_summary(const json& policy) {
   if (tools.empty()) out += "  tools      none granted\n";
   for (const auto& [name, grant] : tools.items()) {
     std::string detail;
-    if (grant.contains("hosts")) detail = "hosts " + preview(grant["hosts"], 50) + " methods " + preview(grant["methods"], 30);
+    if (grant.contains("hosts"))
+      detail = "hosts " + preview(grant["hosts"], 50) + " methods " + preview(grant["methods"], 30) +
+               (grant.value("private", false) ? " private addresses too" : "");
     else if (grant.contains("command")) detail = terminal_text(grant.value("idempotency", "")) + ", " + preview(grant["command"], 50);
     else if (grant.contains("max_tokens")) detail = fmt::format("max_tokens {}, models {}", grant["max_tokens"].dump(),
-                                                                grant["models"].empty() ? "any" : preview(grant["models"], 40));
+                                                                grant["models"].empty() ? "any" : preview(grant["models"], 40)) +
+                                                    (grant.value("max_total_tokens", 0) > 0
+                                                         ? fmt::format(", {} tokens per run", grant["max_total_tokens"].dump())
+                                                         : "");
     out += fmt::format("  tool       {:<14} {}\n", terminal_text(name), detail);
   }
   return out;
