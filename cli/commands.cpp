@@ -140,22 +140,22 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
           "sandbox_warning", "run_waiting",     "signal_queued", "cancel_requested", "cancel_sent", "run_cancelled",
           "run_released",    "timer_set"};
       if (shown.count(e.kind))
-        notable += fmt::format("  {}  {:<16} {}{}\n", format_time(e.at_ms), e.kind,
+        notable += fmt::format("  {}  {:<16} {}{}\n", format_time(e.at_ms), terminal_text(e.kind),
                                e.seq ? fmt::format("seq {} ", *e.seq) : "", preview(e.data, 90));
     }
     if (!notable.empty()) std::cout << "\nevents\n" << notable;
     if (!signals.empty()) std::cout << "\nsignals\n";
     for (const auto& sig : signals)
-      std::cout << fmt::format("  {}  {:<16} {}  {}\n", format_time(sig.sent_at_ms), sig.name,
+      std::cout << fmt::format("  {}  {:<16} {}  {}\n", format_time(sig.sent_at_ms), terminal_text(sig.name),
                                sig.delivered_seq ? fmt::format("delivered at step {}", *sig.delivered_seq) : "queued",
                                preview(sig.payload, 60));
     auto children = journal.children(run_id);
     if (!children.empty()) std::cout << "\nchildren\n";
     for (const auto& c : children)
-      std::cout << fmt::format("  {:<24} {:<10} {}\n", c.id, storage::to_string(c.status),
-                               std::filesystem::path(c.agent).filename().string());
+      std::cout << fmt::format("  {:<24} {:<10} {}\n", terminal_text(c.id), storage::to_string(c.status),
+                               terminal_text(std::filesystem::path(c.agent).filename().string()));
     if (!unreadable.empty()) std::cout << "\nnot shown\n";
-    for (const auto& why : unreadable) std::cout << "  " << why << "\n";
+    for (const auto& why : unreadable) std::cout << "  " << terminal_text(why) << "\n";
     return 0;
   });
 }

@@ -10,8 +10,36 @@ namespace {
 
 std::string step_status(const protocol::step_result& r) { return r.ok ? "ok" : "error"; }
 
-std::string clip(const std::string& s, std::size_t width) {
-  return s.size() > width ? s.substr(0, width - 3) + "..." : s;
+// `s` (terminal-safe) cut to `width` bytes, never inside a UTF-8 sequence.
+std::string clip(std::string s, std::size_t width) {
+  if (s.size() <= width) return s;
+  std::size_t end = width - 3;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xc0) == 0x80) --end;
+  return s.substr(0, end) + "...";
+}
+
+// The code point of the UTF-8 sequence at text[i] and its length, or length 0
+// when it is not valid UTF-8 (overlong, surrogate, out of range, cut short).
+std::pair<char32_t, std::size_t> decode_utf8(std::string_view text, std::size_t i) {
+  const auto c = static_cast<unsigned char>(text[i]);
+  const std::size_t length = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (length == 0 || i + length > text.size()) return {0, 0};
+  char32_t point = c & (0x7f >> length);
+  for (std::size_t k = 1; k < length; ++k) {
+    const auto next = static_cast<unsigned char>(text[i + k]);
+    if ((next & 0xc0) != 0x80) return {0, 0};
+    point = (point << 6) | (next & 0x3f);
+  }
+  static constexpr char32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (point < least[length] || point > 0x10ffff || (point >= 0xd800 && point <= 0xdfff)) return {0, 0};
+  return {point, length};
+}
+
+// C1 controls, line/paragraph separators and the bidi controls that reorder what follows them.
+bool invisible_control(char32_t point) {
+  return (point >= 0x80 && point <= 0x9f) || point == 0x061c || point == 0x200e || point == 0x200f ||
+         point == 0x2028 || point == 0x2029 || (point >= 0x202a && point <= 0x202e) ||
+         (point >= 0x2066 && point <= 0x2069);
 }
 
 std::string step_preview(const protocol::step_result& r, std::size_t width) {
@@ -20,12 +48,36 @@ std::string step_preview(const protocol::step_result& r, std::size_t width) {
 
 }  // namespace
 
+std::string terminal_text(std::string_view text, bool keep_newlines) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c == '\n' && keep_newlines) out += '\n';
+      else if (c == '\n') out += "\\n";
+      else if (c == '\t') out += "\\t";
+      else if (c == '\r') out += "\\r";
+      else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+      else out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    auto [point, length] = decode_utf8(text, i);
+    if (length == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+      continue;
+    }
+    if (invisible_control(point)) out += fmt::format("\\u{:04x}", static_cast<std::uint32_t>(point));
+    else out.append(text.substr(i, length));
+    i += length;
+  }
+  return out;
+}
+
 std::string preview(const json& value, std::size_t width) {
-  std::string s = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  for (auto& c : s)
-    if (c == '\n' || c == '\t') c = ' ';
-  if (s.size() > width) s = s.substr(0, width - 3) + "...";
-  return s;
+  return clip(terminal_text(value.dump(-1, ' ', false, json::error_handler_t::replace)), width);
 }
 
 std::string format_time(std::int64_t ms) {
@@ -41,8 +93,9 @@ std::string format_duration_us(std::int64_t us) {
 
 std::string step_line(const storage::step_record& step) {
   const auto& r = step.result;
-  return fmt::format("  {:>3}  {:<28} {:<5} attempt {}  {:>9}  {}", r.seq, clip(r.name, 28),
-                     step_status(r), r.attempt, format_duration_us(r.duration_us), step_preview(r, 60));
+  return fmt::format("  {:>3}  {:<6} {:<28} {:<5} attempt {}  {:>9}  {}", r.seq, protocol::to_string(r.kind),
+                     clip(terminal_text(r.name), 28), step_status(r), r.attempt, format_duration_us(r.duration_us),
+                     step_preview(r, 60));
 }
 
 std::string steps_table(const std::vector<storage::step_record>& steps) {
@@ -50,7 +103,8 @@ std::string steps_table(const std::vector<storage::step_record>& steps) {
                                 "ATTEMPT", "DURATION", "OUTPUT");
   for (const auto& s : steps) {
     const auto& r = s.result;
-    out += fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", r.seq, clip(r.name, 26), protocol::to_string(r.kind),
+    out += fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", r.seq, clip(terminal_text(r.name), 26),
+                       protocol::to_string(r.kind),
                        step_status(r), r.attempt, format_duration_us(r.duration_us), step_preview(r, 56));
   }
   return out;
@@ -60,13 +114,13 @@ std::string runs_table(storage::journal& journal, const std::vector<storage::run
   std::string out = fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}\n", "ID", "STATUS", "AGENT", "STEPS",
                                 "ATTEMPTS", "UPDATED");
   for (const auto& r : runs) {
-    std::string agent = std::filesystem::path(r.agent).filename().string();
+    std::string agent = terminal_text(std::filesystem::path(r.agent).filename().string());
     std::string wait;
     if (r.status == storage::run_status::waiting && r.wait)
-      wait = r.wait->kind == "signal" ? "  signal '" + r.wait->key + "'"
+      wait = r.wait->kind == "signal" ? "  signal '" + terminal_text(r.wait->key) + "'"
              : r.wait->kind == "timer" ? "  timer " + (r.wait->wake_at_ms ? format_time(*r.wait->wake_at_ms) : "")
-                                       : "  child " + r.wait->key;
-    out += fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}{}\n", r.id, storage::to_string(r.status), agent,
+                                       : "  child " + terminal_text(r.wait->key);
+    out += fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}{}\n", terminal_text(r.id), storage::to_string(r.status), agent,
                        journal.step_count(r.id), r.attempts, format_time(r.updated_at_ms), wait);
   }
   return out;
@@ -74,31 +128,33 @@ std::string runs_table(storage::journal& journal, const std::vector<storage::run
 
 std::string describe_wait(const storage::run_record& r) {
   if (!r.wait) return "waits";
-  const auto& w = *r.wait;
+  storage::wait_spec w = *r.wait;
+  w.key = terminal_text(w.key);
   std::string until = w.wake_at_ms ? format_time(*w.wake_at_ms) : "";
   if (w.kind == "timer") return fmt::format("sleeps until {} (step {})", until, w.seq);
   if (w.kind == "signal")
     return fmt::format("waits for signal '{}' (step {}{}); send it: cairn signal {} {} --data JSON", w.key, w.seq,
                        until.empty() ? "" : ", until " + until, r.id, w.key);
   if (w.kind == "child") return fmt::format("waits for child run {} (step {})", w.key, w.seq);
-  return "waits for " + w.kind;
+  return "waits for " + terminal_text(w.kind);
 }
 
 std::string run_summary(const storage::run_record& r) {
-  std::string out = fmt::format("run {} ({})\n", r.id, storage::to_string(r.status));
+  const auto t = [](std::string_view s) { return terminal_text(s); };
+  std::string out = fmt::format("run {} ({})\n", t(r.id), storage::to_string(r.status));
   if (r.status == storage::run_status::waiting) out += fmt::format("  waiting    {}\n", describe_wait(r));
-  if (!r.parent_id.empty()) out += fmt::format("  parent     {}\n", r.parent_id);
-  out += fmt::format("  agent      {}\n", r.agent);
+  if (!r.parent_id.empty()) out += fmt::format("  parent     {}\n", t(r.parent_id));
+  out += fmt::format("  agent      {}\n", t(r.agent));
   out += fmt::format("  input      {}\n", preview(r.input, 100));
-  out += fmt::format("  sandbox    {}\n", r.sandbox);
-  out += fmt::format("  workspace  {}\n", r.workspace);
+  out += fmt::format("  sandbox    {}\n", t(r.sandbox));
+  out += fmt::format("  workspace  {}\n", t(r.workspace));
   out += fmt::format("  attempts   {} sandbox starts (up to {} crashes per resume)\n", r.attempts, r.max_attempts);
   out += fmt::format("  created    {}\n", format_time(r.created_at_ms));
   if (r.finished_at_ms) out += fmt::format("  finished   {}\n", format_time(*r.finished_at_ms));
-  if (!r.owner.empty()) out += fmt::format("  owner      {}\n", r.owner);
+  if (!r.owner.empty()) out += fmt::format("  owner      {}\n", t(r.owner));
   if (r.status == storage::run_status::completed) out += fmt::format("  output     {}\n", preview(r.output, 100));
-  if (r.error) out += fmt::format("  error      {}: {}\n", r.error->type, r.error->message);
-  if (!r.unreadable.empty()) out += fmt::format("  unreadable {}\n", r.unreadable);
+  if (r.error) out += fmt::format("  error      {}: {}\n", t(r.error->type), t(r.error->message));
+  if (!r.unreadable.empty()) out += fmt::format("  unreadable {}\n", t(r.unreadable));
   if (r.deadline_ms) out += fmt::format("  deadline   {}\n", format_time(*r.deadline_ms));
   if (r.cancel_requested_at_ms && r.status != storage::run_status::cancelled)
     out += fmt::format("  cancel     requested {}\n", format_time(*r.cancel_requested_at_ms));
@@ -110,7 +166,8 @@ std::string policy_summary(const json& policy) {
   std::string limits;
   for (const auto& [key, value] : policy["limits"].items())
     limits += fmt::format("{}{}={}", limits.empty() ? "" : " ", key, value.dump());
-  std::string out = fmt::format("  network    {}\n  limits     {}\n", policy.value("network", "none"), limits);
+  std::string out =
+      fmt::format("  network    {}\n  limits     {}\n", terminal_text(policy.value("network", "none")), terminal_text(limits));
   if (policy.contains("timeouts") && policy["timeouts"].is_object()) {
     const json& t = policy["timeouts"];
     out += fmt::format("  timeouts   run {} s, step {} s, cancel grace {} s (0: none)\n", t.value("run_seconds", 0),
@@ -120,11 +177,16 @@ std::string policy_summary(const json& policy) {
   if (tools.empty()) out += "  tools      none granted\n";
   for (const auto& [name, grant] : tools.items()) {
     std::string detail;
-    if (grant.contains("hosts")) detail = "hosts " + preview(grant["hosts"], 50) + " methods " + preview(grant["methods"], 30);
-    else if (grant.contains("command")) detail = grant.value("idempotency", "") + ", " + preview(grant["command"], 50);
+    if (grant.contains("hosts"))
+      detail = "hosts " + preview(grant["hosts"], 50) + " methods " + preview(grant["methods"], 30) +
+               (grant.value("private", false) ? " private addresses too" : "");
+    else if (grant.contains("command")) detail = terminal_text(grant.value("idempotency", "")) + ", " + preview(grant["command"], 50);
     else if (grant.contains("max_tokens")) detail = fmt::format("max_tokens {}, models {}", grant["max_tokens"].dump(),
-                                                                grant["models"].empty() ? "any" : preview(grant["models"], 40));
-    out += fmt::format("  tool       {:<14} {}\n", name, detail);
+                                                                grant["models"].empty() ? "any" : preview(grant["models"], 40)) +
+                                                    (grant.value("max_total_tokens", 0) > 0
+                                                         ? fmt::format(", {} tokens per run", grant["max_total_tokens"].dump())
+                                                         : "");
+    out += fmt::format("  tool       {:<14} {}\n", terminal_text(name), detail);
   }
   return out;
 }

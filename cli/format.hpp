@@ -9,11 +9,21 @@ namespace cairn::cli {
 
 using json = nlohmann::json;
 
+// `text` as it may reach a terminal: C0 controls, DEL, C1 controls, line and
+// paragraph separators and bidi overrides shown as visible escapes (\x1b,
+// \n, \u009b, \u202e), invalid UTF-8 as U+FFFD. Newlines are kept only with
+// `keep_newlines` (for text printed as a block), so a one-line field cannot
+// print a line that looks like cairn's own. Idempotent. Everything an agent
+// wrote passes through it before it is printed.
+std::string terminal_text(std::string_view text, bool keep_newlines = false);
+
+// `value` on one line, terminal-safe, at most `width` bytes.
 std::string preview(const json& value, std::size_t width = 60);
 std::string format_time(std::int64_t ms);
 std::string format_duration_us(std::int64_t us);
 
-// One line per step, as `cairn run` prints them while journaling.
+// One line per step, as `cairn run` prints them while journaling, with its
+// kind (step, tool, sleep, signal, child, join, now, random) before its name.
 std::string step_line(const storage::step_record& step);
 std::string steps_table(const std::vector<storage::step_record>& steps);
 std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs);

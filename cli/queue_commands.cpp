@@ -22,10 +22,11 @@ void request_stop(int) { stop_requested = true; }
 
 std::string now_stamp() { return format_time(storage::now_ms()); }
 
+// One line each: whatever an agent put in it (names, errors) is escaped here.
 void log_line(const std::string& line) {
   static std::mutex mutex;
   std::lock_guard lock(mutex);
-  std::cout << now_stamp() << "  " << line << std::endl;
+  std::cout << now_stamp() << "  " << terminal_text(line) << std::endl;
 }
 
 // What `cairn serve` prints: each run's attempts and how each execution ends.

@@ -23,10 +23,11 @@ bool over(storage::run_status s) {
 
 }  // namespace
 
+// Every line is one line: whatever an agent put in it is escaped here.
 void progress_printer::say(const std::string& line) {
   if (quiet_) return;
   std::lock_guard lock(output);
-  std::cout << prefix_ << line << std::endl;
+  std::cout << prefix_ << terminal_text(line) << std::endl;
 }
 
 void progress_printer::end_stream() {
@@ -50,14 +51,20 @@ void progress_printer::on_retry(const protocol::retry_msg& m) {
                   m.error.message, m.delay_ms));
 }
 
-// LLM tokens print as they stream, on one line; other events one per line.
+// LLM tokens print as they stream; each line of the text starts with the
+// tool's label, so none can pass for a line of cairn's. Other events one per line.
 void progress_printer::on_emit(const json& data) {
   if (data.is_object() && data.value("type", "") == "token" && data.contains("text") && data["text"].is_string()) {
     if (quiet_) return;
+    const auto& tool = data.value("tool", json("tool"));
+    const std::string label = prefix_ + "       " + terminal_text(tool.is_string() ? tool.get<std::string>() : "tool") + " > ";
+    std::string text = terminal_text(data["text"].get<std::string>(), true);
+    for (auto at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 1 + label.size()))
+      text.insert(at + 1, label);
     std::lock_guard lock(output);
-    if (!streaming_) std::cout << prefix_ << "       " << data.value("tool", "tool") << " > ";
+    if (!streaming_) std::cout << label;
     streaming_ = true;
-    std::cout << data["text"].get<std::string>() << std::flush;
+    std::cout << text << std::flush;
     return;
   }
   end_stream();
@@ -70,7 +77,7 @@ void progress_printer::on_attempt_failed(int attempt, const std::string& reason,
 
 void progress_printer::on_warning(const std::string& message) {
   std::lock_guard lock(output);
-  std::cerr << "warning: " << message << std::endl;
+  std::cerr << "warning: " << terminal_text(message) << std::endl;
 }
 
 void progress_printer::on_wait(const storage::run_record& run, const storage::wait_spec&) {
@@ -89,8 +96,8 @@ int report_end(const storage::run_record& run, bool as_json) {
     std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
   } else if (run.status == storage::run_status::completed) {
     double secs = (run.finished_at_ms.value_or(run.updated_at_ms) - run.created_at_ms) / 1000.0;
-    std::cout << fmt::format("run {} completed in {:.2f} s\n{}", run.id, secs,
-                             run.output.dump(2, ' ', false, json::error_handler_t::replace))
+    std::cout << fmt::format("run {} completed in {:.2f} s\n{}", terminal_text(run.id), secs,
+                             terminal_text(run.output.dump(2, ' ', false, json::error_handler_t::replace), true))
               << std::endl;
   }
   if (run.status == storage::run_status::completed) return 0;
@@ -102,7 +109,9 @@ int report_end(const storage::run_record& run, bool as_json) {
                                                                   {storage::run_status::cancelled, "was cancelled"},
                                                                   {storage::run_status::failed, "failed"}};
   if (run.error && verb.count(run.status))
-    std::cerr << fmt::format("run {} {}: {}", run.id, verb.at(run.status), run.error->message) << std::endl;
+    std::cerr << fmt::format("run {} {}: {}", terminal_text(run.id), verb.at(run.status),
+                             terminal_text(run.error->message))
+              << std::endl;
   return 1;
 }
 
@@ -163,11 +172,11 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
   o.on_return = [&](const storage::run_record& run) {
     if (run.id == root || quiet || !over(run.status)) return;
     std::lock_guard lock(output);
-    std::cout << fmt::format("  [{}] child run {}", run.id, storage::to_string(run.status)) << std::endl;
+    std::cout << fmt::format("  [{}] child run {}", terminal_text(run.id), storage::to_string(run.status)) << std::endl;
   };
   o.on_error = [](const std::string& id, const std::string& error) {
     std::lock_guard lock(output);
-    std::cerr << fmt::format("warning: run {}: {}", id, error) << std::endl;
+    std::cerr << terminal_text(fmt::format("warning: run {}: {}", id, error)) << std::endl;
   };
   engine::scheduler runs(std::move(o));
   std::atomic<bool> never{false};

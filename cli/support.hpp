@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/format.hpp"
 #include "cli/paths.hpp"
 #include "engine/engine.hpp"
 #include "runtime/sandbox.hpp"
@@ -39,28 +40,31 @@ class progress_printer : public engine::run_observer {
 
 engine::engine_options options_for(const paths& p);
 
-// Runs `body`, turning every expected failure into one message and an exit code.
+// Runs `body`, turning every expected failure into one message and an exit
+// code. The message may quote an agent (a step name in a non-determinism
+// error), so it is escaped.
 template <class F>
 int guarded(F&& body) {
+  const auto say = [](const std::exception& e) { std::cerr << "cairn: " << terminal_text(e.what()) << "\n"; };
   try {
     return body();
   } catch (const engine::engine_error& e) {
-    std::cerr << "cairn: " << e.what() << "\n";
+    say(e);
     return e.code() == engine::errc::busy ? 4 : 2;
   } catch (const storage::storage_error& e) {
-    std::cerr << "cairn: " << e.what() << "\n";
+    say(e);
     return 3;
   } catch (const runtime::sandbox_error& e) {
-    std::cerr << "cairn: " << e.what() << "\n";
+    say(e);
     return 3;
   } catch (const std::filesystem::filesystem_error& e) {
-    std::cerr << "cairn: " << e.what() << "\n";
+    say(e);
     return 3;
   } catch (const engine::policy_error& e) {
-    std::cerr << "cairn: " << e.what() << "\n";
+    say(e);
     return 2;
   } catch (const std::runtime_error& e) {  // e.g. an unreadable host config file
-    std::cerr << "cairn: " << e.what() << "\n";
+    say(e);
     return 3;
   }
 }

@@ -152,10 +152,12 @@ void parse_limits(object_reader& r, policy& p) {
 }
 
 void check_host_pattern(const std::string& key, const std::string& host) {
-  static const std::regex pattern(R"(^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?$)");
+  static const std::regex pattern(
+      R"(^((\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:([0-9]{1,5}|\*))?$)");
   if (!std::regex_match(host, pattern))
-    throw policy_error(key, fmt::format("'{}' is not a host pattern: use 'example.com', 'example.com:8443', "
-                                        "'*.example.com' or '127.0.0.1:8080' (no scheme, no path)",
+    throw policy_error(key, fmt::format("'{}' is not a host pattern: use 'example.com' (the scheme's default "
+                                        "port), 'example.com:8443', 'example.com:*' (any port), '*.example.com', "
+                                        "'127.0.0.1:8080' or '[::1]:8080' (no scheme, no path)",
                                         host));
 }
 
@@ -172,6 +174,7 @@ http_fetch_grant parse_fetch(object_reader& r) {
   g.max_response_bytes = r.number("max_bytes", d.max_response_bytes, 1, 1ull << 30);
   g.timeout = std::chrono::milliseconds(r.number("timeout_ms", d.timeout.count(), 1, 3'600'000, " ms"));
   g.max_redirects = static_cast<int>(r.number("max_redirects", d.max_redirects, 0, 20));
+  g.private_addresses = r.boolean("private", d.private_addresses);
   r.done();
   return g;
 }
@@ -183,6 +186,8 @@ llm_chat_grant parse_llm(object_reader& r) {
   g.timeout = std::chrono::milliseconds(r.number("timeout_ms", d.timeout.count(), 1, 3'600'000, " ms"));
   g.stream = r.boolean("stream", d.stream);
   g.max_response_bytes = r.number("max_bytes", d.max_response_bytes, 1, 1ull << 30);
+  g.images = r.boolean("images", d.images);
+  g.max_total_tokens = r.number("max_total_tokens", d.max_total_tokens, 0, 1ull << 40);
   r.done();
   return g;
 }
@@ -218,6 +223,14 @@ command_tool_spec parse_command(object_reader& r) {
   c.timeout = std::chrono::milliseconds(r.number("timeout_ms", d.timeout.count(), 1, 3'600'000, " ms"));
   c.kind = parse_idempotency(r.key_of("idempotency"), r.take("idempotency"));
   c.max_output_bytes = r.number("max_output_bytes", d.max_output_bytes, 1, 1ull << 30);
+  c.env = r.strings("env", d.env);
+  static const std::regex env_name(R"(^[A-Za-z_][A-Za-z0-9_]*$)");
+  for (const auto& name : c.env)
+    if (!std::regex_match(name, env_name) || name == "CAIRN_RUN_ID" || name == "CAIRN_TOOL_SEQ" ||
+        name == "CAIRN_IDEMPOTENCY_KEY")
+      throw policy_error(r.key_of("env"), "'" + name + "' is not a variable the tool may take from the host: name "
+                                          "variables like SMTP_PASSWORD (cairn sets CAIRN_RUN_ID, CAIRN_TOOL_SEQ and "
+                                          "CAIRN_IDEMPOTENCY_KEY itself)");
   r.done();
   return c;
 }
@@ -409,7 +422,8 @@ json to_json(const policy& p) {
                             {"methods", strings_json(g.methods)},
                             {"max_bytes", g.max_response_bytes},
                             {"timeout_ms", g.timeout.count()},
-                            {"max_redirects", g.max_redirects}};
+                            {"max_redirects", g.max_redirects},
+                            {"private", g.private_addresses}};
   }
   if (p.llm_chat) {
     const auto& g = *p.llm_chat;
@@ -417,14 +431,17 @@ json to_json(const policy& p) {
                           {"max_tokens", g.max_tokens},
                           {"timeout_ms", g.timeout.count()},
                           {"stream", g.stream},
-                          {"max_bytes", g.max_response_bytes}};
+                          {"max_bytes", g.max_response_bytes},
+                          {"images", g.images},
+                          {"max_total_tokens", g.max_total_tokens}};
   }
   for (const auto& [name, c] : p.commands)
     tools[name] = {{"command", strings_json(c.command)},
                    {"input", c.input},
                    {"timeout_ms", c.timeout.count()},
                    {"idempotency", to_string(c.kind)},
-                   {"max_output_bytes", c.max_output_bytes}};
+                   {"max_output_bytes", c.max_output_bytes},
+                   {"env", strings_json(c.env)}};
   return {{"network", p.network},
           {"limits",
            {{"memory_mb", l.max_memory_bytes / mib},

@@ -47,6 +47,8 @@ struct command_tool_spec {
   std::chrono::milliseconds timeout{30'000};
   idempotency kind = idempotency::at_most_once;
   std::size_t max_output_bytes = 1 << 20;
+  // Host environment variables the tool gets (see tools/command_tool.hpp).
+  std::vector<std::string> env;
 };
 
 // How long a run and its steps may take ("timeouts" in the policy file).

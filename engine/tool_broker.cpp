@@ -19,9 +19,19 @@ tool_broker::tool_broker(storage::journal& journal, const storage::run_record& r
                          std::function<void(const json&)> emit)
     : journal_(journal), run_(run), policy_(p), budget_(budget), emit_(std::move(emit)) {
   if (p.http_fetch) tools_["http.fetch"] = make_http_fetch(*p.http_fetch);
-  if (p.llm_chat) tools_["llm.chat"] = make_llm_chat(*p.llm_chat, llm);
+  if (p.llm_chat) tools_["llm.chat"] = make_llm_chat(*p.llm_chat, llm, llm_tokens_spent());
   for (const auto& [name, spec] : p.commands)
-    tools_[name] = make_command_tool({name, spec.command, spec.input, spec.timeout, spec.kind, spec.max_output_bytes});
+    tools_[name] =
+        make_command_tool({name, spec.command, spec.input, spec.timeout, spec.kind, spec.max_output_bytes, spec.env});
+}
+
+std::uint64_t tool_broker::llm_tokens_spent() const {
+  if (!policy_.llm_chat || policy_.llm_chat->max_total_tokens == 0) return 0;
+  std::uint64_t spent = 0;
+  for (const auto& s : journal_.steps(run_.id))
+    if (s.result.kind == protocol::step_kind::tool && s.result.name == "llm.chat" && s.result.ok)
+      spent += tokens_counted(s.result.output);
+  return spent;
 }
 
 protocol::step_result tool_broker::call(const protocol::tool_msg& m) {

@@ -38,6 +38,9 @@ class tool_broker {
   protocol::step_result call(const protocol::tool_msg& m);
 
  private:
+  // What the run's journaled llm.chat calls counted against its token budget.
+  std::uint64_t llm_tokens_spent() const;
+
   storage::journal& journal_;
   const storage::run_record& run_;
   const policy& policy_;

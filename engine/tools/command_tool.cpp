@@ -10,11 +10,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
-extern char** environ;
+#include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -116,12 +117,13 @@ class command_tool final : public tool {
     if (WEXITSTATUS(c.status) != 0)
       throw tool_error("failed", fmt::format("tool {} exited with code {}{}", o_.name, WEXITSTATUS(c.status),
                                              err.empty() ? "" : ": " + clip(err, 400)));
-    json result = json::parse(out, nullptr, false);
-    if (result.is_discarded())
-      throw tool_error("bad_output", fmt::format("tool {} printed something that is not JSON on stdout ({} bytes, "
-                                                 "starting '{}'); a user tool prints exactly one JSON value",
-                                                 o_.name, out.size(), clip(out.substr(0, 60), 60)));
-    return result;
+    try {
+      return protocol::parse_bounded(out, "its stdout", {max_result_depth, o_.max_output_bytes});
+    } catch (const protocol::json_error& e) {
+      throw tool_error("bad_output", fmt::format("tool {} printed something unusable on stdout ({} bytes, starting "
+                                                 "'{}'): {}; a user tool prints exactly one JSON value",
+                                                 o_.name, out.size(), clip(out.substr(0, 60), 60), e.what()));
+    }
   }
 
  private:
@@ -176,17 +178,7 @@ class command_tool final : public tool {
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
 
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) {
-      std::string_view kv(*e);
-      if (kv.starts_with("CAIRN_RUN_ID=") || kv.starts_with("CAIRN_TOOL_SEQ=") ||
-          kv.starts_with("CAIRN_IDEMPOTENCY_KEY="))
-        continue;
-      env_strings.emplace_back(kv);
-    }
-    env_strings.push_back("CAIRN_RUN_ID=" + call.run_id);
-    env_strings.push_back("CAIRN_TOOL_SEQ=" + std::to_string(call.seq));
-    env_strings.push_back("CAIRN_IDEMPOTENCY_KEY=" + call.idempotency_key);
+    auto env_strings = environment(call);
     std::vector<char*> envp, argv;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -202,6 +194,22 @@ class command_tool final : public tool {
       throw tool_error("failed", fmt::format("tool {}: cannot start {}: {}", o_.name, args[0], std::strerror(rc)));
     }
     return c;
+  }
+
+  // The tool's whole environment (command_tool.hpp): never the host's as a
+  // whole. A variable the grant names (PATH too) takes the host's value.
+  std::vector<std::string> environment(const tool_call& call) const {
+    std::map<std::string, std::string> vars = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"LANG", "C.UTF-8"}};
+    std::vector<std::string> names = o_.env;
+    names.insert(names.begin(), "HOME");
+    for (const auto& name : names)
+      if (const char* value = std::getenv(name.c_str())) vars[name] = value;
+    vars["CAIRN_RUN_ID"] = call.run_id;
+    vars["CAIRN_TOOL_SEQ"] = std::to_string(call.seq);
+    vars["CAIRN_IDEMPOTENCY_KEY"] = call.idempotency_key;
+    std::vector<std::string> env;
+    for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
+    return env;
   }
 
   // Writes `input` to stdin and reads stdout and stderr until both close,

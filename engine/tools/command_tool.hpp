@@ -1,7 +1,10 @@
 // A user tool: a host executable declared in the run's policy. The call's
 // arguments go to its stdin as one JSON value; it prints its result as one
-// JSON value on stdout and exits 0. It runs on the host, outside the sandbox,
-// with the host's environment (that is where credentials live) plus
+// JSON value on stdout (at most max_result_depth levels deep) and exits 0. It runs on the
+// host, outside the sandbox, with a clean environment:
+//   PATH=/usr/local/bin:/usr/bin:/bin, LANG=C.UTF-8, HOME (the host's),
+//   the host variables its grant names in `env` (that is how a credential
+//   reaches it; the host's CAIRN_LLM_API_KEY does not, unless named),
 //   CAIRN_RUN_ID, CAIRN_TOOL_SEQ, CAIRN_IDEMPOTENCY_KEY ("RUN_ID/SEQ").
 // A non-zero exit fails the call with the end of its stderr; a timeout or
 // oversized output kills its whole process group.
@@ -25,6 +28,7 @@ struct command_tool_options {
   std::chrono::milliseconds timeout{30'000};
   idempotency kind = idempotency::at_most_once;
   std::size_t max_output_bytes = 1 << 20;
+  std::vector<std::string> env;  // host variables passed on, by name
 };
 
 std::unique_ptr<tool> make_command_tool(command_tool_options options);

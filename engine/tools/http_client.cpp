@@ -224,8 +224,22 @@ struct exchange::impl {
     }
   }
 
+  // The resolved endpoints that options.refuse_address lets through.
+  std::vector<tcp::endpoint> allowed(std::vector<tcp::endpoint> endpoints, const url& target) {
+    if (!opts.refuse_address || endpoints.empty()) return endpoints;
+    std::string refusal;
+    std::erase_if(endpoints, [&](const tcp::endpoint& e) {
+      auto reason = opts.refuse_address(e.address().to_string());
+      if (reason && refusal.empty()) refusal = *reason;
+      return reason.has_value();
+    });
+    if (endpoints.empty())
+      throw tool_error("refused", fmt::format("{}: will not connect to {}: {}", opts.who, target.host, refusal));
+    return endpoints;
+  }
+
   void connect(const url& target) {
-    auto endpoints = resolve(target);
+    auto endpoints = allowed(resolve(target), target);
     if (target.scheme == "https") {
       tls.emplace(ioc, tls_context());
       // SNI carries names only (RFC 6066); the verify callback checks names and IPs.

@@ -7,11 +7,13 @@
 //   "timeout"     the deadline passed; no call blocks past it
 //   "too_large"   the body exceeds options.max_body_bytes
 //   "bad_output"  the answer is not HTTP
+//   "refused"     options.refuse_address refused every address of the host
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +55,11 @@ struct options {
   std::chrono::steady_clock::time_point deadline;
   std::chrono::milliseconds timeout;  // only for messages: the budget the deadline came from
   std::size_t max_body_bytes = 1 << 20;
+  // Judges each address the host's one lookup of the target gave (its text,
+  // e.g. "127.0.0.1"): why it may not be reached, or nullopt. The connection
+  // goes only to the addresses judged, so a second lookup cannot swap them.
+  // Empty: every address may be reached.
+  std::function<std::optional<std::string>(const std::string& address)> refuse_address;
 };
 
 // One exchange: the constructor connects, sends the request and reads the

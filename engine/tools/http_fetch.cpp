@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/tools/address_range.hpp"
 #include "engine/tools/http_client.hpp"
 
 namespace cairn::engine {
@@ -39,30 +40,44 @@ bool is_ip_literal(std::string_view host) {
   return host.find(':') != std::string_view::npos || host.find_first_not_of("0123456789.") == std::string_view::npos;
 }
 
-// A grant entry: "host", "host:port", "[v6]:port", "*.suffix[:port]".
-bool host_matches(std::string_view entry, const http::url& u) {
+// A grant entry: "host", "host:port", "host:*", "[v6]:port", "*.suffix[:port]".
+struct host_entry {
+  std::string host;                 // lowercase, an IPv6 literal without brackets
+  std::optional<std::string> port;  // nullopt: the scheme's default; "*": any
+};
+
+std::optional<host_entry> parse_entry(std::string_view entry) {
   std::string pattern = to_lower(entry);
-  std::string host = pattern;
-  std::optional<std::string> port;
+  host_entry out{pattern, std::nullopt};
   if (pattern.starts_with('[')) {
     auto close = pattern.find(']');
-    if (close == std::string::npos) return false;
-    host = pattern.substr(1, close - 1);
+    if (close == std::string::npos) return std::nullopt;
+    out.host = pattern.substr(1, close - 1);
     if (pattern.size() > close + 1) {
-      if (pattern[close + 1] != ':') return false;
-      port = pattern.substr(close + 2);
+      if (pattern[close + 1] != ':') return std::nullopt;
+      out.port = pattern.substr(close + 2);
     }
   } else if (std::count(pattern.begin(), pattern.end(), ':') == 1) {
-    host = pattern.substr(0, pattern.find(':'));
-    port = pattern.substr(pattern.find(':') + 1);
+    out.host = pattern.substr(0, pattern.find(':'));
+    out.port = pattern.substr(pattern.find(':') + 1);
   }
-  if (port && *port != std::to_string(u.port)) return false;
-  if (host.starts_with("*.")) {
+  return out;
+}
+
+bool host_matches(std::string_view text, const http::url& u) {
+  auto entry = parse_entry(text);
+  if (!entry) return false;
+  const auto port = std::to_string(u.port);
+  if (entry->port ? *entry->port != "*" && *entry->port != port : u.port != (u.scheme == "https" ? 443 : 80))
+    return false;
+  if (entry->host.starts_with("*.")) {
     // Subdomains only, and never an IP address: "*.0.1" must not match 10.0.0.1.
-    std::string_view suffix = std::string_view(host).substr(1);
+    std::string_view suffix = std::string_view(entry->host).substr(1);
     return !is_ip_literal(u.host) && u.host.size() > suffix.size() && u.host.ends_with(suffix);
   }
-  return u.host == host;
+  if (u.host == entry->host) return true;
+  auto ip = http::canonical_ip(u.host);
+  return ip && ip == http::canonical_ip(entry->host);
 }
 
 std::string describe(const std::vector<std::string>& items, std::string_view none) {
@@ -187,7 +202,8 @@ class http_fetch final : public tool {
 
     for (int redirects = 0;; ++redirects) {
       http::exchange exchange({args.method, target, args.headers, args.body},
-                              {tool_name, deadline, grant_.timeout, grant_.max_response_bytes});
+                              {tool_name, deadline, grant_.timeout, grant_.max_response_bytes,
+                               [&](const std::string& address) { return refuse_address(target, address); }});
       auto location = exchange.header("location");
       if (!is_redirect(exchange.status()) || !location) return result(exchange, target);
       if (redirects >= grant_.max_redirects)
@@ -224,6 +240,17 @@ class http_fetch final : public tool {
                        redirect, host, allowed));
   }
 
+  // Why the host may not connect to `address`, one of those `target`'s host
+  // resolved to. An IP literal that check_host let through is named in the
+  // grant (no wildcard matches an IP); a name may lead anywhere.
+  std::optional<std::string> refuse_address(const http::url& target, const std::string& address) const {
+    auto range = http::special_range(address);
+    if (!range || grant_.private_addresses || http::canonical_ip(target.host) == address) return std::nullopt;
+    return fmt::format("it resolves to {}, a {} address; use that address in the URL and name it in the grant's "
+                       "\"hosts\", or set \"private\": true",
+                       address, *range);
+  }
+
   http::url follow(const http::url& from, const std::string& location) const {
     http::url next;
     try {
@@ -231,6 +258,9 @@ class http_fetch final : public tool {
     } catch (const tool_error& e) {
       refuse(fmt::format("did not follow a redirect from {}: {}", from.to_string(), e.what()));
     }
+    if (from.scheme == "https" && next.scheme == "http")
+      refuse(fmt::format("did not follow a redirect from {} to {}: https never falls back to plain http",
+                         from.to_string(), next.to_string()));
     check_host(next, next.to_string());
     return next;
   }

@@ -6,10 +6,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <fmt/format.h>
 
 #include "engine/tools/http_client.hpp"
+#include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
 
@@ -46,8 +48,24 @@ void redact(json& value, const std::string& secret) {
     for (auto& item : value) redact(item, secret);
 }
 
+// The server's text as JSON; a discarded value when it is not JSON or breaks the bounds.
+json parse_reply(std::string_view text) {
+  try {
+    return protocol::parse_bounded(text, "the LLM endpoint's answer", {max_result_depth, text.size()});
+  } catch (const protocol::json_error&) {
+    return json(json::value_t::discarded);
+  }
+}
+
+// Why parse_reply discarded `text`, for messages.
+std::string not_json_reason(std::string_view text) {
+  return protocol::nesting_depth(text) > max_result_depth
+             ? fmt::format("nests deeper than {} levels ({} bytes)", max_result_depth, text.size())
+             : "is not a JSON object: " + clip(text);
+}
+
 std::string error_detail(const std::string& body) {
-  json doc = json::parse(body, nullptr, false);
+  json doc = parse_reply(body);
   if (doc.is_object() && doc.contains("error")) {
     const auto& error = doc["error"];
     if (error.is_string()) return clip(error.get<std::string>());
@@ -66,8 +84,8 @@ void emit_token(const tool_call& call, const std::string& text) {
 }
 
 json parse_completion(const std::string& body, const std::string& requested_model) {
-  json doc = json::parse(body, nullptr, false);
-  if (!doc.is_object()) bad_output("the LLM endpoint did not answer with a JSON object: " + clip(body));
+  json doc = parse_reply(body);
+  if (!doc.is_object()) bad_output("the LLM endpoint's answer " + not_json_reason(body));
   if (doc.contains("error"))
     throw tool_error("failed", tool_name + ": the LLM endpoint reported: " + error_detail(body));
   const json* message = nullptr;
@@ -136,8 +154,8 @@ class stream_assembler {
       done_ = true;
       return;
     }
-    json chunk = json::parse(data, nullptr, false);
-    if (!chunk.is_object()) bad_output("the LLM endpoint streamed something that is not a JSON object: " + clip(data));
+    json chunk = parse_reply(data);
+    if (!chunk.is_object()) bad_output("the LLM endpoint streamed a chunk that " + not_json_reason(data));
     if (chunk.contains("error"))
       throw tool_error("failed", tool_name + ": the LLM endpoint reported mid-stream: " + error_detail(data));
     got_chunk_ = true;
@@ -186,10 +204,55 @@ class stream_assembler {
   bool got_chunk_ = false, done_ = false;
 };
 
+// The agent's message `m` (messages[i]) as the server gets it: known fields only.
+json message_body(const json& m, std::size_t i, bool images) {
+  if (!m.is_object() || !m.value("role", json()).is_string())
+    refuse(fmt::format("messages[{}] must be an object with a \"role\" string", i));
+  json out = {{"role", m["role"]}};
+  for (const char* key : {"name", "tool_call_id"})
+    if (m.contains(key)) {
+      if (!m[key].is_string()) refuse(fmt::format("messages[{}].{} must be a string", i, key));
+      out[key] = m[key];
+    }
+  if (m.contains("tool_calls")) {
+    if (!m["tool_calls"].is_array()) refuse(fmt::format("messages[{}].tool_calls must be an array", i));
+    out["tool_calls"] = m["tool_calls"];
+  }
+  if (!m.contains("content")) return out;
+  const auto& content = m["content"];
+  if (content.is_string() || content.is_null()) {
+    out["content"] = content;
+    return out;
+  }
+  if (!content.is_array()) refuse(fmt::format("messages[{}].content must be a string, null or an array of parts", i));
+  out["content"] = json::array();
+  for (std::size_t j = 0; j < content.size(); ++j) {
+    const auto& part = content[j];
+    const auto type = part.is_object() ? part.value("type", json()) : json();
+    if (type == "text" && part.value("text", json()).is_string()) {
+      out["content"].push_back({{"type", "text"}, {"text", part["text"]}});
+    } else if (type == "image_url") {
+      if (!images)
+        refuse(fmt::format("messages[{}].content[{}] is an image, and the grant does not allow images (set "
+                           "\"images\": true in the llm.chat grant)", i, j));
+      const auto& image = part.value("image_url", json());
+      if (!image.is_object() || !image.value("url", json()).is_string())
+        refuse(fmt::format("messages[{}].content[{}].image_url must be an object with a \"url\" string", i, j));
+      json kept = {{"url", image["url"]}};
+      if (image.value("detail", json()).is_string()) kept["detail"] = image["detail"];
+      out["content"].push_back({{"type", "image_url"}, {"image_url", std::move(kept)}});
+    } else {
+      refuse(fmt::format("messages[{}].content[{}] must be {{\"type\": \"text\", \"text\": \"...\"}}{}", i, j,
+                         images ? " or an image_url part" : ""));
+    }
+  }
+  return out;
+}
+
 class llm_chat final : public tool {
  public:
-  llm_chat(llm_chat_grant grant, std::optional<llm_endpoint> endpoint)
-      : grant_(std::move(grant)), endpoint_(std::move(endpoint)) {}
+  llm_chat(llm_chat_grant grant, std::optional<llm_endpoint> endpoint, std::uint64_t tokens_spent)
+      : grant_(std::move(grant)), endpoint_(std::move(endpoint)), spent_(tokens_spent) {}
 
   const std::string& name() const override { return tool_name; }
   idempotency kind(const json&) const override { return idempotency::idempotent; }
@@ -199,12 +262,20 @@ class llm_chat final : public tool {
       throw tool_error("unavailable", tool_name + ": no LLM endpoint is configured: set CAIRN_LLM_BASE_URL (and "
                                                   "CAIRN_LLM_API_KEY) on the host, or the \"llm\" object of "
                                                   "cairn's config file");
+    if (grant_.max_total_tokens > 0 && spent_ >= grant_.max_total_tokens)
+      refuse(fmt::format("this run's calls have used {} tokens, its grant's max_total_tokens is {}: no more calls",
+                         spent_, grant_.max_total_tokens));
     // chat() scrubs the key from what the server sends before reading it
     // (so no clip can cut it in half); this catches anything else.
     const auto& key = endpoint_->api_key;
     try {
       json result = chat(call);
       if (!key.empty()) redact(result, key);
+      // A server that reports no usage is charged the most the call could have used.
+      if (grant_.max_total_tokens > 0 && !result.contains("usage"))
+        result["usage"] = {{"total_tokens", std::min<std::uint64_t>(grant_.max_tokens, grant_.max_total_tokens - spent_)},
+                           {"estimated", true}};
+      spent_ += tokens_counted(result);
       return result;
     } catch (const tool_error& e) {
       throw tool_error(e.type(), redacted(e.what(), key));
@@ -212,23 +283,20 @@ class llm_chat final : public tool {
   }
 
  private:
-  // The request body: the agent's arguments, checked against the grant.
+  // The request body: the fields of the agent's arguments that llm_chat.hpp
+  // lists, checked against the grant.
   json request_body(const json& args) const {
     if (!args.is_object()) refuse("arguments must be an object like {\"messages\": [...]}");
     const auto& messages = args.value("messages", json());
     if (!messages.is_array() || messages.empty())
       refuse("\"messages\" must be a non-empty array like [{\"role\": \"user\", \"content\": \"...\"}]");
-    for (std::size_t i = 0; i < messages.size(); ++i) {
-      const auto& m = messages[i];
-      if (!m.is_object() || !m.value("role", json()).is_string())
-        refuse(fmt::format("messages[{}] must be an object with a \"role\" string", i));
-      if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null() && !m["content"].is_array())
-        refuse(fmt::format("messages[{}].content must be a string, null or an array of parts", i));
-    }
+    json body = {{"messages", json::array()}};
+    for (std::size_t i = 0; i < messages.size(); ++i)
+      body["messages"].push_back(message_body(messages[i], i, grant_.images));
+    for (const char* field : {"temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "tools",
+                              "tool_choice", "parallel_tool_calls", "response_format"})
+      if (args.contains(field)) body[field] = args[field];
 
-    json body = args;
-    body.erase("stream");
-    body.erase("stream_options");
     std::string model = endpoint_->model;
     if (args.contains("model")) {
       if (!args["model"].is_string()) refuse("\"model\" must be a string");
@@ -239,6 +307,8 @@ class llm_chat final : public tool {
       refuse(fmt::format("the model \"{}\" is not granted (allowed: {})", model, fmt::join(grant_.models, ", ")));
     body["model"] = model;
 
+    long long left = grant_.max_total_tokens > 0 ? static_cast<long long>(grant_.max_total_tokens - spent_)
+                                                 : std::numeric_limits<long long>::max();
     bool capped = false;
     for (const char* field : {"max_tokens", "max_completion_tokens"}) {
       if (!args.contains(field)) continue;
@@ -248,9 +318,10 @@ class llm_chat final : public tool {
       if (value.get<long long>() > grant_.max_tokens)
         refuse(fmt::format("\"{}\" is {}, above the grant's cap of {}", field, value.get<long long>(),
                            grant_.max_tokens));
+      body[field] = std::min(value.get<long long>(), left);
       capped = true;
     }
-    if (!capped) body["max_tokens"] = grant_.max_tokens;
+    if (!capped) body["max_tokens"] = std::min<long long>(grant_.max_tokens, left);
     // Each extra choice costs a full completion and only the first is returned.
     if (args.contains("n") && args["n"] != 1) refuse("\"n\" must be 1: llm.chat returns one choice");
     if (grant_.stream) {
@@ -301,6 +372,7 @@ class llm_chat final : public tool {
 
   llm_chat_grant grant_;
   std::optional<llm_endpoint> endpoint_;
+  std::uint64_t spent_;  // tokens counted so far in this run
 };
 
 // Sets `field` from llm[key] when present; throws when it is not a string.
@@ -354,8 +426,19 @@ std::optional<llm_endpoint> llm_endpoint_from_host(const std::string& config_fil
   return endpoint;
 }
 
-std::unique_ptr<tool> make_llm_chat(llm_chat_grant grant, std::optional<llm_endpoint> endpoint) {
-  return std::make_unique<llm_chat>(std::move(grant), std::move(endpoint));
+std::uint64_t tokens_counted(const json& result) {
+  const auto& usage = result.is_object() ? result.value("usage", json()) : json();
+  if (!usage.is_object()) return 0;
+  auto count = [&](const char* key) {
+    const auto& n = usage.value(key, json());
+    return n.is_number_unsigned() ? n.get<std::uint64_t>() : 0;
+  };
+  return usage.contains("total_tokens") ? count("total_tokens") : count("prompt_tokens") + count("completion_tokens");
+}
+
+std::unique_ptr<tool> make_llm_chat(llm_chat_grant grant, std::optional<llm_endpoint> endpoint,
+                                    std::uint64_t tokens_spent) {
+  return std::make_unique<llm_chat>(std::move(grant), std::move(endpoint), tokens_spent);
 }
 
 }  // namespace cairn::engine

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +17,11 @@
 namespace cairn::engine {
 
 using json = nlohmann::json;
+
+// The deepest a tool's result may nest (what a user tool prints, what a model
+// replies): well under protocol::max_depth, so the frames and journal rows
+// that carry the result stay within it.
+inline constexpr std::size_t max_result_depth = 64;
 
 // How a call may be repeated after a host crash. idempotent: re-run with the
 // same idempotency key. at_most_once: a durable `started` record is written

@@ -11,6 +11,8 @@
 //   /slow?ms=N                 answers after N ms (default 5000)
 //   /big?bytes=N               N bytes of 'x' (default 1000)
 //   /echo                      the request as JSON: method, target, headers, body
+//   /deep?levels=N             a chat completion whose "usage" nests N objects deep
+//                              (default 300000), as a hostile model server sends
 // Fixtures match on their first path segment and any method, so a base URL
 // such as http://127.0.0.1:PORT/status/500 points an LLM client at one.
 #include <sys/socket.h>
@@ -167,6 +169,13 @@ void send(tcp::socket& socket, const request& req, http::status status, const st
   res.body() = std::move(body);
   res.prepare_payload();
   http::write(socket, res);
+}
+
+std::string repeat(std::string_view text, std::size_t times) {
+  std::string out;
+  out.reserve(text.size() * times);
+  for (std::size_t i = 0; i < times; ++i) out += text;
+  return out;
 }
 
 void send_json(tcp::socket& socket, const request& req, http::status status, const json& body) {
@@ -365,6 +374,12 @@ void respond(tcp::socket& socket, const request& req, server& s) {
     return send(socket, req, http::status::ok, "text/plain", fmt::format("answered after {} ms\n", ms));
   }
   if (first == "big") return big(socket, req, std::max(0L, number_param(params, "bytes", 1000)));
+  if (first == "deep") {
+    auto levels = static_cast<std::size_t>(std::max(0L, number_param(params, "levels", 300000)));
+    return send(socket, req, http::status::ok, "application/json",
+                R"({"choices": [{"message": {"role": "assistant", "content": "deep"}, "finish_reason": "stop"}], )"
+                R"("usage": )" + repeat(R"({"d": )", levels) + "0" + std::string(levels, '}') + "}");
+  }
   send_json(socket, req, http::status::not_found, openai_error("no route for " + path, "not_found"));
 }
 

@@ -73,8 +73,8 @@ TEST_CASE("cairn run shows each step, exits 0, and show --json has the journal")
   auto r = run_cli(dir, run_steps("r1", 3));
   INFO(r.out << r.err);
   REQUIRE(r.code == 0);
-  CHECK_THAT(r.out, Catch::Contains("  0  step 0"));
-  CHECK_THAT(r.out, Catch::Contains("  2  step 2"));
+  CHECK_THAT(r.out, Catch::Contains("  0  step   step 0"));
+  CHECK_THAT(r.out, Catch::Contains("  2  step   step 2"));
   CHECK_THAT(r.out, Catch::Contains("run r1 completed"));
 
   auto show = run_cli(dir, {"show", "r1", "--json"});

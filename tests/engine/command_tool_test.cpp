@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <set>
 
 #include "engine/tools/command_tool.hpp"
 #include "tests/temp_dir.hpp"
@@ -21,7 +22,8 @@ struct fixture {
   explicit fixture(std::chrono::milliseconds timeout = std::chrono::milliseconds(5000), std::size_t max_output = 1 << 20) {
     setenv("CAIRN_TEST_TOOL_LOG", (dir / "calls.log").c_str(), 1);
     tool = engine::make_command_tool({"mailer", {RECORD_TOOL}, {{"to", "string"}, {"mode?", "string"}, {"n?", "integer"}},
-                                      timeout, engine::idempotency::at_most_once, max_output});
+                                      timeout, engine::idempotency::at_most_once, max_output,
+                                      {"CAIRN_TEST_TOOL_LOG", "CAIRN_TEST_SECRET"}});
   }
   ~fixture() { unsetenv("CAIRN_TEST_TOOL_LOG"); }
 
@@ -50,6 +52,19 @@ struct fixture {
     return n;
   }
 };
+
+// The tool_error that a call of `t` without arguments ends in.
+engine::tool_error failure_without_args(engine::tool& t) {
+  engine::tool_call c;
+  c.args = json::object();
+  try {
+    t.call(c);
+  } catch (const engine::tool_error& e) {
+    return e;
+  }
+  FAIL("succeeded");
+  throw std::logic_error("unreachable");
+}
 
 }  // namespace
 
@@ -86,7 +101,7 @@ TEST_CASE("a hanging tool is killed at its timeout") {
 TEST_CASE("garbage, huge output and a crash are clear errors") {
   fixture f(std::chrono::milliseconds(5000), 64 * 1024);
   CHECK_THAT(f.failure({{"to", "x"}, {"mode", "garbage"}}),
-             Catch::StartsWith("bad_output: ") && Catch::Contains("not JSON") && Catch::Contains("this is not json"));
+             Catch::StartsWith("bad_output: ") && Catch::Contains("not valid JSON") && Catch::Contains("this is not json"));
   CHECK_THAT(f.failure({{"to", "x"}, {"mode", "huge"}}),
              Catch::StartsWith("too_large: ") && Catch::Contains("65536 bytes"));
   CHECK_THAT(f.failure({{"to", "x"}, {"mode", "crash"}}),
@@ -94,16 +109,46 @@ TEST_CASE("garbage, huge output and a crash are clear errors") {
   CHECK(f.call({{"to", "x"}})["sent"] == true);
 }
 
+TEST_CASE("a user tool gets a clean environment: the variables its grant names and cairn's own, no API key") {
+  fixture f;
+  setenv("CAIRN_LLM_API_KEY", "sk-host-only-51f0", 1);
+  setenv("AWS_SECRET_ACCESS_KEY", "aws-host-only", 1);
+  setenv("CAIRN_TEST_SECRET", "named-in-the-grant", 1);
+  json seen = f.call({{"to", "x"}, {"mode", "env"}}, 9);
+  unsetenv("CAIRN_LLM_API_KEY");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
+  unsetenv("CAIRN_TEST_SECRET");
+  INFO(seen.dump());
+  CHECK(seen["api_key_seen"] == false);
+  CHECK(seen["secret_seen"] == true);
+  CHECK(seen["run"] == "run-1");
+  CHECK(seen["seq"] == "9");
+  CHECK(seen["key"] == "run-1/9");
+  CHECK(seen["path"] == "/usr/local/bin:/usr/bin:/bin");
+  for (const auto& name : seen["names"]) {
+    static const std::set<std::string> allowed = {"PATH", "LANG", "HOME", "CAIRN_TEST_TOOL_LOG", "CAIRN_TEST_SECRET",
+                                                  "CAIRN_RUN_ID", "CAIRN_TOOL_SEQ", "CAIRN_IDEMPOTENCY_KEY",
+                                                  // set by bash itself
+                                                  "PWD", "SHLVL", "_", "OLDPWD"};
+    CHECK(allowed.count(name.get<std::string>()) == 1);
+  }
+}
+
+TEST_CASE("a tool's output nested 300,000 levels deep fails that call alone") {
+  testing::temp_dir dir;
+  const auto script = dir / "deep.sh";
+  std::ofstream(script) << "#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' '['\nhead -c 300000 /dev/zero | tr '\\0' ']'\n";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto t = engine::make_command_tool({"deep", {script.string()}, {}, std::chrono::milliseconds(10000),
+                                      engine::idempotency::idempotent, 1 << 20});
+  auto error = failure_without_args(*t);
+  CHECK(error.type() == "bad_output");
+  CHECK_THAT(error.what(), Catch::Contains("deeper than 64 levels"));
+}
+
 TEST_CASE("a tool that cannot start is a failed call, not a host error") {
   testing::temp_dir dir;
   auto t = engine::make_command_tool({"gone", {(dir / "missing").string()}, {}, std::chrono::milliseconds(1000),
                                       engine::idempotency::idempotent, 1024});
-  engine::tool_call c;
-  c.args = json::object();
-  try {
-    t->call(c);
-    FAIL("succeeded");
-  } catch (const engine::tool_error& e) {
-    CHECK(e.type() == "failed");
-  }
+  CHECK(failure_without_args(*t).type() == "failed");
 }

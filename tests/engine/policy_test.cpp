@@ -37,13 +37,15 @@ TEST_CASE("a full policy parses and survives its normalized form") {
             {"limits", {{"memory_mb", 256}, {"processes", 32}, {"cpu_seconds", 10}, {"wall_seconds", 60},
                         {"open_files", 64}, {"workspace_mb", 64}, {"file_mb", 8}, {"tmp_mb", 16}}},
             {"tools",
-             {{"http.fetch", {{"hosts", {"example.com", "*.wikipedia.org", "127.0.0.1:8080"}}, {"methods", {"GET"}}}},
-              {"llm.chat", {{"models", {"small"}}, {"max_tokens", 512}}},
+             {{"http.fetch", {{"hosts", {"example.com", "*.wikipedia.org", "127.0.0.1:8080", "localhost:*", "[::1]:80"}},
+                              {"methods", {"GET"}}, {"private", true}}},
+              {"llm.chat", {{"models", {"small"}}, {"max_tokens", 512}, {"images", true}, {"max_total_tokens", 20000}}},
               {"send_email",
                {{"command", {RECORD_TOOL, "--flag"}},
                 {"input", {{"to", "string"}, {"cc?", "string"}}},
                 {"idempotency", "at_most_once"},
-                {"timeout_ms", 5000}}}}}};
+                {"timeout_ms", 5000},
+                {"env", {"SMTP_PASSWORD"}}}}}}};
   auto p = engine::parse_policy(j);
   CHECK(p.limits.max_memory_bytes == 256ull << 20);
   CHECK(p.limits.max_processes == 32);
@@ -51,10 +53,14 @@ TEST_CASE("a full policy parses and survives its normalized form") {
   CHECK(p.wall_time == std::chrono::seconds(60));
   CHECK(p.limits.max_tmp_bytes == 16ull << 20);
   REQUIRE(p.http_fetch);
-  CHECK(p.http_fetch->hosts.size() == 3);
+  CHECK(p.http_fetch->hosts.size() == 5);
+  CHECK(p.http_fetch->private_addresses);
   REQUIRE(p.llm_chat);
   CHECK(p.llm_chat->max_tokens == 512);
+  CHECK(p.llm_chat->images);
+  CHECK(p.llm_chat->max_total_tokens == 20000);
   REQUIRE(p.commands.count("send_email"));
+  CHECK(p.commands["send_email"].env == std::vector<std::string>{"SMTP_PASSWORD"});
   CHECK(p.commands["send_email"].kind == engine::idempotency::at_most_once);
   CHECK(p.tool_names() == std::vector<std::string>{"http.fetch", "llm.chat", "send_email"});
 
@@ -91,6 +97,15 @@ TEST_CASE("unknown keys, wrong types and impossible limits are rejected, naming 
                                                {"input", {{"to", "text"}}}}}}}}),
              Catch::Contains("tools.mailer.input.to"));
   CHECK_THAT(rejection({{"tools", {{"Bad Name", {{"command", {RECORD_TOOL}}}}}}}), Catch::Contains("tool name"));
+  CHECK_THAT(rejection({{"tools", {{"http.fetch", {{"hosts", {"a.com"}}, {"private", "yes"}}}}}}),
+             Catch::Contains("tools.http.fetch.private"));
+  CHECK_THAT(rejection({{"tools", {{"llm.chat", {{"images", 1}}}}}}), Catch::Contains("tools.llm.chat.images"));
+  CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {RECORD_TOOL}}, {"idempotency", "idempotent"},
+                                               {"env", {"CAIRN_IDEMPOTENCY_KEY"}}}}}}}),
+             Catch::Contains("tools.mailer.env"));
+  CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {RECORD_TOOL}}, {"idempotency", "idempotent"},
+                                               {"env", {"A=B"}}}}}}}),
+             Catch::Contains("tools.mailer.env"));
   CHECK_THAT(rejection(json::array()), Catch::Contains("JSON object"));
 }
 

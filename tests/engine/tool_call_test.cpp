@@ -38,7 +38,8 @@ struct harness {
                 {"input", {{"to", "string"}, {"mode?", "string"}}},
                 {"idempotency", idempotency},
                 {"timeout_ms", 1000},
-                {"max_output_bytes", 65536}}}}}};
+                {"max_output_bytes", 65536},
+                {"env", {"CAIRN_TEST_TOOL_LOG"}}}}}}};
   }
   static engine::policy mailer_policy(const std::string& idempotency = "at_most_once") {
     return engine::parse_policy(mailer_policy_json(idempotency));

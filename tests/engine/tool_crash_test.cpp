@@ -56,7 +56,8 @@ struct host {
                                  {{"mailer",
                                    {{"command", {RECORD_TOOL}},
                                     {"input", {{"to", "string"}}},
-                                    {"idempotency", idempotency}}}}}}
+                                    {"idempotency", idempotency},
+                                    {"env", {"CAIRN_TEST_TOOL_LOG"}}}}}}}
                                .dump();
     return file;
   }

@@ -2,7 +2,11 @@
 // grant stops before any request leaves the host.
 #include "engine/tools/http_fetch.hpp"
 
+#include "engine/tools/address_range.hpp"
+
 #include <netinet/in.h>
+#include <map>
+#include <optional>
 #include <sys/socket.h>
 
 #include <catch2/catch.hpp>
@@ -12,9 +16,11 @@
 namespace cairn::engine::test {
 namespace {
 
+// The mock servers listen on 127.0.0.1, which the grant names: loopback is
+// reachable only so.
 http_fetch_grant local_grant() {
   http_fetch_grant grant;
-  grant.hosts = {"127.0.0.1"};
+  grant.hosts = {"127.0.0.1:*"};
   return grant;
 }
 
@@ -87,9 +93,10 @@ TEST_CASE("a host outside the grant is refused, named, and never contacted") {
 TEST_CASE("grant host entries: exact port, any port, case, subdomains only, IPs literally") {
   mock_server server;
   auto port = std::to_string(server.port());
-  auto allowed_by = [&](std::string entry, std::string url) {
+  auto allowed_by = [&](std::string entry, std::string url, bool private_addresses = true) {
     http_fetch_grant grant;
     grant.hosts = {std::move(entry)};
+    grant.private_addresses = private_addresses;
     try {
       return fetch_url(grant, url)["status"] == 200;
     } catch (const tool_error& e) {
@@ -99,11 +106,64 @@ TEST_CASE("grant host entries: exact port, any port, case, subdomains only, IPs 
     }
   };
   CHECK(allowed_by("127.0.0.1:" + port, server.url("/echo")));
+  CHECK(allowed_by("127.0.0.1:*", server.url("/echo")));
   CHECK_FALSE(allowed_by("127.0.0.1:1", server.url("/echo")));
-  CHECK(allowed_by("LOCALHOST", "http://localhost:" + port + "/echo"));
+  CHECK_FALSE(allowed_by("127.0.0.1", server.url("/echo")));  // no port: the scheme's default, 80
+  CHECK(allowed_by("LOCALHOST:" + port, "http://localhost:" + port + "/echo"));
   CHECK_FALSE(allowed_by("*.localhost", "http://localhost:" + port + "/echo"));
   CHECK_FALSE(allowed_by("*.0.0.1", server.url("/echo")));
   CHECK_FALSE(allowed_by("127.0.0.10", server.url("/echo")));
+}
+
+TEST_CASE("a name that resolves to loopback is refused unless the grant names the address or sets private") {
+  mock_server server;
+  const auto port = std::to_string(server.port());
+  const auto url = "http://localhost:" + port + "/echo";
+  http_fetch_grant grant;
+  grant.hosts = {"localhost:" + port};
+  auto error = error_of([&] { fetch_url(grant, url); });
+  CHECK(error.type() == "refused");
+  CHECK_THAT(error.what(), Catch::Contains("loopback") && Catch::Contains("\"private\": true"));
+  CHECK(server.requests().empty());
+
+  grant.hosts = {"localhost:" + port, "127.0.0.1:" + port};  // the address, named: only as itself
+  CHECK(error_of([&] { fetch_url(grant, url); }).type() == "refused");
+  CHECK(fetch_url(grant, server.url("/echo"))["status"] == 200);
+  grant.hosts = {"localhost:" + port};
+  grant.private_addresses = true;
+  CHECK(fetch_url(grant, url)["status"] == 200);
+}
+
+TEST_CASE("a redirect to loopback is checked like the first URL") {
+  mock_server server;
+  const auto port = std::to_string(server.port());
+  http_fetch_grant grant;
+  grant.hosts = {"127.0.0.1:" + port, "localhost:" + port};
+  auto error = error_of([&] { fetch_url(grant, server.url("/redirect?to=http://localhost:" + port + "/echo")); });
+  CHECK(error.type() == "refused");
+  CHECK_THAT(error.what(), Catch::Contains("loopback"));
+  CHECK(server.requests().size() == 1);  // the redirect, not its target
+}
+
+TEST_CASE("special address ranges: loopback, private, shared, link-local, metadata, multicast, unspecified") {
+  using http::special_range;
+  const std::map<std::string, std::optional<std::string>> expected = {
+      {"169.254.169.254", "metadata"}, {"fd00:ec2::254", "metadata"},  {"127.0.0.1", "loopback"},
+      {"127.255.0.9", "loopback"},     {"::1", "loopback"},            {"10.1.2.3", "private"},
+      {"172.16.0.1", "private"},       {"172.31.255.255", "private"},  {"192.168.1.1", "private"},
+      {"fc00::1", "private"},          {"fd12:3456::1", "private"},    {"100.64.0.1", "shared"},
+      {"100.127.255.255", "shared"},   {"169.254.0.1", "link-local"},  {"fe80::1", "link-local"},
+      {"0.0.0.0", "unspecified"},      {"::", "unspecified"},          {"224.0.0.1", "multicast"},
+      {"ff02::1", "multicast"},        {"255.255.255.255", "reserved"}, {"::ffff:127.0.0.1", "loopback"},
+      {"::ffff:10.0.0.1", "private"},  {"64:ff9b::a9fe:a9fe", "metadata"},
+      {"8.8.8.8", std::nullopt},       {"172.32.0.1", std::nullopt},   {"100.128.0.1", std::nullopt},
+      {"2001:4860:4860::8888", std::nullopt}};
+  for (const auto& [address, range] : expected) {
+    INFO(address);
+    CHECK(special_range(address) == range);
+  }
+  CHECK(http::canonical_ip("FD00:EC2:0::254") == "fd00:ec2::254");
+  CHECK_FALSE(http::canonical_ip("example.com"));
 }
 
 TEST_CASE("a method outside the grant is refused before any request") {

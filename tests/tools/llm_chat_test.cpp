@@ -83,7 +83,7 @@ TEST_CASE("a streamed reply emits its tokens live, in order, and returns them as
   CHECK(sent["stream_options"]["include_usage"] == true);
 }
 
-TEST_CASE("the agent's other OpenAI fields pass through; stream is the host's choice") {
+TEST_CASE("the OpenAI fields llm.chat knows pass through; stream is the host's choice") {
   testing::temp_dir dir;
   std::ofstream(dir / "script.json") << R"({"replies": [{"match": "weather", "content": "Sunny all day."}]})";
   mock_server server({"--script", (dir / "script.json").string()});
@@ -99,6 +99,71 @@ TEST_CASE("the agent's other OpenAI fields pass through; stream is the host's ch
   CHECK(sent["temperature"] == 0.2);
   CHECK(sent["stream"] == true);
   CHECK(sent["messages"][1]["tool_calls"] == json::array());
+}
+
+TEST_CASE("fields llm.chat does not know never reach the server") {
+  mock_server server;
+  json args = {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hello there"}}}},
+                              {"audio", {{"url", "http://169.254.169.254/latest"}}}}}},
+               {"logit_bias", {{"50256", -100}}},
+               {"image_url", "http://10.0.0.1/internal.png"},
+               {"seed", 4}};
+  make_llm_chat(grant(false), endpoint_of(server))->call(make_call(args));
+  auto sent = server.requests().at(0)["body"];
+  CHECK(sent["messages"] == json{{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hello there"}}}}}});
+  CHECK(sent["seed"] == 4);
+  for (const char* dropped : {"logit_bias", "image_url"}) CHECK_FALSE(sent.contains(dropped));
+  CHECK(server.requests().at(0).dump().find("169.254") == std::string::npos);
+}
+
+TEST_CASE("an image part is refused unless the grant allows images") {
+  mock_server server;
+  json image = {{"type", "image_url"}, {"image_url", {{"url", "http://10.0.0.1/secret.png"}, {"x", 1}}}};
+  json args = {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "what is this"}}, image}}}}}};
+  auto error = error_of([&] { make_llm_chat(grant(false), endpoint_of(server))->call(make_call(args)); });
+  CHECK(error.type() == "refused");
+  CHECK_THAT(error.what(), Catch::Contains("\"images\": true"));
+  CHECK(server.requests().empty());
+
+  auto g = grant(false);
+  g.images = true;
+  make_llm_chat(g, endpoint_of(server))->call(make_call(args));
+  CHECK(server.requests().at(0)["body"]["messages"][0]["content"][1] ==
+        json{{"type", "image_url"}, {"image_url", {{"url", "http://10.0.0.1/secret.png"}}}});
+}
+
+TEST_CASE("the token budget lowers max_tokens to what is left, then refuses; a resumed run counts what it spent") {
+  mock_server server;
+  auto g = grant(false);
+  g.max_total_tokens = 10;
+  auto chat = make_llm_chat(g, endpoint_of(server));
+  auto first = chat->call(make_call(hello));  // 3 prompt + 4 completion tokens
+  CHECK(tokens_counted(first) == 7);
+  auto second = chat->call(make_call(hello));
+  CHECK(server.requests().at(1)["body"]["max_tokens"] == 3);
+  CHECK(second["finish_reason"] == "length");
+  auto error = error_of([&] { chat->call(make_call(hello)); });
+  CHECK(error.type() == "refused");
+  CHECK_THAT(error.what(), Catch::Contains("13 tokens") && Catch::Contains("max_total_tokens is 10"));
+  CHECK(server.requests().size() == 2);
+
+  auto resumed = make_llm_chat(g, endpoint_of(server), tokens_counted(first) + tokens_counted(second));
+  CHECK(error_of([&] { resumed->call(make_call(hello)); }).type() == "refused");
+  CHECK(server.requests().size() == 2);
+}
+
+TEST_CASE("a reply nested 300,000 levels deep fails that call alone, streamed or not") {
+  mock_server server;
+  for (bool stream : {false, true}) {
+    INFO("stream " << stream);
+    auto error = error_of([&] {
+      make_llm_chat(grant(stream), llm_endpoint{server.url("/deep"), "", "mock-model"})->call(make_call(hello));
+    });
+    CHECK(error.type() == "bad_output");
+    CHECK_THAT(error.what(), Catch::Contains("deeper than 64 levels"));
+  }
+  CHECK(make_llm_chat(grant(true), endpoint_of(server))->call(make_call(hello))["content"] ==
+        "Summary: hello there world");
 }
 
 TEST_CASE("models outside the grant are refused; a call must end up with some model") {
