@@ -1,5 +1,6 @@
 #include "storage/journal.hpp"
 
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -311,6 +313,18 @@ void migrate(SQLite::Database& db, const fs::path& path) {
   tx.commit();
 }
 
+void sync_folder_of(const fs::path& file) {
+  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) < 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw storage_error(errc::io, fmt::format("cannot sync the folder of journal {}: {}", file.string(),
+                                              std::strerror(err)));
+  }
+  ::close(fd);
+}
+
 SQLite::Database open_writable(const fs::path& path, const journal_options& options) {
   std::error_code ec;
   if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
@@ -321,6 +335,7 @@ SQLite::Database open_writable(const fs::path& path, const journal_options& opti
   if (ec)
     throw storage_error(errc::io, fmt::format("cannot create the folder of journal {}: {}; pass --db PATH",
                                               path.string(), ec.message()));
+  const bool fresh = !fs::exists(path, ec);
   SQLite::Database db(path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE,
                       static_cast<int>(options.busy_timeout.count()));
   // SQLite quietly opens an unwritable file read-only; say so now, not at the first step.
@@ -338,6 +353,9 @@ SQLite::Database open_writable(const fs::path& path, const journal_options& opti
 #endif
   migrate(db, path);
   db.exec("PRAGMA foreign_keys = ON");
+  // SQLite syncs the file it creates but not the folder that names it: after
+  // a power cut the new journal, and every step in it, could be gone.
+  if (fresh) sync_folder_of(path);
   return db;
 }
 

@@ -209,7 +209,7 @@ TEST_CASE("the engine refuses a signal payload nested too deep before it is stor
   testing::temp_dir dir;
   storage::journal journal(dir / "cairn.db");
   engine::engine_options options;
-  options.log_dir = dir / "logs";
+  options.home = dir / "home";
   engine::engine eng(journal, options);
   storage::new_run run;
   run.id = "r";

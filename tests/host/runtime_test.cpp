@@ -21,6 +21,7 @@
 #include "engine/engine.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/workspace_quota.hpp"
+#include "tests/capabilities.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -35,15 +36,7 @@ constexpr std::uint64_t mib = 1 << 20;
 
 // False (after a WARN) when the case cannot run here and the caller allowed that.
 bool have_root(const std::string& untested) {
-  if (::geteuid() == 0) return true;
-  const char* without = std::getenv("CAIRN_TEST_WITHOUT");
-  if (without && std::string(without).find("root") != std::string::npos) {
-    WARN("SKIPPED without root: " << untested);
-    return false;
-  }
-  FAIL("needs root (a workspace quota image) to test " << untested
-                                                       << "; set CAIRN_TEST_WITHOUT=root to skip it knowingly");
-  return false;
+  return testing::require_capability("root", ::geteuid() == 0, "a workspace quota image, to test " + untested);
 }
 
 // Bytes the files under `root` occupy on disk, each inode counted once (du).
@@ -143,7 +136,7 @@ TEST_CASE("runtime: the agent's stdout is a pipe; the run's log keeps the newest
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output["fallocate"] == false);  // the log used to gain 201 MiB here
   CHECK(run.output["ftruncate"] == false);
-  const fs::path log = f.dir / "logs" / "log.log";
+  const fs::path log = f.options.home / "logs" / "log.log";
   INFO("allocated bytes of the log: " << allocated(log));
   CHECK(allocated(log) <= 1 * mib + (64 << 10));
   CHECK(fs::file_size(log) <= 1 * mib);

@@ -1300,6 +1300,8 @@ TEST_CASE("two journal objects of one process with the same owner are told apart
   CHECK(first.find_run("r")->epoch == 3);
   first.finish_run("r", run_status::completed, "first", std::nullopt);
   CHECK(first.steps("r").size() == 2);
+}
+
 TEST_CASE("a value stored past the bounds makes only its run unreadable, and says which value") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
