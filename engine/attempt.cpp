@@ -5,6 +5,7 @@
 #include "engine/attempt_driver.hpp"
 #include "engine/crash_point.hpp"
 #include "engine/run_paths.hpp"
+#include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -265,6 +266,10 @@ std::optional<attempt_result> attempt_driver::on(const protocol::step_msg& m) {
       m.result.kind != protocol::step_kind::random)
     throw violation{"a step of kind " + std::string(protocol::to_string(m.result.kind)) +
                     ": only the host records those"};
+  // Deeper, it would be journaled and then break every replay of the run.
+  if (protocol::nesting_depth(m.result.output) > protocol::max_output_depth)
+    throw violation{fmt::format("the output of step {} nests deeper than {} levels, which a replay could not carry",
+                                m.result.seq, protocol::max_output_depth)};
   storage::step_record record;
   record.run_id = run_.id;
   record.result = m.result;
@@ -346,6 +351,11 @@ std::optional<attempt_result> attempt_driver::on(const protocol::emit_msg& m) {
 }
 
 std::optional<attempt_result> attempt_driver::on(const protocol::done_msg& m) {
+  // A parent joins this output as a step of its own.
+  if (protocol::nesting_depth(m.output) > protocol::max_output_depth)
+    throw violation{fmt::format("the run's output nests deeper than {} levels, which a parent's replay could not "
+                                "carry",
+                                protocol::max_output_depth)};
   expect_clean_exit("done");
   if (cancel_sent_) return cancelled_result();
   return attempt_result{kind::completed, m.output, {}, {}};

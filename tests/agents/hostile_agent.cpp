@@ -97,6 +97,14 @@ int main() {
       json deep = step(0);
       deep["output"] = nested(129);
       send(deep);
+    } else if (mode == "deep_output") {
+      json deep = step(0);
+      deep["output"] = nested(126);  // fits a frame, but not a replay's start frame
+      send(deep);
+    } else if (mode == "deep_done") {
+      send(step(0));
+      receive();
+      send({{"t", "done"}, {"output", nested(126)}});
     } else if (mode == "foreign_join") {
       join_msg join;
       join.run_id = start["input"]["join"];

@@ -58,6 +58,8 @@ TEST_CASE("hostile agents fail their run and leave the journal and other runs in
       {"skip_seq", "step for seq 5 skips ahead (next is 1)", 1},
       {"after_done", "sent a frame after done", 1},
       {"silent", "did not say hello", 0},
+      {"deep_output", "output of step 0 nests deeper than 125 levels", 0},
+      {"deep_done", "the run's output nests deeper than 125 levels", 1},
       {"truncated", "in the middle of a frame", 0},
   };
   for (const auto& c : cases) {
