@@ -351,9 +351,9 @@ std::optional<attempt_result> attempt_driver::on(const protocol::emit_msg& m) {
 }
 
 std::optional<attempt_result> attempt_driver::on(const protocol::done_msg& m) {
-  // A parent joins this output as a step of its own.
-  if (protocol::nesting_depth(m.output) > protocol::max_output_depth)
-    throw violation{fmt::format("the run's output nests deeper than {} levels, which a parent's replay could not "
+  // A parent joins a child's output as a step of its own.
+  if (!run_.parent_id.empty() && protocol::nesting_depth(m.output) > protocol::max_output_depth)
+    throw violation{fmt::format("the run's output nests deeper than {} levels, which its parent's replay could not "
                                 "carry",
                                 protocol::max_output_depth)};
   expect_clean_exit("done");

@@ -59,7 +59,6 @@ TEST_CASE("hostile agents fail their run and leave the journal and other runs in
       {"after_done", "sent a frame after done", 1},
       {"silent", "did not say hello", 0},
       {"deep_output", "output of step 0 nests deeper than 125 levels", 0},
-      {"deep_done", "the run's output nests deeper than 125 levels", 1},
       {"truncated", "in the middle of a frame", 0},
   };
   for (const auto& c : cases) {
@@ -134,4 +133,29 @@ TEST_CASE("forged and foreign messages fail only their own run, journal nothing,
       CHECK(journal.steps(good_id).size() == static_cast<std::size_t>(good_steps));
     }
   }
+}
+
+TEST_CASE("a child run whose output is too deep for its parent's replay fails instead of completing") {
+  testing::temp_dir dir;
+  storage::journal journal(dir / "cairn.db");
+  engine::engine eng(journal, options_in(dir));
+  engine::run_request parent;
+  parent.id = "deep_done";
+  parent.agent = STEP_AGENT;
+  eng.submit(parent);
+  storage::new_run child;
+  child.id = "deep_done.1";  // the agent's mode: deep_done
+  child.agent = HOSTILE_AGENT;
+  child.sandbox = "bwrap";
+  child.max_attempts = 1;
+  child.workspace = (dir / "home" / "workspaces" / child.id).string();
+  child.policy = engine::to_json(engine::default_policy());
+  child.parent_id = parent.id;
+  journal.create_run(child);
+  auto run = eng.execute(child.id);
+  REQUIRE(run.status == storage::run_status::failed);
+  REQUIRE(run.error);
+  CHECK_THAT(run.error->message, Catch::Contains("the run's output nests deeper than 125 levels"));
+  CHECK(run.output.is_null());
+  CHECK(journal.steps(child.id).size() == 1);
 }
