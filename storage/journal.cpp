@@ -607,12 +607,51 @@ struct journal::impl {
                                     epoch, h->second.epoch));
   }
 
+  // Inside write_together: every write is a savepoint of the group's
+  // transaction, and what must wait for the commit (the claims this object
+  // holds) waits in `deferred`.
+  bool grouped = false;
+  std::vector<std::function<void()>> deferred;
+
+  // Runs `f` once the current write is durable: now, or after the group's commit.
+  void after_commit(std::function<void()> f) {
+    if (grouped) deferred.push_back(std::move(f));
+    else f();
+  }
+
+  // A write transaction; inside write_together, a savepoint of the group's.
+  // Rolls back unless committed.
+  class write_txn {
+   public:
+    explicit write_txn(impl& j) : j_(j) { j_.db.exec(j_.grouped ? "SAVEPOINT write" : "BEGIN IMMEDIATE"); }
+    ~write_txn() {
+      if (done_) return;
+      try {
+        if (j_.grouped) j_.db.exec("ROLLBACK TO write; RELEASE write");
+        else j_.db.exec("ROLLBACK");
+      } catch (const SQLite::Exception&) {
+        // SQLite rolled the transaction back itself (an I/O error, a full disk).
+      }
+    }
+    write_txn(const write_txn&) = delete;
+    write_txn& operator=(const write_txn&) = delete;
+
+    void commit() {
+      j_.db.exec(j_.grouped ? "RELEASE write" : "COMMIT");
+      done_ = true;
+    }
+
+   private:
+    impl& j_;
+    bool done_ = false;
+  };
+
   // `write` under the fence: in one transaction with the check when this
   // object holds the run, else as it is (a single statement commits alone).
   template <class F>
   void fenced(std::string_view run_id, F&& write) {
     if (!held.count(std::string(run_id))) return write();
-    SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
+    write_txn tx(*this);
     fence(run_id);
     write();
     tx.commit();
@@ -652,6 +691,61 @@ struct journal::impl {
     }
   }
 };
+
+std::vector<std::exception_ptr> journal::write_together(std::span<const std::function<void(journal&)>> writes) {
+  std::vector<std::exception_ptr> errors(writes.size());
+  auto& j = *impl_;
+  std::exception_ptr fatal;
+  try {
+    j.guard({}, [&] { j.db.exec("BEGIN IMMEDIATE"); });
+  } catch (...) {
+    std::fill(errors.begin(), errors.end(), std::current_exception());
+    return errors;
+  }
+  j.grouped = true;
+  j.deferred.clear();
+  for (std::size_t i = 0; i < writes.size() && !fatal; ++i) {
+    const auto mark = j.deferred.size();
+    try {
+      j.guard({}, [&] { j.db.exec("SAVEPOINT member"); });
+      writes[i](*this);
+      j.guard({}, [&] { j.db.exec("RELEASE member"); });
+    } catch (...) {
+      errors[i] = std::current_exception();
+      j.deferred.resize(mark);
+      // A full disk or an I/O error may have rolled the whole transaction
+      // back: then nobody's write is kept.
+      if (sqlite3_get_autocommit(j.db.getHandle())) fatal = errors[i];
+      else
+        try {
+          j.guard({}, [&] { j.db.exec("ROLLBACK TO member; RELEASE member"); });
+        } catch (...) {
+          fatal = std::current_exception();
+        }
+    }
+  }
+  j.grouped = false;
+  if (!fatal)
+    try {
+      j.guard({}, [&] { j.db.exec("COMMIT"); });
+    } catch (...) {
+      fatal = std::current_exception();
+    }
+  if (fatal) {
+    if (!sqlite3_get_autocommit(j.db.getHandle()))
+      try {
+        j.db.exec("ROLLBACK");
+      } catch (const SQLite::Exception&) {
+        // rolled back already
+      }
+    j.deferred.clear();
+    std::fill(errors.begin(), errors.end(), fatal);
+    return errors;
+  }
+  for (auto& f : j.deferred) f();
+  j.deferred.clear();
+  return errors;
+}
 
 journal::journal(const fs::path& path, journal_options options) : impl_(std::make_unique<impl>(path, options)) {}
 
@@ -711,7 +805,7 @@ std::vector<run_record> journal::list_runs() {
 
 bool journal::claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) {
   return impl_->guard(id, [&] {
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     if (statement(impl_->db,
                   "UPDATE runs SET status = 'running', owner = ?, epoch = epoch + 1, updated_at_ms = ?, "
                   "wait_kind = NULL, wait_key = NULL, wait_seq = NULL, wake_at_ms = NULL "
@@ -723,7 +817,9 @@ bool journal::claim_run(std::string_view id, std::string_view expected_owner, st
     s.executeStep();
     const std::int64_t epoch = s.getColumn(0).getInt64();
     tx.commit();
-    impl_->held[std::string(id)] = {std::string(new_owner), epoch};
+    impl_->after_commit([this, key = std::string(id), owner = std::string(new_owner), epoch] {
+      impl_->held[key] = {owner, epoch};
+    });
     return true;
   });
 }
@@ -734,7 +830,7 @@ void journal::confirm_held(std::string_view id) {
 
 int journal::begin_attempt(std::string_view id) {
   return impl_->guard(id, [&] {
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     impl_->fence(id);
     impl_->require_run(
         statement(impl_->db, "UPDATE runs SET attempts = attempts + 1, updated_at_ms = ? WHERE id = ?", now_ms(), id)
@@ -758,7 +854,7 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
   impl_->guard(id, [&] {
     const bool ok = status == run_status::completed;
     const auto now = now_ms();
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     impl_->fence(id);
     std::optional<std::string> out, message, type;
     if (ok) {
@@ -782,13 +878,13 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
                                                         : "run_in_doubt",
                       {{"error", {{"message", *message}, {"type", *type}}}}, std::nullopt);
     tx.commit();
-    impl_->held.erase(std::string(id));
+    impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
   });
 }
 
 void journal::reset_attempts(std::string_view id) {
   impl_->guard(id, [&] {
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     impl_->fence(id);
     auto before = statement(impl_->db, "SELECT status, attempts FROM runs WHERE id = ?", id);
     impl_->require_run(before.executeStep() ? 1 : 0, id);
@@ -801,7 +897,7 @@ void journal::reset_attempts(std::string_view id) {
         .exec();
     impl_->event(id, "run_reset", data, std::nullopt);
     tx.commit();
-    impl_->held.erase(std::string(id));
+    impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
   });
 }
 
@@ -811,7 +907,7 @@ void journal::suspend_run(std::string_view id, const wait_spec& w) {
   if (w.kind == "timer" && !w.wake_at_ms) throw std::invalid_argument("suspend_run: a timer needs wake_at_ms");
   const auto seq = static_cast<std::int64_t>(w.seq);
   impl_->guard(id, [&] {
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     impl_->fence(id);
     if (statement(impl_->db,
                   "UPDATE runs SET status = 'waiting', owner = '', wait_kind = ?, wait_key = ?, wait_seq = ?, "
@@ -823,13 +919,13 @@ void journal::suspend_run(std::string_view id, const wait_spec& w) {
                  {{"kind", w.kind}, {"key", w.key}, {"seq", w.seq}, {"wake_at_ms", w.wake_at_ms ? json(*w.wake_at_ms) : json()}},
                  seq);
     tx.commit();
-    impl_->held.erase(std::string(id));
+    impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
   });
 }
 
 void journal::release_run(std::string_view id, std::string_view reason) {
   impl_->guard(id, [&] {
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     impl_->fence(id);
     if (statement(impl_->db,
                   "UPDATE runs SET status = 'pending', owner = '', updated_at_ms = ?, wait_kind = NULL, "
@@ -840,13 +936,13 @@ void journal::release_run(std::string_view id, std::string_view reason) {
       impl_->throw_finished_or_missing(id, "release it");
     impl_->event(id, "run_released", {{"reason", reason}}, std::nullopt);
     tx.commit();
-    impl_->held.erase(std::string(id));
+    impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
   });
 }
 
 bool journal::request_cancel(std::string_view id, std::string_view reason) {
   return impl_->guard(id, [&] {
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     if (is_finished(impl_->status_of(id))) return false;
     const auto now = now_ms();
     if (statement(impl_->db,
@@ -863,7 +959,7 @@ bool journal::request_cancel(std::string_view id, std::string_view reason) {
 
 bool journal::cancel_idle_run(std::string_view id, const std::string& message) {
   return impl_->guard(id, [&] {
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     const auto now = now_ms();
     if (statement(impl_->db,
                   "UPDATE runs SET status = 'cancelled', error_message = ?, error_type = 'cancelled', "
@@ -933,7 +1029,7 @@ std::map<run_status, int> journal::count_by_status() {
 signal_record journal::enqueue_signal(std::string_view run_id, std::string_view name, const json& payload,
                                      std::uint64_t max_signals) {
   return impl_->guard(run_id, [&] {
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     const auto status = impl_->status_of(run_id);
     if (is_finished(status))
       throw storage_error(errc::finished, fmt::format("run {} already finished ({}); nobody will read signal '{}'",
@@ -981,7 +1077,7 @@ void journal::deliver_signal(std::int64_t signal_id, const step_record& step) {
   impl_->guard(step.run_id, [&] {
     // The check and both writes share one write transaction: two hosts racing
     // to deliver the same signal cannot both succeed.
-    SQLite::Transaction tx(impl_->db, SQLite::TransactionBehavior::IMMEDIATE);
+    impl::write_txn tx(*impl_);
     impl_->fence(step.run_id);
     std::string name;
     {

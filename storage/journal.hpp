@@ -14,11 +14,14 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
+#include <functional>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -171,6 +174,17 @@ class journal {
 
   const std::filesystem::path& path() const;
   static int schema_version();
+
+  // Group commit: makes every write of `writes` (each calls this object's
+  // write methods) in ONE transaction with one sync, each in a savepoint of
+  // its own. A write that throws (conflict, fenced, finished, ...) is rolled
+  // back alone and its exception is returned at its index; the others are
+  // durable when this returns, with nullptr at theirs. When the transaction
+  // itself cannot commit (a full disk, an I/O error, the lock held by another
+  // process past busy_timeout), nothing of any write was kept and every index
+  // holds that error. Claims and releases made inside take effect for the
+  // fence only once committed.
+  std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes);
 
   // Inserts a pending run (with its parent, initial owner and deadline). If a
   // run with this id exists, returns it unchanged and false: the id is the

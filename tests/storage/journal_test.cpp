@@ -1371,3 +1371,131 @@ TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other 
   // The step's name and output text, the event's kind and data text.
   CHECK(after - before == step.result.name.size() + 10'002 + 4 + json{{"text", std::string(5'000, 'y')}}.dump().size());
 }
+
+namespace {
+
+using write_fn = std::function<void(journal&)>;
+
+std::optional<storage_error> error_at(const std::vector<std::exception_ptr>& errors, std::size_t i) {
+  if (!errors.at(i)) return std::nullopt;
+  try {
+    std::rethrow_exception(errors[i]);
+  } catch (const storage_error& e) {
+    return e;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("one group commit makes the writes of many runs durable, and a refused write fails alone") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  {
+    journal j(db);
+    for (const auto* id : {"a", "b", "c"}) j.create_run(a_run(id));
+    j.append_step(ok_step("b", 0, "first"));
+    std::vector<write_fn> writes{
+        [](journal& w) { w.append_step(ok_step("a", 0, "a0")); },
+        [](journal& w) { w.append_step(ok_step("b", 0, "rewritten")); },  // write-once: refused
+        [](journal& w) {
+          w.append_step(ok_step("c", 0, "c0"));
+          w.append_event("c", "note", {{"n", 1}}, 0);
+        },
+        [](journal& w) {
+          w.append_event("a", "half", json::object());
+          w.append_step(ok_step("ghost", 0, 1));  // no such run: this write's event goes too
+        },
+    };
+    auto errors = j.write_together(writes);
+    CHECK_FALSE(errors[0]);
+    REQUIRE(error_at(errors, 1));
+    CHECK(error_at(errors, 1)->code() == errc::conflict);
+    CHECK_FALSE(errors[2]);
+    REQUIRE(error_at(errors, 3));
+    CHECK(error_at(errors, 3)->code() == errc::not_found);
+  }
+  journal j(db);  // what another process finds
+  REQUIRE(j.steps("a").size() == 1);
+  CHECK(j.steps("a")[0].result.output == "a0");
+  REQUIRE(j.steps("b").size() == 1);
+  CHECK(j.steps("b")[0].result.output == "first");
+  CHECK(j.steps("c").size() == 1);
+  CHECK(j.events_at("c", 0).size() == 1);
+  for (const auto& e : j.events("a")) CHECK(e.kind != "half");
+}
+
+TEST_CASE("in a group commit, a run taken over is refused alone, and claims count once committed") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  journal mine(db), theirs(db);
+  for (const auto* id : {"kept", "lost", "new"}) mine.create_run(a_run(id));
+  REQUIRE(mine.claim_run("kept", "", "me"));
+  REQUIRE(mine.claim_run("lost", "", "me"));
+  REQUIRE(theirs.claim_run("lost", "me", "them"));
+  std::vector<write_fn> writes{
+      [](journal& w) { w.append_step(ok_step("kept", 0, 1)); },
+      [](journal& w) { w.append_step(ok_step("lost", 0, 1)); },
+      [](journal& w) {
+        if (!w.claim_run("new", "", "me")) throw std::logic_error("claim refused");
+        w.append_step(ok_step("new", 0, 1));
+      },
+  };
+  auto errors = mine.write_together(writes);
+  CHECK_FALSE(errors[0]);
+  REQUIRE(error_at(errors, 1));
+  CHECK(error_at(errors, 1)->code() == errc::fenced);
+  CHECK_FALSE(errors[2]);
+  CHECK(theirs.steps("lost").empty());
+  CHECK(theirs.steps("kept").size() == 1);
+  // The claim made inside the group fences later writes like any other.
+  REQUIRE(theirs.claim_run("new", "me", "them"));
+  auto err = error_from([&] { mine.append_step(ok_step("new", 1, 2)); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::fenced);
+}
+
+TEST_CASE("a group commit on a full disk keeps nothing of any write and tells every writer") {
+  temp_dir dir;
+  const auto mnt = dir / "tiny";
+  fs::create_directories(mnt);
+  if (!cairn::testing::require_capability("root", mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=4m") == 0,
+                                          "a full disk is a tiny tmpfs, and only root mounts one"))
+    return;
+  struct unmount_at_end {
+    fs::path at;
+    ~unmount_at_end() { umount2(at.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+
+  const auto db = mnt / "cairn.db";
+  const auto filler = mnt / "filler";
+  constexpr int runs = 64;
+  journal j(db);
+  for (int i = 0; i < runs; ++i) {
+    j.create_run(a_run("r" + std::to_string(i)));
+    j.append_step(ok_step("r" + std::to_string(i), 0, "acknowledged"));
+  }
+  {
+    std::ofstream fill(filler, std::ios::binary);
+    const std::string block(4096, '\0');
+    while (fill.write(block.data(), block.size()) && fill.flush()) {}
+  }
+  std::vector<write_fn> writes;
+  for (int i = 0; i < runs; ++i)
+    writes.push_back([i](journal& w) { w.append_step(ok_step("r" + std::to_string(i), 1, std::string(8192, 'x'))); });
+  auto errors = j.write_together(writes);
+  for (int i = 0; i < runs; ++i) {
+    auto err = error_at(errors, i);
+    REQUIRE(err);
+    CHECK(err->code() == errc::disk_full);
+  }
+  fs::remove(filler);
+  journal after(db);
+  for (int i = 0; i < runs; ++i) {
+    auto steps = after.steps("r" + std::to_string(i));
+    REQUIRE(steps.size() == 1);  // the acknowledged step, and nothing of the failed batch
+    CHECK(steps[0].result.output == "acknowledged");
+  }
+  // The same journal object goes on once there is room again.
+  j.append_step(ok_step("r0", 1, "after freeing space"));
+  CHECK(after.steps("r0").size() == 2);
+}
