@@ -56,20 +56,12 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
     storage::journal journal(p.db);
     engine::engine eng(journal, options_for(p));
     if (!all) {
-      auto run = journal.find_run(run_id);
-      if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, p.db.string()));
-      if (!run->owner.empty() && run->owner != engine::current_owner().str() &&
-          engine::check_owner(run->owner) != engine::owner_state::dead)
-        throw engine::engine_error(engine::errc::busy,
-                                   fmt::format("run {} is being executed by {}; wait for it, or stop that process "
-                                               "and `cairn resume {}`",
-                                               run_id, engine::describe_owner(run->owner), run_id));
       // A failed run gets a fresh set of attempts; one in doubt is told what to settle.
-      if (run->status == storage::run_status::failed) journal.reset_attempts(run_id);
-      if (run->status == storage::run_status::in_doubt) return report_end(eng.execute(run_id), as_json);
+      auto run = eng.reopen(run_id);
+      if (run.status == storage::run_status::in_doubt) return report_end(eng.execute(run_id), as_json);
       print_history(journal, run_id, as_json);
-      if (run->status == storage::run_status::waiting && !as_json)
-        std::cout << fmt::format("run {} {}", run_id, describe_wait(*run)) << std::endl;
+      if (run.status == storage::run_status::waiting && !as_json)
+        std::cout << fmt::format("run {} {}", run_id, describe_wait(run)) << std::endl;
       return report_end(follow(p, run_id, as_json), as_json);
     }
     auto orphans = eng.orphaned_runs();

@@ -4,7 +4,6 @@
 
 #include "engine/attempt_driver.hpp"
 #include "engine/crash_point.hpp"
-#include "engine/run_paths.hpp"
 #include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
@@ -37,26 +36,28 @@ class raised {
 
 }  // namespace
 
-attempt_driver::attempt_driver(storage::journal& journal, const storage::run_record& run, const policy& p,
-                               int attempt, const engine_options& options, run_observer& observer)
+attempt_driver::attempt_driver(attempt_journal& journal, const storage::run_record& run, const policy& p,
+                               int attempt, const attempt_options& options, run_observer& observer)
     : journal_(journal),
       run_(run),
       policy_(p),
       attempt_(attempt),
       options_(options),
       observer_(observer),
-      budget_(journal, run.id, p.journal),
-      tools_(journal, run, p, budget_, options.llm, [this](const json& event) { observer_.on_emit(event); }) {}
+      tools_(
+          run.id, p, options.llm,
+          p.llm_chat && p.llm_chat->max_total_tokens > 0 ? journal.llm_tokens_spent() : 0,
+          [this](const effects::tool_started& started) { journal_.apply({started}); },
+          [this](const json& event) { observer_.on_emit(event); }) {}
 
 attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
-  auto history = journal_.steps(run_.id);
   protocol::start_msg start;
   start.run_id = run_.id;
   start.input = run_.input;
   start.attempt = attempt_;
-  for (auto& s : history) start.history.push_back(std::move(s.result));
+  start.history = journal_.history();
   expected_seq_ = start.history.size();
-  step_failures_ = failed_attempts_of(expected_seq_);
+  step_failures_ = journal_.step_failures(expected_seq_);
   start.next_step_attempt = step_attempt();
   start.step_attempts = policy_.retry.step_attempts;
 
@@ -64,11 +65,11 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   spec.run_id = run_.id;
   spec.workspace = run_.workspace;
   spec.limits = policy_.limits;
-  spec.workspace_image = workspace_image(options_.home, run_.id);
-  spec.log_file = run_log(options_.home, run_.id);
+  spec.workspace_image = options_.workspace_image;
+  spec.log_file = options_.log_file;
   auto box = backend.create(spec);
   for (const auto& warning : box->warnings()) {
-    journal_.append_event(run_.id, "sandbox_warning", {{"message", warning}});
+    journal_.apply({effects::sandbox_warning{warning}});
     observer_.on_warning(warning);
   }
   process_ = box->exec(run_.agent, {});
@@ -143,8 +144,7 @@ void attempt_driver::supervise() {
     if (timeout.count() > 0 && now - step_started_ > timeout) step_timed_out();
   }
   if (!cancel_sent_) {
-    auto fresh = journal_.find_run(run_.id);
-    if (fresh && fresh->cancel_requested_at_ms) start_cancel(cancel_reason(journal_, run_.id), false);
+    if (auto reason = journal_.cancel_requested()) start_cancel(*reason, false);
     else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms) {
       auto [message, type] = policy_.deadline_passed();
       if (type == "limit_exceeded") end(exceeded(message, "run_wall_time"));
@@ -164,8 +164,7 @@ void attempt_driver::start_cancel(std::string reason, bool timed_out) {
   timed_out_ = timed_out;
   cancel_reason_ = std::move(reason);
   cancel_deadline_ = clock::now() + std::chrono::seconds(policy_.timeouts.cancel_grace);
-  journal_.append_event(run_.id, "cancel_sent",
-                        {{"reason", cancel_reason_}, {"grace_seconds", policy_.timeouts.cancel_grace.count()}});
+  journal_.apply({effects::cancel_sent{cancel_reason_, policy_.timeouts.cancel_grace.count()}});
   // Frames must not interleave: send() sends the cancel once the frame in flight is out.
   if (sending_) {
     cancel_unsent_ = true;
@@ -192,7 +191,7 @@ void attempt_driver::step_timed_out() {
                              "timeout"};
   // The agent may ask for fewer attempts than the policy grants, never more.
   if (step_attempt() < std::min(step.max_attempts, policy_.retry.step_attempts))
-    record_retry(protocol::retry_msg{step.seq, step.name, step_attempt(), error, 0});
+    record_retry({step.seq, step.name, step_attempt(), error, 0});
   else
     commit_failure(step.name, step.kind, error, std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
   throw attempt_end{{kind::restart, nullptr, error, {}}};
@@ -209,13 +208,9 @@ void attempt_driver::send(const protocol::host_message& message) {
   }
 }
 
-void attempt_driver::record_retry(const protocol::retry_msg& retry) {
-  journal_event("step_retry",
-                {{"name", retry.name},
-                 {"attempt", step_attempt()},
-                 {"error", {{"message", retry.error.message}, {"type", retry.error.type}}},
-                 {"delay_ms", retry.delay_ms}},
-                retry.seq);
+void attempt_driver::record_retry(effects::retry_due retry) {
+  retry.attempt = step_attempt();
+  journal_.apply({retry});
   ++step_failures_;
   observer_.on_retry(retry);
 }
@@ -238,7 +233,7 @@ void attempt_driver::commit_failure(const std::string& name, protocol::step_kind
 }
 
 attempt_result attempt_driver::exceeded(const std::string& message, const std::string& limit) {
-  journal_.append_event(run_.id, "limit_exceeded", {{"limit", limit}, {"message", message}});
+  journal_.apply({effects::limit_exceeded{limit, message}});
   return failed(message, "limit_exceeded");
 }
 
@@ -299,7 +294,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::tool_msg& m) {
   storage::step_record record;
   record.run_id = run_.id;
   record.started_at_ms = storage::now_ms();
-  record.result = tools_.call(m);
+  record.result = tools_.call(m, journal_.tool_attempts(m.seq));
   record.finished_at_ms = storage::now_ms();
   commit(record);
   send(protocol::result_msg{record.result});
@@ -310,20 +305,13 @@ std::optional<attempt_result> attempt_driver::on(const protocol::tool_msg& m) {
 
 // The answer to the agent goes out only after this returns: the row is durable.
 void attempt_driver::commit(const storage::step_record& record, std::optional<std::int64_t> signal_id) {
-  budget_.charge_step(record.result);
   crash_point("before_commit");
-  if (signal_id) journal_.deliver_signal(*signal_id, record);
-  else journal_.append_step(record);
+  journal_.apply({effects::step_committed{record, signal_id}});
   crash_point("after_commit");
   ++expected_seq_;
   step_failures_ = 0;
   begun_at_ms_.reset();
   in_step_.reset();
-}
-
-void attempt_driver::journal_event(std::string_view kind, const json& data, std::optional<std::uint64_t> seq) {
-  budget_.charge_event(kind, data);
-  journal_.append_event(run_.id, kind, data, seq);
 }
 
 std::optional<attempt_result> attempt_driver::on(const protocol::retry_msg& m) {
@@ -340,7 +328,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::retry_msg& m) {
           "retry"},
          {}});
   }
-  record_retry(m);
+  record_retry({m.seq, m.name, 0, m.error, m.delay_ms});
   send(protocol::ack_msg{m.seq});
   return std::nullopt;
 }
@@ -417,22 +405,9 @@ std::string attempt_driver::log_excerpt() const {
   return "; its last output: " + tail;
 }
 
-int attempt_driver::failed_attempts_of(std::uint64_t seq) {
-  int n = 0;
-  for (const auto& e : journal_.events_at(run_.id, seq))
-    if (e.kind == "step_retry") ++n;
-  return n;
-}
-
-std::optional<json> attempt_driver::event_at(std::uint64_t seq, std::string_view kind) {
-  for (auto& e : journal_.events_at(run_.id, seq))
-    if (e.kind == kind) return std::move(e.data);
-  return std::nullopt;
-}
-
-attempt_result run_attempt(storage::journal& journal, runtime::sandbox_backend& backend,
+attempt_result run_attempt(attempt_journal& journal, runtime::sandbox_backend& backend,
                            const storage::run_record& run, const policy& p, int attempt,
-                           const engine_options& options, run_observer& observer) {
+                           const attempt_options& options, run_observer& observer) {
   attempt_driver driver(journal, run, p, attempt, options, observer);
   return driver.drive(backend);
 }

@@ -1,14 +1,79 @@
 // One attempt of a run: one sandbox, from handshake to done/fail, death,
-// suspension or cancellation. Commits each step before acknowledging it.
-// Private to the engine.
+// suspension or cancellation. The driver never writes the journal: what
+// happens becomes typed effects (effects.hpp) that it hands to its
+// attempt_journal, and it answers the agent only once that returned (the
+// effect is durable). Private to the engine.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <vector>
 
-#include "engine/engine.hpp"
+#include "engine/effects.hpp"
 #include "engine/policy.hpp"
+#include "engine/tools/llm_chat.hpp"
+#include "runtime/sandbox.hpp"
 
 namespace cairn::engine {
+
+// What the engine tells whoever watches a run. Called on the executing thread.
+class run_observer {
+ public:
+  virtual ~run_observer() = default;
+  virtual void on_attempt(const storage::run_record&, int /*attempt*/) {}
+  virtual void on_step(const storage::step_record&) {}
+  virtual void on_retry(const effects::retry_due&) {}
+  virtual void on_emit(const json&) {}
+  virtual void on_attempt_failed(int /*attempt*/, const std::string& /*reason*/, bool /*will_retry*/) {}
+  virtual void on_warning(const std::string&) {}
+  // The run was suspended until `wait` is over.
+  virtual void on_wait(const storage::run_record&, const storage::wait_spec&) {}
+};
+
+// The driver's side of the journal: what it reads of its run, and where its
+// effects go. The engine implements it over the ledger.
+class attempt_journal {
+ public:
+  virtual ~attempt_journal() = default;
+
+  // Makes the effects durable together (and nothing of them when it throws):
+  // budget_exceeded (journal_budget.hpp) when they would take the run past
+  // its journal limits, storage errors as the journal reports them.
+  virtual void apply(std::vector<effect> effects) = 0;
+  // Creates `child` (its workspace is filled in) unless the run's tree
+  // refuses it; returns the refusal, for the agent, when it does. A child
+  // created before (a replay) is found again.
+  virtual std::optional<std::string> start_child(storage::new_run child, const policy& p) = 0;
+
+  virtual std::vector<protocol::step_result> history() = 0;
+  // How many attempts of the step at `seq` failed (step_retry effects).
+  virtual int step_failures(std::uint64_t seq) = 0;
+  // How many times the host started the tool call at `seq`.
+  virtual int tool_attempts(std::uint64_t seq) = 0;
+  virtual std::optional<effects::timer_set> timer_at(std::uint64_t seq) = 0;
+  virtual std::optional<effects::wait_started> wait_at(std::uint64_t seq) = 0;
+  // The reason given when someone asked to cancel the run; none if nobody did.
+  virtual std::optional<std::string> cancel_requested() = 0;
+  virtual std::optional<storage::signal_record> pending_signal(const std::string& name) = 0;
+  virtual std::optional<storage::run_record> find_run(const std::string& id) = 0;
+  // Tokens the run's journaled llm.chat calls counted.
+  virtual std::uint64_t llm_tokens_spent() = 0;
+};
+
+// The engine's settings an attempt needs (engine_options holds them).
+struct attempt_options {
+  std::chrono::milliseconds hello_timeout{10'000};
+  std::chrono::milliseconds exit_grace{2'000};
+  std::chrono::milliseconds suspend_after{2'000};
+  const std::atomic<bool>* stopping = nullptr;
+  std::chrono::milliseconds drain{10'000};
+  std::optional<llm_endpoint> llm;
+  // Host paths of the run's workspace image and log.
+  std::filesystem::path workspace_image, log_file;
+};
 
 struct attempt_result {
   enum class kind {
@@ -31,8 +96,8 @@ struct attempt_result {
   storage::wait_spec wait;  // when suspended
 };
 
-attempt_result run_attempt(storage::journal& journal, runtime::sandbox_backend& backend,
+attempt_result run_attempt(attempt_journal& journal, runtime::sandbox_backend& backend,
                            const storage::run_record& run, const policy& p, int attempt,
-                           const engine_options& options, run_observer& observer);
+                           const attempt_options& options, run_observer& observer);
 
 }  // namespace cairn::engine

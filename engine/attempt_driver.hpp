@@ -11,7 +11,6 @@
 #include <string>
 
 #include "engine/attempt.hpp"
-#include "engine/journal_budget.hpp"
 #include "engine/tool_broker.hpp"
 
 namespace cairn::engine {
@@ -29,8 +28,8 @@ struct attempt_end {
 
 class attempt_driver {
  public:
-  attempt_driver(storage::journal& journal, const storage::run_record& run, const policy& p, int attempt,
-                 const engine_options& options, run_observer& observer);
+  attempt_driver(attempt_journal& journal, const storage::run_record& run, const policy& p, int attempt,
+                 const attempt_options& options, run_observer& observer);
 
   attempt_result drive(runtime::sandbox_backend& backend);
 
@@ -64,7 +63,7 @@ class attempt_driver {
   void send(const protocol::host_message& message);
   // The attempt of the step at expected_seq_, as the host counts it.
   int step_attempt() const { return step_failures_ + 1; }
-  void record_retry(const protocol::retry_msg& retry);
+  void record_retry(effects::retry_due retry);
   // Journals the step at expected_seq_ as failed for good, with the host's attempt count.
   void commit_failure(const std::string& name, protocol::step_kind kind, const protocol::error_info& error,
                       std::int64_t duration_us);
@@ -80,28 +79,22 @@ class attempt_driver {
   // and sends it to the agent as the result of its request.
   void record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id = std::nullopt);
 
-  // Both count against the run's journal budget; over it, they throw
-  // budget_exceeded and write nothing. Events the agent causes (retries,
-  // timers, waits) go through journal_event; the host's own few per attempt
-  // (warnings, cancel_sent, limit_exceeded) are counted from the next one.
+  // Makes the step durable (over the run's journal budget: budget_exceeded,
+  // nothing written) and moves on to the next seq.
   void commit(const storage::step_record& record, std::optional<std::int64_t> signal_id = std::nullopt);
-  void journal_event(std::string_view kind, const json& data, std::optional<std::uint64_t> seq = std::nullopt);
   void expect_clean_exit(std::string_view last);
   void check_seq(std::uint64_t seq, std::string_view what);
   std::optional<protocol::agent_message> receive(std::chrono::milliseconds timeout);
   attempt_result died(const std::string& how);
   attempt_result exceeded(const std::string& message, const std::string& limit);
   std::string log_excerpt() const;
-  int failed_attempts_of(std::uint64_t seq);
-  std::optional<json> event_at(std::uint64_t seq, std::string_view kind);
 
-  storage::journal& journal_;
+  attempt_journal& journal_;
   const storage::run_record& run_;
   const policy& policy_;
   int attempt_;
-  const engine_options& options_;
+  const attempt_options& options_;
   run_observer& observer_;
-  journal_budget budget_;
   tool_broker tools_;
   std::unique_ptr<runtime::agent_process> process_;
   clock::time_point started_, last_check_;

@@ -2,14 +2,11 @@
 // joins. Each is journaled as a step of its own kind once it is over; until
 // then the host holds it (a short wait keeps the sandbox) or suspends the run.
 //
-// Journal records (events, at the wait's seq), written on first sight so
-// that a replayed request finds the original deadline:
-//   timer_set     {"until_ms", "in_past"}
-//   wait_started  {"signal", "deadline_ms"}   deadline_ms null: no timeout
+// A timer's wake time and a signal wait's deadline are recorded on first
+// sight (timer_set, wait_started) so that a replayed request keeps them.
 #include <unistd.h>
 
 #include <algorithm>
-#include <mutex>
 #include <thread>
 
 #include <fmt/chrono.h>
@@ -17,8 +14,6 @@
 
 #include "engine/attempt_driver.hpp"
 #include "engine/crash_point.hpp"
-#include "engine/run_id.hpp"
-#include "engine/run_paths.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -29,30 +24,6 @@ using kind = attempt_result::kind;
 bool ended(storage::run_status s) {
   return s == storage::run_status::completed || s == storage::run_status::failed ||
          s == storage::run_status::cancelled;
-}
-
-struct run_tree {
-  std::string root;
-  std::uint64_t depth = 0;  // of the run: the root is 0
-  std::uint64_t size = 0;   // runs in the tree, the root included
-};
-
-// The tree `run` belongs to, through the journal's parent links.
-run_tree tree_of(storage::journal& journal, const storage::run_record& run) {
-  run_tree tree{run.id, 0, 0};
-  for (std::string parent = run.parent_id; !parent.empty(); ++tree.depth) {
-    tree.root = parent;
-    auto up = journal.find_run(parent);
-    parent = up ? up->parent_id : "";
-  }
-  std::vector<std::string> todo{tree.root};
-  while (!todo.empty()) {
-    auto id = std::move(todo.back());
-    todo.pop_back();
-    ++tree.size;
-    for (auto& child : journal.children(id)) todo.push_back(std::move(child.id));
-  }
-  return tree;
 }
 
 std::string format_ms(std::int64_t ms) {
@@ -97,8 +68,8 @@ std::optional<attempt_result> attempt_driver::on(const protocol::sleep_msg& m) {
   check_seq(m.seq, "sleep");
   if (cancel_sent_) return std::nullopt;
   std::int64_t until = 0;
-  if (auto set = event_at(m.seq, "timer_set")) {
-    until = set->at("until_ms").get<std::int64_t>();
+  if (auto set = journal_.timer_at(m.seq)) {
+    until = set->until_ms;
   } else {
     const auto now = storage::now_ms();
     // Durations are bounded on the wire; a time is bounded here, against the host's clock.
@@ -106,7 +77,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::sleep_msg& m) {
       throw violation{fmt::format("a sleep until {} ms since the epoch, more than 100 years ahead", *m.until_ms)};
     until = m.until_ms ? *m.until_ms : now + std::max<std::int64_t>(*m.duration_ms, 0);
     const bool in_past = m.until_ms ? *m.until_ms < now : *m.duration_ms < 0;
-    journal_event("timer_set", {{"until_ms", until}, {"in_past", in_past}}, m.seq);
+    journal_.apply({effects::timer_set{m.seq, until, in_past}});
     if (in_past)
       observer_.on_warning(fmt::format("run {}: the timer at step {} was set for {}, which is in the past; it "
                                        "fires now",
@@ -135,19 +106,18 @@ std::optional<attempt_result> attempt_driver::on(const protocol::wait_msg& m) {
     throw violation{"a wait for a signal with an empty or over-long name"};
   if (cancel_sent_) return std::nullopt;
   std::optional<std::int64_t> deadline;
-  if (auto started = event_at(m.seq, "wait_started")) {
-    if (!started->at("deadline_ms").is_null()) deadline = started->at("deadline_ms").get<std::int64_t>();
+  if (auto started = journal_.wait_at(m.seq)) {
+    deadline = started->deadline_ms;
   } else {
     if (m.timeout_ms) deadline = storage::now_ms() + std::max<std::int64_t>(*m.timeout_ms, 0);
-    journal_event("wait_started", {{"signal", m.signal}, {"deadline_ms", deadline ? json(*deadline) : json(nullptr)}},
-                  m.seq);
+    journal_.apply({effects::wait_started{m.seq, m.signal, deadline}});
   }
   auto deliver = [&] {
     protocol::step_result r;
     r.seq = m.seq;
     r.name = m.signal;
     r.kind = protocol::step_kind::signal;
-    if (auto sig = journal_.pending_signal(run_.id, m.signal)) {
+    if (auto sig = journal_.pending_signal(m.signal)) {
       r.output = {{"signal", m.signal}, {"timed_out", false}, {"payload", sig->payload}};
       record_and_answer(std::move(r), sig->id);
       return true;
@@ -196,39 +166,20 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
   if (!fs::is_regular_file(program, ec) || ::access(program.c_str(), X_OK) != 0)
     return refuse("no_such_agent", fmt::format("there is no agent program '{}' ({} is not an executable file)",
                                                m.agent, program.string()));
-  const std::string id = fmt::format("{}.{}", run_.id, m.seq);
-  if (auto problem = run_id_problem(id))
-    return refuse("refused", fmt::format("a child of run {} cannot be named: {}; start the root run with a shorter "
-                                         "id",
-                                         run_.id, *problem));
-  // One check-and-create at a time in this process, so that runs of one tree
-  // started together cannot all take the last place.
-  static std::mutex tree_mutex;
-  std::lock_guard tree_lock(tree_mutex);
-  if (!journal_.find_run(id)) {
-    const auto tree = tree_of(journal_, run_);
-    if (tree.depth + 1 > policy_.children.max_depth)
-      return refuse("refused", fmt::format("this run is at depth {} of the tree of run {}, and a child would be "
-                                           "deeper than its policy allows (children.max_depth {})",
-                                           tree.depth, tree.root, policy_.children.max_depth));
-    if (tree.size - 1 >= policy_.children.max)
-      return refuse("refused", fmt::format("the tree of run {} holds {} child runs, the most its policy allows "
-                                           "(children.max)",
-                                           tree.root, tree.size - 1));
-  }
   storage::new_run child;
-  child.id = id;
+  child.id = fmt::format("{}.{}", run_.id, m.seq);
   child.agent = program.string();
   child.input = m.input;
   child.max_attempts = run_.max_attempts;
   child.sandbox = run_.sandbox;
-  child.workspace = default_workspace(options_.home, id).string();
   child.policy = run_.policy;  // the root's, down the tree: a child cannot raise a bound
   child.parent_id = run_.id;
   child.deadline_ms = run_.deadline_ms;  // the root's too
   if (!child.deadline_ms && policy_.run_bound().count() > 0)
     child.deadline_ms = storage::now_ms() + std::chrono::milliseconds(policy_.run_bound()).count();
-  journal_.create_run(child);  // a replay after a crash finds the same id: created once
+  const std::string id = child.id;
+  // A replay after a crash finds the same id: created once.
+  if (auto refused = journal_.start_child(std::move(child), policy_)) return refuse("refused", *refused);
   crash_point("child_created");
   r.output = {{"run_id", id}};
   record_and_answer(std::move(r));

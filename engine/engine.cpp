@@ -10,8 +10,8 @@
 #include "engine/crash_point.hpp"
 #include "engine/owner.hpp"
 #include "engine/run_id.hpp"
+#include "engine/run_journal.hpp"
 #include "engine/run_paths.hpp"
-#include "engine/tool_broker.hpp"
 #include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
@@ -25,7 +25,7 @@ bool ended(storage::run_status s) {
 }
 
 // Takes the run for this process, or explains who has it.
-void claim(storage::journal& journal, const storage::run_record& run) {
+void claim(ledger& journal, const storage::run_record& run) {
   const std::string me = current_owner().str();
   if (!run.owner.empty() && run.owner != me) {
     switch (check_owner(run.owner)) {
@@ -43,14 +43,6 @@ void claim(storage::journal& journal, const storage::run_record& run) {
   }
   if (!journal.claim_run(run.id, run.owner, me))
     throw engine_error(errc::busy, fmt::format("run {} was taken by another process just now", run.id));
-}
-
-// How often the run was suspended within the last hour.
-std::uint64_t suspensions_in_last_hour(storage::journal& journal, const std::string& run_id) {
-  const auto since = storage::now_ms() - 3'600'000;
-  std::uint64_t n = 0;
-  for (const auto& e : journal.events(run_id)) n += e.kind == "suspended" && e.at_ms > since;
-  return n;
 }
 
 std::int64_t whole_ms(std::chrono::nanoseconds d) {
@@ -78,7 +70,9 @@ backend_factory default_backends() {
 }
 
 engine::engine(storage::journal& journal, engine_options options)
-    : journal_(journal), options_(std::move(options)) {}
+    : journal_(journal),
+      options_(std::move(options)),
+      ledger_(options_.ledger ? options_.ledger : std::make_shared<ledger>(journal.path(), journal.options())) {}
 
 std::pair<storage::run_record, bool> engine::submit(const run_request& request) {
   if (request.max_attempts < 1) throw engine_error(errc::bad_request, "--max-attempts must be at least 1");
@@ -99,7 +93,7 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   run.owner = request.owner;
   if (request.policy.run_bound().count() > 0)
     run.deadline_ms = storage::now_ms() + std::chrono::milliseconds(request.policy.run_bound()).count();
-  return journal_.create_run(run);
+  return ledger_->create_run(run);
 }
 
 storage::run_record engine::execute(const std::string& run_id, run_observer* observer, bool revive_failed) {
@@ -135,10 +129,10 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
   if (run->status == storage::run_status::waiting && !wait_is_over(journal_, *run)) return *run;
 
   if (run->status == storage::run_status::failed) {
-    journal_.reset_attempts(run_id);
+    ledger_->apply(run_id, {effects::attempts_reset{}});
     run = journal_.find_run(run_id);
   }
-  claim(journal_, *run);
+  claim(*ledger_, *run);
   if (!run->unreadable.empty()) throw storage::storage_error(storage::errc::unreadable, run->unreadable);
 
   auto& sandboxes = backend(run->sandbox);
@@ -164,10 +158,11 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
       return end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{message, type}, watch);
     }
     if (auto doubt = find_in_doubt(journal_, run_id)) {
-      journal_.finish_run(run_id, storage::run_status::in_doubt, nullptr, protocol::error_info{doubt->message, "in_doubt"});
+      ledger_->apply(run_id, {effects::run_ended{storage::run_status::in_doubt, nullptr,
+                                                 protocol::error_info{doubt->message, "in_doubt"}}});
       return *journal_.find_run(run_id);
     }
-    const int attempt = journal_.begin_attempt(run_id);
+    const int attempt = ledger_->begin_attempt(run_id);
     if (run->sandbox == "none")
       watch.on_warning("run " + run_id + " executes WITHOUT a sandbox (--sandbox none): the agent can read and "
                                          "write everything this user can");
@@ -176,7 +171,8 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
     const auto upkeep_before = sandboxes.upkeep(run->workspace);
     attempt_result result;
     try {
-      result = run_attempt(journal_, sandboxes, *run, rules, attempt, options_, watch);
+      run_journal journal(*ledger_, journal_, home(), run_id, rules.journal);
+      result = run_attempt(journal, sandboxes, *run, rules, attempt, attempt_options_of(run_id), watch);
     } catch (const runtime::sandbox_error& e) {
       result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
     }
@@ -184,47 +180,43 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
     using kind = attempt_result::kind;
     switch (result.outcome) {
       case kind::suspended: {
-        journal_.confirm_held(run_id);
+        ledger_->confirm_held(run_id);
         // The workspace stays in its image until the run ends. What the
         // suspension cost (this attempt's mount and unmount) is the run's, and
         // the agent, which chooses how long it waits, may only suspend so often.
         const auto upkeep = sandboxes.upkeep(run->workspace);
-        const std::uint64_t count = suspensions_in_last_hour(journal_, run_id) + 1;
+        const std::uint64_t count = suspensions_since(journal_, run_id, storage::now_ms() - 3'600'000) + 1;
         if (count > rules.suspensions_per_hour) {
           std::string message = fmt::format(
               "the run waited long enough to be suspended more than {} times within an hour "
               "(limits.suspensions_per_hour): each suspension unmounts its workspace and each resumption "
               "mounts it again; raise the limit, or wait longer at a time",
               rules.suspensions_per_hour);
-          journal_.append_event(run_id, "limit_exceeded", {{"limit", "suspensions"}, {"message", message}});
+          ledger_->apply(run_id, {effects::limit_exceeded{"suspensions", message}});
           return end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{message, "limit_exceeded"},
                          watch);
         }
-        journal_.append_event(run_id, "suspended",
-                              {{"count", count},
-                               {"bytes_written", upkeep.bytes_written - upkeep_before.bytes_written},
-                               {"cpu_ms", whole_ms(upkeep.cpu - upkeep_before.cpu)},
-                               {"ms", whole_ms(upkeep.wall - upkeep_before.wall)}});
-        journal_.suspend_run(run_id, result.wait);
+        ledger_->apply(run_id, {effects::suspended{result.wait, count, upkeep.bytes_written - upkeep_before.bytes_written,
+                                                   whole_ms(upkeep.cpu - upkeep_before.cpu),
+                                                   whole_ms(upkeep.wall - upkeep_before.wall)}});
         run = journal_.find_run(run_id);
         watch.on_wait(*run, result.wait);
         return *run;
       }
       case kind::released:
-        journal_.release_run(run_id, "the host process is shutting down");
+        ledger_->apply(run_id, {effects::released{"the host process is shutting down"}});
         return *journal_.find_run(run_id);
       case kind::restart:  // counted like a crash: an agent must not restart its sandbox for free
       case kind::crashed: {
         ++crashes;
         bool retry = crashes < run->max_attempts;
-        journal_.append_event(run_id, "attempt_crashed",
-                              {{"attempt", attempt}, {"error", result.error.message}, {"will_retry", retry}});
+        ledger_->apply(run_id, {effects::attempt_crashed{attempt, result.error.message, retry}});
         watch.on_attempt_failed(attempt, result.error.message, retry);
         if (retry) {
           auto delay = options_.retry_backoff ? run_retry{*options_.retry_backoff}.delay_after(crashes)
                                               : rules.retry.delay_after(crashes);
           if (!pause(delay)) {
-            journal_.release_run(run_id, "the host process is shutting down");
+            ledger_->apply(run_id, {effects::released{"the host process is shutting down"}});
             return *journal_.find_run(run_id);
           }
           continue;
@@ -249,9 +241,9 @@ storage::run_record engine::end_run(const std::string& run_id, storage::run_stat
   // Files first: once the journal says the run ended, nothing releases its
   // workspace again. A crash in between only replays the run.
   auto run = *journal_.find_run(run_id);
-  journal_.confirm_held(run_id);  // the workspace of a run taken over is the new owner's
+  ledger_->confirm_held(run_id);  // the workspace of a run taken over is the new owner's
   release_workspace(backend(run.sandbox), run, watch);
-  journal_.finish_run(run_id, status, output, error);
+  ledger_->apply(run_id, {effects::run_ended{status, output, error}});
   run = *journal_.find_run(run_id);
   cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
   return run;
@@ -305,7 +297,7 @@ storage::signal_record engine::signal(const std::string& run_id, const std::stri
                                                       "KiB, limits.signal_kb in its policy)",
                                                       bytes, run_id, limits.signal_bytes >> 10));
   try {
-    return journal_.enqueue_signal(run_id, name, payload, limits.signals);
+    return ledger_->enqueue_signal(run_id, name, payload, limits.signals);
   } catch (const storage::storage_error& e) {
     if (e.code() == storage::errc::not_found)
       throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
@@ -323,8 +315,8 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
     return engine_error(errc::bad_request, fmt::format("run {} already ended ({}); there is nothing to cancel", r.id,
                                                        storage::to_string(r.status)));
   };
-  if (ended(run->status) || !journal_.request_cancel(run_id, reason)) throw refuse(*journal_.find_run(run_id));
-  if (journal_.cancel_idle_run(run_id, reason)) {
+  if (ended(run->status) || !ledger_->request_cancel(run_id, reason)) throw refuse(*journal_.find_run(run_id));
+  if (ledger_->cancel_idle_run(run_id, reason)) {
     cancel_children(run_id, fmt::format("its parent run {} was cancelled", run_id));
     return cancel_outcome::cancelled;
   }
@@ -332,19 +324,12 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
   run = journal_.find_run(run_id);
   if (ended(run->status)) return cancel_outcome::cancelled;
   if (run->owner.empty() || check_owner(run->owner) == owner_state::dead) {
-    claim(journal_, *run);
+    claim(*ledger_, *run);
     null_observer quiet;
     end_run(run_id, storage::run_status::cancelled, nullptr, protocol::error_info{reason, "cancelled"}, quiet);
     return cancel_outcome::cancelled;
   }
   return cancel_outcome::requested;
-}
-
-std::string cancel_reason(storage::journal& journal, const std::string& run_id) {
-  std::string reason;
-  for (const auto& e : journal.events(run_id))
-    if (e.kind == "cancel_requested" && e.data.is_object()) reason = e.data.value("reason", "");
-  return reason.empty() ? "the run was cancelled" : reason;
 }
 
 bool wait_is_over(storage::journal& journal, const storage::run_record& run) {
@@ -380,6 +365,7 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
                                                       "hold; record a flatter value",
                                                       protocol::max_output_depth));
   static constexpr const char* names[] = {"result", "error", "retry"};
+  effects::tool_settled settled{seq, names[static_cast<int>(s.outcome)], std::nullopt};
   if (s.outcome != settlement::how::retry) {
     storage::step_record record;
     record.run_id = run_id;
@@ -391,11 +377,35 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
     else record.result.error = {s.error, "settled"};
     record.started_at_ms = doubt->started_at_ms;
     record.finished_at_ms = storage::now_ms();
-    journal_.append_step(record);
+    settled.step = std::move(record);
   }
-  journal_.append_event(run_id, "tool_settled", {{"how", names[static_cast<int>(s.outcome)]}}, seq);
-  journal_.reset_attempts(run_id);
+  ledger_->apply(run_id, {std::move(settled), effects::attempts_reset{}});
   return *journal_.find_run(run_id);
+}
+
+storage::run_record engine::reopen(const std::string& run_id) {
+  auto run = journal_.find_run(run_id);
+  if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
+  if (!run->owner.empty() && run->owner != current_owner().str() && check_owner(run->owner) != owner_state::dead)
+    throw engine_error(errc::busy, fmt::format("run {} is being executed by {}; wait for it, or stop that process and "
+                                               "`cairn resume {}`",
+                                               run_id, describe_owner(run->owner), run_id));
+  if (run->status != storage::run_status::failed) return *run;
+  ledger_->apply(run_id, {effects::attempts_reset{}});
+  return *journal_.find_run(run_id);
+}
+
+attempt_options engine::attempt_options_of(const std::string& run_id) const {
+  attempt_options o;
+  o.hello_timeout = options_.hello_timeout;
+  o.exit_grace = options_.exit_grace;
+  o.suspend_after = options_.suspend_after;
+  o.stopping = options_.stopping;
+  o.drain = options_.drain;
+  o.llm = options_.llm;
+  o.workspace_image = workspace_image(home(), run_id);
+  o.log_file = run_log(home(), run_id);
+  return o;
 }
 
 const std::filesystem::path& engine::home() const {

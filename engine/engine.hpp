@@ -1,8 +1,9 @@
 // Runs: start, execute in a sandbox, checkpoint every step, retry a crashed
 // sandbox from the journal, resume what a dead host process left behind;
 // suspend a run that waits (timer, signal, child run) and wake it by replay;
-// cancel. The engine is the one place that writes the journal; runtime only
-// reports.
+// cancel. The engine writes the journal only through its ledger (the
+// process's one writer, group-committing the writes of all its threads);
+// runtime only reports.
 #pragma once
 
 #include <atomic>
@@ -15,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/attempt.hpp"
+#include "engine/ledger.hpp"
 #include "engine/policy.hpp"
 #include "engine/tools/llm_chat.hpp"
 #include "runtime/sandbox.hpp"
@@ -65,20 +68,9 @@ struct engine_options {
   std::chrono::milliseconds drain{10'000};
   std::optional<llm_endpoint> llm;  // where llm.chat calls go; see llm_endpoint_from_host
   backend_factory backends = default_backends();
-};
-
-// What the engine tells whoever watches a run. Called on the executing thread.
-class run_observer {
- public:
-  virtual ~run_observer() = default;
-  virtual void on_attempt(const storage::run_record&, int /*attempt*/) {}
-  virtual void on_step(const storage::step_record&) {}
-  virtual void on_retry(const protocol::retry_msg&) {}
-  virtual void on_emit(const json&) {}
-  virtual void on_attempt_failed(int /*attempt*/, const std::string& /*reason*/, bool /*will_retry*/) {}
-  virtual void on_warning(const std::string&) {}
-  // The run was suspended until `wait` is over.
-  virtual void on_wait(const storage::run_record&, const storage::wait_spec&) {}
+  // The process's one journal writer, shared by every engine of the process
+  // so that their runs' steps commit together. Null: the engine opens its own.
+  std::shared_ptr<cairn::engine::ledger> ledger;
 };
 
 struct run_request {
@@ -104,7 +96,7 @@ struct settlement {
 
 class engine {
  public:
-  // `journal` must outlive the engine.
+  // `journal` (this thread's connection, for reading) must outlive the engine.
   engine(storage::journal& journal, engine_options options);
 
   // Records a pending run, or returns the existing one with this id. An id
@@ -132,6 +124,11 @@ class engine {
   // nests deeper than protocol::max_output_depth; busy while a live process
   // executes the run.
   storage::run_record settle(const std::string& run_id, std::uint64_t seq, const settlement& s);
+
+  // Makes a failed run pending again with a fresh set of attempts (its steps
+  // kept) and returns it; any other run is returned as it is. busy while a
+  // live process executes it.
+  storage::run_record reopen(const std::string& run_id);
 
   // Runs left unfinished by host processes that have died, oldest first,
   // plus pending runs nobody has started and waiting runs whose wait is over
@@ -166,6 +163,7 @@ class engine {
   // storage_error(fenced); a run whose stored data cannot be read ends failed.
   storage::run_record drive_run(const std::string& run_id, run_observer* observer, bool revive_failed);
   const std::filesystem::path& home() const;
+  attempt_options attempt_options_of(const std::string& run_id) const;
   // Records the end, releases the workspace, cancels unfinished children.
   storage::run_record end_run(const std::string& run_id, storage::run_status status, const json& output,
                               const std::optional<protocol::error_info>& error, run_observer& watch);
@@ -176,15 +174,13 @@ class engine {
 
   storage::journal& journal_;
   engine_options options_;
+  std::shared_ptr<cairn::engine::ledger> ledger_;
   std::map<std::string, std::unique_ptr<runtime::sandbox_backend>> backends_;
 };
 
 // Can a waiting run move now (its timer is due, its signal is queued or timed
 // out, its child ended, it was cancelled or ran out of time)?
 bool wait_is_over(storage::journal& journal, const storage::run_record& run);
-
-// Why the run was cancelled, as `cairn cancel --reason` said.
-std::string cancel_reason(storage::journal& journal, const std::string& run_id);
 
 // A fresh run id: "run-" and 12 hex digits.
 std::string new_run_id();

@@ -10,17 +10,11 @@
 #include <string>
 #include <string_view>
 
+#include "engine/effects.hpp"
 #include "engine/policy.hpp"
 #include "storage/journal.hpp"
 
 namespace cairn::engine {
-
-// A write would go past one of the run's journal limits; nothing of it was
-// written. `limit` is the policy key (journal_mb or step_output_mb).
-struct budget_exceeded {
-  std::string limit;
-  std::string message;
-};
 
 class journal_budget {
  public:

@@ -18,8 +18,8 @@ constexpr auto error_pause = std::chrono::seconds(5);
 
 }  // namespace
 
-// Worker threads, each with its own journal connection and engine (an engine
-// makes its sandbox backends once).
+// Worker threads, each with its own journal connection (to read) and engine
+// (an engine makes its sandbox backends once); all write through one ledger.
 struct scheduler::pool {
   mutable std::mutex mutex;
   std::condition_variable work, returned;
@@ -64,6 +64,8 @@ struct scheduler::pool {
 
 scheduler::scheduler(scheduler_options options) : options_(std::move(options)), pool_(std::make_unique<pool>()) {
   options_.engine.stopping = &stopping_;
+  // One writer for all workers: their runs' steps share group commits.
+  if (!options_.engine.ledger) options_.engine.ledger = std::make_shared<ledger>(options_.db, options_.journal);
   if (options_.max_concurrent < 1) options_.max_concurrent = 1;
   for (int i = 0; i < options_.max_concurrent; ++i) pool_->threads.emplace_back([this] { pool_->worker(options_); });
 }

@@ -522,11 +522,13 @@ struct busy_wait {
 
 struct journal::impl {
   fs::path path;
+  journal_options options;
   SQLite::Database db;
   busy_wait busy;
 
   impl(const fs::path& p, const journal_options& options)
       : path(p),
+        options(options),
         db(guard({}, [&] { return options.read_only ? open_read_only(p, options) : open_writable(p, options); })),
         busy{options.busy_timeout, {}} {
     sqlite3_busy_handler(db.getHandle(), &busy_wait::on_busy, &busy);
@@ -752,6 +754,8 @@ journal::journal(const fs::path& path, journal_options options) : impl_(std::mak
 journal::~journal() = default;
 
 const fs::path& journal::path() const { return impl_->path; }
+
+const journal_options& journal::options() const { return impl_->options; }
 
 int journal::schema_version() { return latest_version; }
 

@@ -173,6 +173,7 @@ class journal {
   journal& operator=(const journal&) = delete;
 
   const std::filesystem::path& path() const;
+  const journal_options& options() const;
   static int schema_version();
 
   // Group commit: makes every write of `writes` (each calls this object's

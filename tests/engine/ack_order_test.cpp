@@ -3,8 +3,9 @@
 // runs: plain steps, ctx.now, tool calls, a timer, signals taken, a child run
 // started and joined. The host is killed (SIGKILL, engine/crash_point.hpp) at
 // every occurrence of every point between receiving a step and its next
-// action: before the commit, after it, after the answer, and inside a tool
-// call and a child start. An observer in each agent that outlives the host
+// action: before the commit, after it, after the answer, inside a tool call
+// and a child start, and in the ledger before a group commit and after one
+// that carried the writes of several runs, before any of them was answered. An observer in each agent that outlives the host
 // (tests/agents/durability_agent.cpp) keeps every byte the host wrote to the
 // agent. After each death every acknowledgement and result an agent was sent
 // must be in the journal, unchanged: an answer that goes out before its
@@ -64,7 +65,8 @@ TEST_CASE("the host dies at every point between a step and its next action: ever
   const auto started = std::chrono::steady_clock::now();
   int deaths = 0, acknowledgements = 0;
   for (const std::string point :
-       {"before_commit", "after_commit", "after_ack", "tool_started", "tool_returned", "child_created"}) {
+       {"before_commit", "after_commit", "after_ack", "tool_started", "tool_returned", "child_created",
+        "before_group_commit", "after_group_commit.many"}) {
     INFO("crash point " << point);
     int n = 1;
     while (dies_at(point, n, acknowledgements)) ++n;

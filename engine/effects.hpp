@@ -1,0 +1,135 @@
+// What happened to a run, as the code that drives it reports it: the attempt
+// driver, the waits and the tool broker return these typed effects and never
+// write the journal; the ledger (ledger.hpp) applies them, and is the one
+// place that knows how each is stored.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "protocol/messages.hpp"
+#include "storage/journal.hpp"
+
+namespace cairn::engine::effects {
+
+using json = nlohmann::json;
+
+// A step's outcome, final: replay returns exactly this. With `signal_id`,
+// the step is the delivery of that signal (delivered once).
+struct step_committed {
+  storage::step_record record;
+  std::optional<std::int64_t> signal_id;
+};
+
+// An attempt of a failed step, to be made again after `delay_ms`.
+struct retry_due {
+  std::uint64_t seq = 0;
+  std::string name;
+  int attempt = 0;  // the attempt that failed, 1-based
+  protocol::error_info error;
+  std::int64_t delay_ms = 0;
+};
+
+// The host is about to call a tool: durable before the call, so that an
+// at-most-once call found with no result is in doubt, never repeated.
+// `args` only for an at-most-once call (settle shows them).
+struct tool_started {
+  std::uint64_t seq = 0;
+  std::string tool;
+  std::string idempotency;  // "idempotent" or "at_most_once"
+  std::optional<json> args;
+};
+
+// `cairn settle` recorded what an in-doubt call did: `step` when it gave a
+// result or an error, none when the call is to be made again.
+struct tool_settled {
+  std::uint64_t seq = 0;
+  std::string how;  // "result", "error" or "retry"
+  std::optional<storage::step_record> step;
+};
+
+// A sleep's wake time, fixed on first sight so that a replay keeps it.
+struct timer_set {
+  std::uint64_t seq = 0;
+  std::int64_t until_ms = 0;
+  bool in_past = false;
+};
+
+// A wait for a signal began; its deadline (none: no timeout) is kept for replays.
+struct wait_started {
+  std::uint64_t seq = 0;
+  std::string signal;
+  std::optional<std::int64_t> deadline_ms;
+};
+
+// A child run, created once (a replay finds the same id).
+struct child_started {
+  storage::new_run child;
+};
+
+struct sandbox_warning {
+  std::string message;
+};
+
+struct cancel_sent {
+  std::string reason;
+  std::int64_t grace_seconds = 0;
+};
+
+// The run ran into one of its policy's limits (`limit` names it).
+struct limit_exceeded {
+  std::string limit;
+  std::string message;
+};
+
+struct attempt_crashed {
+  int attempt = 0;
+  std::string error;
+  bool will_retry = false;
+};
+
+// The run waits for `wait` without a sandbox; `count` suspensions within the
+// last hour, this one included, and what this one cost.
+struct suspended {
+  storage::wait_spec wait;
+  std::uint64_t count = 0;
+  std::uint64_t bytes_written = 0;
+  std::int64_t cpu_ms = 0;
+  std::int64_t ms = 0;
+};
+
+// The host hands the run back (it is shutting down): pending, no owner.
+struct released {
+  std::string reason;
+};
+
+// completed with `output`; failed, cancelled or in_doubt with `error`.
+struct run_ended {
+  storage::run_status status = storage::run_status::completed;
+  json output;
+  std::optional<protocol::error_info> error;
+};
+
+// A failed or settled run gets a fresh set of attempts.
+struct attempts_reset {};
+
+}  // namespace cairn::engine::effects
+
+namespace cairn::engine {
+
+// Effects that would take the run past one of its journal limits; nothing of
+// them was written. `limit` is the policy key (journal_mb or step_output_mb).
+struct budget_exceeded {
+  std::string limit;
+  std::string message;
+};
+
+using effect = std::variant<effects::step_committed, effects::retry_due, effects::tool_started, effects::tool_settled,
+                            effects::timer_set, effects::wait_started, effects::child_started,
+                            effects::sandbox_warning, effects::cancel_sent, effects::limit_exceeded,
+                            effects::attempt_crashed, effects::suspended, effects::released, effects::run_ended,
+                            effects::attempts_reset>;
+
+}  // namespace cairn::engine

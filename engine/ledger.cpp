@@ -1,0 +1,253 @@
+#include "engine/ledger.hpp"
+
+#include <fmt/format.h>
+
+#include "engine/crash_point.hpp"
+
+namespace cairn::engine {
+namespace {
+
+// The most writes one group commit carries; the rest wait for the next.
+constexpr std::size_t max_group = 1024;
+
+json error_json(const protocol::error_info& e) { return {{"message", e.message}, {"type", e.type}}; }
+
+std::string clip(const std::string& s, std::size_t max) { return s.size() <= max ? s : s.substr(0, max) + "..."; }
+
+template <class... F>
+struct overloaded : F... {
+  using F::operator()...;
+};
+
+// The event schema: every event the engine writes, its kind and its data.
+// (The journal adds its own for the transitions it makes: attempt_started,
+// run_waiting, run_released, run_reset, run_completed, run_failed,
+// run_cancelled, run_in_doubt, cancel_requested, signal_queued,
+// signal_delivered; see storage/journal.hpp.)
+std::optional<event_row> row_of(const effect& e) {
+  using namespace effects;
+  return std::visit(
+      overloaded{
+          [](const retry_due& r) -> std::optional<event_row> {
+            return event_row{"step_retry",
+                             {{"name", r.name}, {"attempt", r.attempt}, {"error", error_json(r.error)},
+                              {"delay_ms", r.delay_ms}},
+                             r.seq};
+          },
+          [](const tool_started& t) -> std::optional<event_row> {
+            json data = {{"tool", t.tool}, {"idempotency", t.idempotency}};
+            if (t.args) data["args"] = *t.args;
+            return event_row{"tool_started", std::move(data), t.seq};
+          },
+          [](const tool_settled& t) -> std::optional<event_row> {
+            return event_row{"tool_settled", {{"how", t.how}}, t.seq};
+          },
+          [](const timer_set& t) -> std::optional<event_row> {
+            return event_row{"timer_set", {{"until_ms", t.until_ms}, {"in_past", t.in_past}}, t.seq};
+          },
+          [](const wait_started& w) -> std::optional<event_row> {
+            return event_row{"wait_started",
+                             {{"signal", w.signal}, {"deadline_ms", w.deadline_ms ? json(*w.deadline_ms) : json()}},
+                             w.seq};
+          },
+          [](const sandbox_warning& w) -> std::optional<event_row> {
+            return event_row{"sandbox_warning", {{"message", w.message}}, std::nullopt};
+          },
+          [](const cancel_sent& c) -> std::optional<event_row> {
+            return event_row{"cancel_sent", {{"reason", c.reason}, {"grace_seconds", c.grace_seconds}}, std::nullopt};
+          },
+          [](const limit_exceeded& l) -> std::optional<event_row> {
+            return event_row{"limit_exceeded", {{"limit", l.limit}, {"message", l.message}}, std::nullopt};
+          },
+          [](const attempt_crashed& a) -> std::optional<event_row> {
+            return event_row{"attempt_crashed",
+                             {{"attempt", a.attempt}, {"error", a.error}, {"will_retry", a.will_retry}},
+                             std::nullopt};
+          },
+          [](const suspended& s) -> std::optional<event_row> {
+            return event_row{"suspended",
+                             {{"count", s.count}, {"bytes_written", s.bytes_written}, {"cpu_ms", s.cpu_ms},
+                              {"ms", s.ms}},
+                             std::nullopt};
+          },
+          [](const auto&) -> std::optional<event_row> { return std::nullopt; },
+      },
+      e);
+}
+
+void store(storage::journal& j, const std::string& run_id, const effect& e) {
+  using namespace effects;
+  if (auto row = row_of(e)) j.append_event(run_id, row->kind, row->data, row->seq);
+  std::visit(overloaded{
+                 [&](const step_committed& s) {
+                   if (s.signal_id) j.deliver_signal(*s.signal_id, s.record);
+                   else j.append_step(s.record);
+                 },
+                 [&](const tool_settled& t) {
+                   if (t.step) j.append_step(*t.step);
+                 },
+                 [&](const child_started& c) { j.create_run(c.child); },
+                 [&](const suspended& s) { j.suspend_run(run_id, s.wait); },
+                 [&](const released& r) { j.release_run(run_id, r.reason); },
+                 [&](const run_ended& r) { j.finish_run(run_id, r.status, r.output, r.error); },
+                 [&](const attempts_reset&) { j.reset_attempts(run_id); },
+                 [](const auto&) {},
+             },
+             e);
+}
+
+std::optional<storage::event_record> last_event_at(storage::journal& journal, const std::string& run_id,
+                                                   std::uint64_t seq, std::string_view kind) {
+  std::optional<storage::event_record> found;
+  for (auto& e : journal.events_at(run_id, seq))
+    if (e.kind == kind) found = std::move(e);
+  return found;
+}
+
+int count_at(storage::journal& journal, const std::string& run_id, std::uint64_t seq, std::string_view kind) {
+  int n = 0;
+  for (const auto& e : journal.events_at(run_id, seq)) n += e.kind == kind;
+  return n;
+}
+
+}  // namespace
+
+ledger::ledger(const std::filesystem::path& db, storage::journal_options options)
+    : path_(db), journal_(db, options) {}
+
+void ledger::write(std::function<void(storage::journal&)> body) {
+  writer me;
+  me.body = std::move(body);
+  std::unique_lock lock(mutex_);
+  queue_.push_back(&me);
+  me.turn.wait(lock, [&] { return me.done || queue_.front() == &me; });
+  if (!me.done) {
+    // At the front: commit everyone waiting, this write first.
+    std::vector<writer*> group(queue_.begin(), queue_.begin() + std::min(queue_.size(), max_group));
+    lock.unlock();
+    std::vector<std::function<void(storage::journal&)>> bodies;
+    bodies.reserve(group.size());
+    for (auto* w : group) bodies.push_back(std::move(w->body));
+    crash_point("before_group_commit");
+    auto errors = journal_.write_together(bodies);
+    // Durable, and nobody has been answered yet.
+    crash_point(group.size() > 1 ? "after_group_commit.many" : "after_group_commit.one");
+    lock.lock();
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      group[i]->error = errors[i];
+      group[i]->done = true;
+      queue_.pop_front();
+      if (group[i] != &me) group[i]->turn.notify_one();
+    }
+    if (!queue_.empty()) queue_.front()->turn.notify_one();
+  }
+  if (me.error) std::rethrow_exception(me.error);
+}
+
+void ledger::apply(const std::string& run_id, const std::vector<effect>& effects) {
+  write([&](storage::journal& j) {
+    for (const auto& e : effects) store(j, run_id, e);
+  });
+}
+
+std::optional<event_row> ledger::event_of(const effect& e) { return row_of(e); }
+
+std::pair<storage::run_record, bool> ledger::create_run(const storage::new_run& run) {
+  std::pair<storage::run_record, bool> out;
+  write([&](storage::journal& j) { out = j.create_run(run); });
+  return out;
+}
+
+bool ledger::claim_run(const std::string& id, const std::string& expected_owner, const std::string& new_owner) {
+  bool claimed = false;
+  write([&](storage::journal& j) { claimed = j.claim_run(id, expected_owner, new_owner); });
+  return claimed;
+}
+
+void ledger::confirm_held(const std::string& id) {
+  write([&](storage::journal& j) { j.confirm_held(id); });
+}
+
+int ledger::begin_attempt(const std::string& id) {
+  int attempt = 0;
+  write([&](storage::journal& j) { attempt = j.begin_attempt(id); });
+  return attempt;
+}
+
+storage::signal_record ledger::enqueue_signal(const std::string& run_id, const std::string& name, const json& payload,
+                                              std::uint64_t max_signals) {
+  storage::signal_record out;
+  write([&](storage::journal& j) { out = j.enqueue_signal(run_id, name, payload, max_signals); });
+  return out;
+}
+
+bool ledger::request_cancel(const std::string& id, const std::string& reason) {
+  bool marked = false;
+  write([&](storage::journal& j) { marked = j.request_cancel(id, reason); });
+  return marked;
+}
+
+bool ledger::cancel_idle_run(const std::string& id, const std::string& message) {
+  bool cancelled = false;
+  write([&](storage::journal& j) { cancelled = j.cancel_idle_run(id, message); });
+  return cancelled;
+}
+
+int step_failures(storage::journal& journal, const std::string& run_id, std::uint64_t seq) {
+  return count_at(journal, run_id, seq, "step_retry");
+}
+
+int tool_attempts(storage::journal& journal, const std::string& run_id, std::uint64_t seq) {
+  return count_at(journal, run_id, seq, "tool_started");
+}
+
+std::optional<effects::timer_set> timer_at(storage::journal& journal, const std::string& run_id, std::uint64_t seq) {
+  auto e = last_event_at(journal, run_id, seq, "timer_set");
+  if (!e) return std::nullopt;
+  return effects::timer_set{seq, e->data.at("until_ms").get<std::int64_t>(), e->data.value("in_past", false)};
+}
+
+std::optional<effects::wait_started> wait_at(storage::journal& journal, const std::string& run_id,
+                                             std::uint64_t seq) {
+  auto e = last_event_at(journal, run_id, seq, "wait_started");
+  if (!e) return std::nullopt;
+  effects::wait_started w{seq, e->data.value("signal", ""), std::nullopt};
+  if (!e->data.at("deadline_ms").is_null()) w.deadline_ms = e->data.at("deadline_ms").get<std::int64_t>();
+  return w;
+}
+
+std::uint64_t suspensions_since(storage::journal& journal, const std::string& run_id, std::int64_t since_ms) {
+  std::uint64_t n = 0;
+  for (const auto& e : journal.events(run_id)) n += e.kind == "suspended" && e.at_ms > since_ms;
+  return n;
+}
+
+std::string cancel_reason(storage::journal& journal, const std::string& run_id) {
+  std::string reason;
+  for (const auto& e : journal.events(run_id))
+    if (e.kind == "cancel_requested" && e.data.is_object()) reason = e.data.value("reason", "");
+  return reason.empty() ? "the run was cancelled" : reason;
+}
+
+std::optional<in_doubt_call> find_in_doubt(storage::journal& journal, const std::string& run_id) {
+  const std::uint64_t seq = journal.step_count(run_id);
+  std::optional<storage::event_record> started;
+  for (auto& e : journal.events_at(run_id, seq)) {
+    if (e.kind == "tool_started") started = std::move(e);
+    else if (e.kind == "tool_settled") started.reset();
+  }
+  if (!started || started->data.value("idempotency", "") != "at_most_once") return std::nullopt;
+  in_doubt_call c;
+  c.seq = seq;
+  c.tool = started->data.value("tool", "");
+  c.args = started->data.value("args", json());
+  c.started_at_ms = started->at_ms;
+  c.message = fmt::format(
+      "step {} called at-most-once tool '{}' with {}, but its result was never recorded: the host stopped in "
+      "between, so the call may or may not have happened. Check whether it did, then record the outcome with "
+      "`cairn settle {} {} --result JSON` (or --error MESSAGE), or call it again with `cairn settle {} {} --retry`",
+      seq, c.tool, clip(c.args.dump(), 100), run_id, seq, run_id, seq);
+  return c;
+}
+
+}  // namespace cairn::engine

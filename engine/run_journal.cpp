@@ -1,0 +1,123 @@
+#include "engine/run_journal.hpp"
+
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "engine/run_id.hpp"
+#include "engine/run_paths.hpp"
+#include "engine/tools/llm_chat.hpp"
+
+namespace cairn::engine {
+namespace {
+
+struct run_tree {
+  std::string root;
+  std::uint64_t depth = 0;  // of the run: the root is 0
+  std::uint64_t size = 0;   // runs in the tree, the root included
+};
+
+// The tree the run belongs to, through the journal's parent links.
+run_tree tree_of(storage::journal& journal, const std::string& run_id) {
+  run_tree tree{run_id, 0, 0};
+  auto run = journal.find_run(run_id);
+  for (std::string parent = run ? run->parent_id : ""; !parent.empty(); ++tree.depth) {
+    tree.root = parent;
+    auto up = journal.find_run(parent);
+    parent = up ? up->parent_id : "";
+  }
+  std::vector<std::string> todo{tree.root};
+  while (!todo.empty()) {
+    auto id = std::move(todo.back());
+    todo.pop_back();
+    ++tree.size;
+    for (auto& child : journal.children(id)) todo.push_back(std::move(child.id));
+  }
+  return tree;
+}
+
+// What the agent causes the host to store counts against its journal
+// limits; the host's own few records per attempt (warnings, cancel_sent,
+// limit_exceeded, the run's transitions) are counted from the next attempt.
+bool charged(const effect& e) {
+  return std::holds_alternative<effects::retry_due>(e) || std::holds_alternative<effects::tool_started>(e) ||
+         std::holds_alternative<effects::timer_set>(e) || std::holds_alternative<effects::wait_started>(e);
+}
+
+}  // namespace
+
+run_journal::run_journal(ledger& writes, storage::journal& reads, const std::filesystem::path& home,
+                         const std::string& run_id, const journal_limits& limits)
+    : writes_(writes), reads_(reads), home_(home), run_id_(run_id), budget_(reads, run_id, limits) {}
+
+void run_journal::apply(std::vector<effect> effects) {
+  for (const auto& e : effects) {
+    if (const auto* step = std::get_if<effects::step_committed>(&e)) budget_.charge_step(step->record.result);
+    else if (charged(e))
+      if (auto row = ledger::event_of(e)) budget_.charge_event(row->kind, row->data);
+  }
+  writes_.apply(run_id_, effects);
+}
+
+std::optional<std::string> run_journal::start_child(storage::new_run child, const policy& p) {
+  if (auto problem = run_id_problem(child.id))
+    return fmt::format("a child of run {} cannot be named: {}; start the root run with a shorter id", run_id_,
+                       *problem);
+  child.workspace = default_workspace(home_, child.id).string();
+  // One check-and-create at a time in this process, so that runs of one tree
+  // started together cannot all take the last place.
+  static std::mutex tree_mutex;
+  std::lock_guard tree_lock(tree_mutex);
+  if (!reads_.find_run(child.id)) {
+    const auto tree = tree_of(reads_, run_id_);
+    if (tree.depth + 1 > p.children.max_depth)
+      return fmt::format("this run is at depth {} of the tree of run {}, and a child would be deeper than its policy "
+                         "allows (children.max_depth {})",
+                         tree.depth, tree.root, p.children.max_depth);
+    if (tree.size - 1 >= p.children.max)
+      return fmt::format("the tree of run {} holds {} child runs, the most its policy allows (children.max)",
+                         tree.root, tree.size - 1);
+  }
+  writes_.apply(run_id_, {effects::child_started{std::move(child)}});
+  return std::nullopt;
+}
+
+std::vector<protocol::step_result> run_journal::history() {
+  std::vector<protocol::step_result> out;
+  for (auto& s : reads_.steps(run_id_)) out.push_back(std::move(s.result));
+  return out;
+}
+
+int run_journal::step_failures(std::uint64_t seq) { return engine::step_failures(reads_, run_id_, seq); }
+
+int run_journal::tool_attempts(std::uint64_t seq) { return engine::tool_attempts(reads_, run_id_, seq); }
+
+std::optional<effects::timer_set> run_journal::timer_at(std::uint64_t seq) {
+  return engine::timer_at(reads_, run_id_, seq);
+}
+
+std::optional<effects::wait_started> run_journal::wait_at(std::uint64_t seq) {
+  return engine::wait_at(reads_, run_id_, seq);
+}
+
+std::optional<std::string> run_journal::cancel_requested() {
+  auto run = reads_.find_run(run_id_);
+  if (!run || !run->cancel_requested_at_ms) return std::nullopt;
+  return cancel_reason(reads_, run_id_);
+}
+
+std::optional<storage::signal_record> run_journal::pending_signal(const std::string& name) {
+  return reads_.pending_signal(run_id_, name);
+}
+
+std::optional<storage::run_record> run_journal::find_run(const std::string& id) { return reads_.find_run(id); }
+
+std::uint64_t run_journal::llm_tokens_spent() {
+  std::uint64_t spent = 0;
+  for (const auto& s : reads_.steps(run_id_))
+    if (s.result.kind == protocol::step_kind::tool && s.result.name == "llm.chat" && s.result.ok)
+      spent += tokens_counted(s.result.output);
+  return spent;
+}
+
+}  // namespace cairn::engine

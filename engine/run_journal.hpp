@@ -1,0 +1,42 @@
+// The engine's side of attempt_journal (attempt.hpp) for one attempt of one
+// run: reads from the engine's journal connection, charges what the agent
+// makes the host store against the run's journal limits, and hands the
+// effects to the ledger.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "engine/attempt.hpp"
+#include "engine/journal_budget.hpp"
+#include "engine/ledger.hpp"
+
+namespace cairn::engine {
+
+class run_journal : public attempt_journal {
+ public:
+  // Everything given must outlive it.
+  run_journal(ledger& writes, storage::journal& reads, const std::filesystem::path& home, const std::string& run_id,
+              const journal_limits& limits);
+
+  void apply(std::vector<effect> effects) override;
+  std::optional<std::string> start_child(storage::new_run child, const policy& p) override;
+  std::vector<protocol::step_result> history() override;
+  int step_failures(std::uint64_t seq) override;
+  int tool_attempts(std::uint64_t seq) override;
+  std::optional<effects::timer_set> timer_at(std::uint64_t seq) override;
+  std::optional<effects::wait_started> wait_at(std::uint64_t seq) override;
+  std::optional<std::string> cancel_requested() override;
+  std::optional<storage::signal_record> pending_signal(const std::string& name) override;
+  std::optional<storage::run_record> find_run(const std::string& id) override;
+  std::uint64_t llm_tokens_spent() override;
+
+ private:
+  ledger& writes_;
+  storage::journal& reads_;
+  const std::filesystem::path& home_;
+  const std::string& run_id_;
+  journal_budget budget_;
+};
+
+}  // namespace cairn::engine
