@@ -569,6 +569,20 @@ struct journal::impl {
   }
   std::unordered_map<const char*, std::unique_ptr<SQLite::Statement>> cache;
 
+  // One statement without results (a transaction's BEGIN, SAVEPOINT, ...),
+  // compiled once. Reset at once, failed or not: a statement left pending
+  // after SQLITE_BUSY would hold back the commit of the next autocommit write.
+  void run(const char* sql) {
+    auto& s = prepared(sql);
+    try {
+      s.exec();
+    } catch (const SQLite::Exception&) {
+      s.tryReset();
+      throw;
+    }
+    s.tryReset();
+  }
+
   void require_run(int changed, std::string_view run_id) {
     if (changed == 0) throw storage_error(errc::not_found, fmt::format("no run '{}' in journal {}", run_id, path.string()));
   }
@@ -625,12 +639,16 @@ struct journal::impl {
   // Rolls back unless committed.
   class write_txn {
    public:
-    explicit write_txn(impl& j) : j_(j) { j_.db.exec(j_.grouped ? "SAVEPOINT write" : "BEGIN IMMEDIATE"); }
+    explicit write_txn(impl& j) : j_(j) { j_.run(j_.grouped ? "SAVEPOINT write" : "BEGIN IMMEDIATE"); }
     ~write_txn() {
       if (done_) return;
       try {
-        if (j_.grouped) j_.db.exec("ROLLBACK TO write; RELEASE write");
-        else j_.db.exec("ROLLBACK");
+        if (j_.grouped) {
+          j_.run("ROLLBACK TO write");
+          j_.run("RELEASE write");
+        } else {
+          j_.run("ROLLBACK");
+        }
       } catch (const SQLite::Exception&) {
         // SQLite rolled the transaction back itself (an I/O error, a full disk).
       }
@@ -639,7 +657,7 @@ struct journal::impl {
     write_txn& operator=(const write_txn&) = delete;
 
     void commit() {
-      j_.db.exec(j_.grouped ? "RELEASE write" : "COMMIT");
+      j_.run(j_.grouped ? "RELEASE write" : "COMMIT");
       done_ = true;
     }
 
@@ -699,7 +717,7 @@ std::vector<std::exception_ptr> journal::write_together(std::span<const std::fun
   auto& j = *impl_;
   std::exception_ptr fatal;
   try {
-    j.guard({}, [&] { j.db.exec("BEGIN IMMEDIATE"); });
+    j.guard({}, [&] { j.run("BEGIN IMMEDIATE"); });
   } catch (...) {
     std::fill(errors.begin(), errors.end(), std::current_exception());
     return errors;
@@ -709,9 +727,9 @@ std::vector<std::exception_ptr> journal::write_together(std::span<const std::fun
   for (std::size_t i = 0; i < writes.size() && !fatal; ++i) {
     const auto mark = j.deferred.size();
     try {
-      j.guard({}, [&] { j.db.exec("SAVEPOINT member"); });
+      j.guard({}, [&] { j.run("SAVEPOINT member"); });
       writes[i](*this);
-      j.guard({}, [&] { j.db.exec("RELEASE member"); });
+      j.guard({}, [&] { j.run("RELEASE member"); });
     } catch (...) {
       errors[i] = std::current_exception();
       j.deferred.resize(mark);
@@ -720,7 +738,10 @@ std::vector<std::exception_ptr> journal::write_together(std::span<const std::fun
       if (sqlite3_get_autocommit(j.db.getHandle())) fatal = errors[i];
       else
         try {
-          j.guard({}, [&] { j.db.exec("ROLLBACK TO member; RELEASE member"); });
+          j.guard({}, [&] {
+            j.run("ROLLBACK TO member");
+            j.run("RELEASE member");
+          });
         } catch (...) {
           fatal = std::current_exception();
         }
@@ -729,14 +750,14 @@ std::vector<std::exception_ptr> journal::write_together(std::span<const std::fun
   j.grouped = false;
   if (!fatal)
     try {
-      j.guard({}, [&] { j.db.exec("COMMIT"); });
+      j.guard({}, [&] { j.run("COMMIT"); });
     } catch (...) {
       fatal = std::current_exception();
     }
   if (fatal) {
     if (!sqlite3_get_autocommit(j.db.getHandle()))
       try {
-        j.db.exec("ROLLBACK");
+        j.run("ROLLBACK");
       } catch (const SQLite::Exception&) {
         // rolled back already
       }
