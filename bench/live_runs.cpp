@@ -138,8 +138,8 @@ int main(int argc, char** argv) {
                 ended.completed, ended.other);
   std::printf("live sandboxes at once: peak %d, first reached %.1f s after serve started\n", peaks.live,
               peaks.live_at_ms / 1000);
-  std::printf("daemon threads: peak %ld; %ld at the peak of live sandboxes (%.2f per live run)\n", peaks.threads,
-              peaks.threads_at_live, peaks.live > 0 ? static_cast<double>(peaks.threads_at_live) / peaks.live : 0.0);
+  std::printf("daemon threads: peak %ld for %d runs (%.2f per run); %ld when the most sandboxes were live\n",
+              peaks.threads, n, static_cast<double>(peaks.threads) / n, peaks.threads_at_live);
   std::printf("daemon RSS: peak %.1f MiB (VmHWM; sampled peak %.1f MiB)\n", bench::mib(static_cast<double>(peak_rss_kb)),
               bench::mib(static_cast<double>(peaks.rss_kb)));
   std::printf("daemon open descriptors: peak %ld of its limit %ld\n", peaks.fds, fd_limit);
