@@ -13,7 +13,9 @@
 // 64 x 1,000 and steps/s >= 0.5 x raw rows/s.
 // A cell whose predicted time (its steps at the best rate measured so far)
 // is over the cap is skipped, saying so; a cell runs as many rounds (up to
-// --rounds) as fit in the cap, and prints their medians.
+// --rounds) as fit in the cap, and prints their medians. A cell whose round
+// fails (a run failed, or not all completed in time) says why, leaves that
+// round's CAIRN_HOME in place, and the matrix goes on.
 // usage: throughput [--runs 1,16,64,256] [--steps 100,1000] [--rounds 3]
 //                   [--cap SECONDS (default 120; 0: no cap)] [--quick]
 //        --quick: --runs 1,16,64 --steps 100 --rounds 1
@@ -94,6 +96,7 @@ double raw_rows_per_s(SQLite::Database& d, int batch) {
 struct round_result {
   double wall_ms = 0, runs_per_s = 0, steps_per_s = 0, stepping_steps_per_s = 0;
   double step_p50_ms = 0, step_p99_ms = 0, raw_rows_per_s = 0;
+  std::string failure;  // why the round measured nothing ("" when it did); its CAIRN_HOME is left in place
 };
 
 round_result one_round(const fs::path& base, SQLite::Database& raw, int n, int s, int round, double limit_ms) {
@@ -109,17 +112,27 @@ round_result one_round(const fs::path& base, SQLite::Database& raw, int n, int s
   pid_t daemon = bench::start_process({CAIRN_BIN, "serve", "--max-concurrent", std::to_string(n)}, home, log);
   bench::running_daemon = daemon;
   auto ended = bench::wait_runs_ended(db, n, daemon, t0, limit_ms, log, true);
-  if (ended.timed_out)
-    bench::die("runs not completed after " + std::to_string(static_cast<long>(limit_ms / 1000)) + " s (" +
-               std::to_string(ended.completed) + " of " + std::to_string(n) + "); see " + log.string());
-  if (ended.other > 0)
-    bench::die("a run did not complete; see " + log.string() + " and `cairn ls` with CAIRN_HOME=" + home.string());
   r.wall_ms = ended.ms;
-  kill(daemon, SIGTERM);
   bench::running_daemon = 0;
-  if (int code = bench::wait_exit(daemon); code != 0)
-    bench::die("cairn serve exited " + std::to_string(code) + " on SIGTERM; see " + log.string());
-  for (const auto& line : bench::serve_warnings(log)) std::fprintf(stderr, "cairn serve: %s\n", line.c_str());
+  const int serve_exit = bench::stop_process(daemon, std::chrono::seconds(60));
+  const auto warnings = bench::serve_warnings(log);
+  if (!warnings.empty())
+    std::fprintf(stderr, "cairn serve: %zu warnings, first: %s\n", warnings.size(), warnings.front().c_str());
+  if (ended.timed_out || ended.other > 0) {
+    r.failure = ended.timed_out ? "not all completed within " + std::to_string(static_cast<long>(limit_ms / 1000)) +
+                                      " s (" + std::to_string(ended.completed) + " of " + std::to_string(n) + ")"
+                                : "a run failed";
+    storage::journal journal(db, {.read_only = true});
+    for (const auto& id : ids)
+      if (auto run = journal.find_run(id); run && run->error) {
+        r.failure += ": " + run->error->message;
+        break;
+      }
+    r.failure += "; see " + home.string();
+    return r;
+  }
+  if (serve_exit != 0)
+    bench::die("cairn serve exited " + std::to_string(serve_exit) + " on SIGTERM; see " + log.string());
 
   storage::journal journal(db, {.read_only = true});
   std::vector<double> step_ms;
@@ -199,7 +212,17 @@ int main(int argc, char** argv) {
         rounds = std::clamp(static_cast<int>(o.cap_s / predicted_s), 1, o.rounds);
       const double limit_ms = std::max(600'000.0, 10'000 * predicted_s);
       std::vector<round_result> all;
-      for (int round = 0; round < rounds; ++round) all.push_back(one_round(base, raw, n, s, round, limit_ms));
+      std::string failure;
+      for (int round = 0; round < rounds && failure.empty(); ++round) {
+        auto r = one_round(base, raw, n, s, round, limit_ms);
+        if (r.failure.empty()) all.push_back(r);
+        else failure = "failed in round " + std::to_string(round + 1) + ": " + r.failure;
+      }
+      if (!failure.empty()) {
+        std::printf("%4d %5d %s\n", n, s, failure.c_str());
+        std::fflush(stdout);
+        continue;
+      }
       const round_result m = medians(all);
       best_rate = std::max(best_rate, m.steps_per_s);
       if (n == 64 && s == 1000) goal_cell = m;
