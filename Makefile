@@ -27,6 +27,8 @@ bench: build
 	@$(BUILD)/bench/tool_call
 	@$(BUILD)/bench/concurrency
 	@$(BUILD)/bench/suspended
+	@$(BUILD)/bench/throughput
+	@$(BUILD)/bench/live_runs
 
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

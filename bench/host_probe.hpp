@@ -1,4 +1,4 @@
-// What the daemon benchmarks (concurrency, suspended) need from the host: start
+// What the daemon benchmarks (concurrency, suspended, throughput, live_runs) need from the host: start
 // and stop `cairn` processes, read a process tree's memory and CPU from /proc,
 // measure disk use, and time the raw operation a run is built on: a bwrap
 // sandbox running /usr/bin/true, with the same flags as bench/sandbox_start.
@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,7 +28,9 @@
 #include <vector>
 
 #include "engine/daemon_lock.hpp"
+#include "engine/engine.hpp"
 #include "runtime/sandbox.hpp"
+#include "storage/journal.hpp"
 
 namespace bench {
 
@@ -74,6 +77,22 @@ inline int wait_exit(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Sends `pid` SIGTERM and waits for it; after `grace` SIGKILL. Its exit
+// code, or 128 + the signal that ended it.
+inline int stop_process(pid_t pid, std::chrono::seconds grace) {
+  kill(pid, SIGTERM);
+  const auto t0 = clock_type::now();
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (clock_type::now() - t0 > grace) {
+      kill(pid, SIGKILL);
+      return wait_exit(pid);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 inline int run_process(const std::vector<std::string>& argv, const fs::path& home, const fs::path& log) {
   return wait_exit(start_process(argv, home, log));
 }
@@ -109,24 +128,25 @@ inline void wait_for_daemon(pid_t daemon, const fs::path& db, const fs::path& lo
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
 }
 
-// A field of /proc/PID/status in kB ("VmRSS", "VmHWM"), or the count for
-// "Threads"; -1 when the process is gone.
-inline long status_field(pid_t pid, const std::string& name) {
-  std::istringstream in(read_whole_file("/proc/" + std::to_string(pid) + "/status"));
+// The number after `prefix` on the first line of the /proc file `path` that
+// starts with it ("VmRSS:" in /proc/PID/status, "Max open files" in
+// /proc/PID/limits); -1 when the file (or its process) is gone.
+inline long proc_file_field(const std::string& path, const std::string& prefix) {
+  std::istringstream in(read_whole_file(path));
   std::string line;
   while (std::getline(in, line))
-    if (line.rfind(name + ":", 0) == 0) return std::atol(line.c_str() + name.size() + 1);
+    if (line.rfind(prefix, 0) == 0) return std::atol(line.c_str() + prefix.size());
   return -1;
 }
 
-// Proportional set size in kB (shared pages split among their users); -1 if unknown.
-inline long pss_kb(pid_t pid) {
-  std::istringstream in(read_whole_file("/proc/" + std::to_string(pid) + "/smaps_rollup"));
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("Pss:", 0) == 0) return std::atol(line.c_str() + 4);
-  return -1;
+// A field of /proc/PID/status in kB ("VmRSS", "VmHWM"), or the count for
+// "Threads"; -1 when the process is gone.
+inline long status_field(pid_t pid, const std::string& name) {
+  return proc_file_field("/proc/" + std::to_string(pid) + "/status", name + ":");
 }
+
+// Proportional set size in kB (shared pages split among their users); -1 if unknown.
+inline long pss_kb(pid_t pid) { return proc_file_field("/proc/" + std::to_string(pid) + "/smaps_rollup", "Pss:"); }
 
 struct proc_stat {
   pid_t ppid = 0;
@@ -194,6 +214,23 @@ inline double kernel_threads_seconds() {
   for (const auto& [pid, s] : all_processes())
     if (pid == 2 || s.ppid == 2) ticks += s.cpu_ticks;
   return ticks_to_seconds(ticks);
+}
+
+// Children of `parent` whose command is `comm` ("bwrap": one per live sandbox of a daemon).
+inline int children_named(pid_t parent, const std::string& comm) {
+  int n = 0;
+  for (const auto& [pid, s] : all_processes()) n += s.ppid == parent && s.comm == comm;
+  return n;
+}
+
+// Descriptors `pid` has open; -1 when the process is gone.
+inline long open_fds(pid_t pid) {
+  std::error_code ec;
+  long n = 0;
+  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec))
+    ++n;
+  return ec ? -1 : n;
 }
 
 // The process tree under `root` (children, their children, ...), root excluded.
@@ -266,6 +303,84 @@ inline std::vector<std::string> serve_warnings(const fs::path& log) {
 }
 
 inline double mib(double kb) { return kb / 1024.0; }
+
+// The machine a figure was measured on: "2 cores (MODEL), 23.5 GiB RAM, Linux 6.1.0".
+inline std::string machine() {
+  std::istringstream cpuinfo(read_whole_file("/proc/cpuinfo"));
+  std::string line, model = "unknown CPU";
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  struct utsname u {};
+  ::uname(&u);
+  char text[512];
+  std::snprintf(text, sizeof text, "%ld cores (%s), %.1f GiB RAM, Linux %s", sysconf(_SC_NPROCESSORS_ONLN),
+                model.c_str(),
+                static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30),
+                u.release);
+  return text;
+}
+
+// Submits `count` runs of `agent` with `input` into the journal of
+// CAIRN_HOME `home` in-process (engine::submit, what `cairn submit` does);
+// returns their ids, PREFIX-0, PREFIX-1, ...
+inline std::vector<std::string> submit_runs(const fs::path& home, const std::string& prefix, int count,
+                                            const fs::path& agent, const nlohmann::json& input) {
+  cairn::storage::journal journal(home / "cairn.db");
+  cairn::engine::engine_options options;
+  options.home = home;
+  cairn::engine::engine eng(journal, options);
+  std::vector<std::string> ids;
+  for (int i = 0; i < count; ++i) {
+    cairn::engine::run_request request;
+    request.id = prefix + "-" + std::to_string(i);
+    request.agent = agent;
+    request.input = input;
+    eng.submit(request);
+    ids.push_back(request.id);
+  }
+  return ids;
+}
+
+// How the runs of a journal ended, once none is pending, running or waiting
+// (or the wait's limit passed).
+struct runs_ended {
+  double ms = 0;  // from the caller's t0 until the last one ended (or the limit passed)
+  int completed = 0, other = 0;  // other: failed, cancelled or in doubt
+  bool timed_out = false;
+};
+
+// Polls the journal `db` (every 10 ms) until `count` runs have ended, or,
+// with `stop_at_first_failure`, until one ends otherwise than completed, or
+// until `limit_ms` has passed; says how many have ended every 30 s. Dies
+// when `daemon` exits first.
+inline runs_ended wait_runs_ended(const fs::path& db, int count, pid_t daemon, clock_type::time_point t0,
+                                  double limit_ms, const fs::path& log, bool stop_at_first_failure) {
+  using cairn::storage::run_status;
+  cairn::storage::journal journal(db, {.read_only = true});
+  double reported_ms = 0;
+  for (;;) {
+    auto counts = journal.count_by_status();
+    runs_ended r{ms_since(t0), counts[run_status::completed],
+                 counts[run_status::failed] + counts[run_status::cancelled] + counts[run_status::in_doubt]};
+    if (r.completed + r.other == count || (stop_at_first_failure && r.other > 0)) return r;
+    r.timed_out = r.ms > limit_ms;
+    if (r.timed_out) return r;
+    int status = 0;
+    if (waitpid(daemon, &status, WNOHANG) == daemon) {
+      running_daemon = 0;
+      die("cairn serve exited before the runs ended; see " + log.string());
+    }
+    if (r.ms - reported_ms > 30'000) {
+      reported_ms = r.ms;
+      std::fprintf(stderr, "  %.0f s: %d of %d runs completed, %d ended otherwise\n", r.ms / 1000, r.completed,
+                   count, r.other);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
 
 // The raw operation: `bwrap <sandbox_start's flags> /usr/bin/true`, spawned
 // and reaped as the sandbox uid. `count` starts with up to `concurrency` at

@@ -11,8 +11,7 @@
 #include <filesystem>
 #include <thread>
 
-#include <SQLiteCpp/SQLiteCpp.h>
-
+#include "bench/raw_journal.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
 
@@ -28,21 +27,12 @@ double us_since(clock_type::time_point t0) {
 
 // One INSERT per transaction into a table shaped like the journal's steps.
 void raw_commit(const fs::path& dir, const char* sync, int round, int n, std::vector<double>& us) {
-  fs::path db = dir / (std::string("raw-") + sync + ".db");
-  SQLite::Database d(db.string(), SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
-  d.exec("PRAGMA journal_mode=WAL");
-  d.exec(std::string("PRAGMA synchronous=") + sync);
-  d.exec("CREATE TABLE IF NOT EXISTS steps (run_id TEXT, seq INTEGER, name TEXT, kind TEXT, status TEXT, "
-         "output TEXT, attempt INTEGER, duration_us INTEGER, started_at_ms INTEGER, finished_at_ms INTEGER, "
-         "PRIMARY KEY (run_id, seq))");
-  SQLite::Statement insert(d, "INSERT INTO steps VALUES ('bench', ?, ?, 'step', 'ok', 'null', 1, 0, 0, 0)");
+  auto d = bench::open_raw_journal(dir / (std::string("raw-") + sync + ".db"), sync);
+  SQLite::Statement insert(d, bench::raw_insert_step);
   for (int i = round * n; i < (round + 1) * n; ++i) {
     auto t0 = clock_type::now();
     SQLite::Transaction tx(d);
-    insert.bind(1, i);
-    insert.bind(2, "s" + std::to_string(i));
-    insert.exec();
-    insert.reset();
+    bench::insert_raw_step(insert, "bench", i);
     tx.commit();
     us.push_back(us_since(t0));
   }

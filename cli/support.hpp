@@ -10,7 +10,6 @@
 #include "cli/format.hpp"
 #include "cli/paths.hpp"
 #include "engine/engine.hpp"
-#include "runtime/sandbox.hpp"
 
 namespace cairn::cli {
 
@@ -54,16 +53,13 @@ int guarded(F&& body) {
   } catch (const storage::storage_error& e) {
     say(e);
     return 3;
-  } catch (const runtime::sandbox_error& e) {
-    say(e);
-    return 3;
   } catch (const std::filesystem::filesystem_error& e) {
     say(e);
     return 3;
   } catch (const engine::policy_error& e) {
     say(e);
     return 2;
-  } catch (const std::runtime_error& e) {  // e.g. an unreadable host config file
+  } catch (const std::runtime_error& e) {  // e.g. an unreadable host config file, a sandbox that cannot be made
     say(e);
     return 3;
   }

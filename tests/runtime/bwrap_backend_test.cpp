@@ -49,7 +49,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the workspace is writable and the host s
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: the exit code or signal reaches the host") {
   auto process = box->exec(SANDBOX_PROBE, {"exit", "3"});
   next_report(*process);
-  auto status = process->wait_for(10s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->describe() == "exited with code 3");
   CHECK(process->poll_exit() == status);
@@ -57,7 +57,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the exit code or signal reaches the host
   // bwrap passes a signal on as 128+N; the host reports the signal.
   process = box->exec(SANDBOX_PROBE, {"abort"});
   next_report(*process);
-  status = process->wait_for(10s);
+  status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->describe() == "killed by signal 6 (SIGABRT)");
 }
@@ -84,7 +84,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: destroy() and the handle's destructor ki
   REQUIRE(next_report(*process)["ok"] == true);
   box->destroy();
   CHECK(count_processes_with(token) == 0);
-  auto status = process->wait_for(1s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->signal == SIGKILL);
 
@@ -100,7 +100,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: the sandbox dies with the thread that st
   std::string token = unique_token("cairn-orphan-token");
   std::unique_ptr<agent_process> process;
   std::thread([&] { process = box->exec(SANDBOX_PROBE, {"grandchild", token}); }).join();
-  auto status = process->wait_for(5s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->describe() == "killed by signal 9 (SIGKILL)");
   process->kill();  // waits until the sandbox's pid namespace is gone
@@ -242,7 +242,7 @@ TEST_CASE("bwrap: when user namespaces are denied, the log explains why") {
   options.bwrap = fake;
   auto box = make_bwrap_backend(options)->create(make_spec(dir));
   auto process = box->exec(SANDBOX_PROBE, {"status"});
-  auto status = process->wait_for(10s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->describe() == "exited with code 1");
   auto cause = diagnose_bwrap_failure(process->log_tail());

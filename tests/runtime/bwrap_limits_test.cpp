@@ -169,7 +169,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a file past the file size limit e
   spec.limits.max_file_bytes = 1u << 20;
   box = backend->create(spec);
   auto process = box->exec(SANDBOX_PROBE, {"fill", "/tmp/big"});
-  auto status = process->wait_for(10s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->signal == SIGXFSZ);
   auto breach = process->check_limits();
@@ -183,7 +183,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a file past the file size limit e
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a well-behaved agent runs into nothing") {
   auto process = box->exec(SANDBOX_PROBE, {"status"});
   REQUIRE(next_report(*process)["ok"] == true);
-  REQUIRE(process->wait_for(10s));
+  REQUIRE(process->wait_for(patience));
   CHECK_FALSE(process->check_limits());
 }
 

@@ -36,12 +36,12 @@ TEST_CASE("process backend: the channel carries frames both ways") {
   auto process = box->exec(SANDBOX_PROBE, {"echo"});
   for (int i = 0; i < 3; ++i) {
     process->io().send({{"t", "ack"}, {"seq", i}});
-    auto reply = process->io().receive(10s);
+    auto reply = process->io().receive(patience);
     REQUIRE(reply);
     CHECK(*reply == json{{"t", "ack"}, {"seq", i}, {"echoed", true}});
   }
   ::shutdown(process->io().fd(), SHUT_WR);  // the probe exits at EOF
-  auto status = process->wait_for(10s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->describe() == "exited with code 0");
   CHECK_THROWS_AS(process->io().receive(1s), channel_closed);
@@ -65,7 +65,7 @@ TEST_CASE("process backend: the agent dies with the thread that started it") {
   std::thread([&] {
     process = box->exec(SANDBOX_PROBE, {"grandchild", unique_token("cairn-none-orphan")});
   }).join();
-  auto status = process->wait_for(5s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->describe() == "killed by signal 9 (SIGKILL)");
 }
@@ -86,7 +86,7 @@ TEST_CASE("process backend: deaths by an rlimit's signal are limit breaches") {
   auto backend = make_process_backend();
   auto box = backend->create(spec);
   auto process = box->exec(SANDBOX_PROBE, {"fill", (dir.path / "big").string()});
-  auto status = process->wait_for(10s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   CHECK(status->signal == SIGXFSZ);
   auto breach = process->check_limits();
@@ -95,7 +95,7 @@ TEST_CASE("process backend: deaths by an rlimit's signal are limit breaches") {
   CHECK_THAT(breach->message, Catch::Contains("limits.file_mb"));
 
   process = box->exec(SANDBOX_PROBE, {"status"});
-  REQUIRE(process->wait_for(10s));
+  REQUIRE(process->wait_for(patience));
   CHECK_FALSE(process->check_limits());
 }
 

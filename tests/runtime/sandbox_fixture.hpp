@@ -27,6 +27,11 @@ namespace cairn::runtime::test {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+// How long a test waits for what normally takes well under a second (a
+// report, an exit, a breach): a loaded 2-core machine has taken over 10 s.
+// Every wait ends as soon as its condition holds, so only a failure waits it out.
+constexpr auto patience = 60s;
+
 // A fresh folder under /tmp that others may enter (the sandbox uid must
 // reach workspaces in it); removed with everything in it.
 struct temp_dir {
@@ -93,8 +98,8 @@ struct host_secret {
 // ends the wait, and a busy machine can take many seconds over a tree walk.
 inline json next_report(agent_process& process) {
   try {
-    auto frame = process.io().receive(60s);
-    if (!frame) FAIL("the probe sent nothing within 60 s; log: " << process.log_tail());
+    auto frame = process.io().receive(patience);
+    if (!frame) FAIL("the probe sent nothing within " << patience.count() << " s; log: " << process.log_tail());
     return *frame;
   } catch (const channel_closed& e) {
     auto status = process.wait_for(5s);
@@ -109,7 +114,7 @@ inline json run_probe(sandbox& box, const std::vector<std::string>& args,
                       const fs::path& program = SANDBOX_PROBE) {
   auto process = box.exec(program, args);
   json report = next_report(*process);
-  auto status = process->wait_for(60s);
+  auto status = process->wait_for(patience);
   REQUIRE(status);
   INFO("log: " << process->log_tail());
   CHECK(status->describe() == "exited with code 0");
@@ -117,7 +122,7 @@ inline json run_probe(sandbox& box, const std::vector<std::string>& args,
 }
 
 // Polls check_limits() until it reports a breach or `limit` passes.
-inline std::optional<limit_breach> wait_for_breach(agent_process& process, std::chrono::milliseconds limit = 10s) {
+inline std::optional<limit_breach> wait_for_breach(agent_process& process, std::chrono::milliseconds limit = patience) {
   auto deadline = std::chrono::steady_clock::now() + limit;
   for (;;) {
     if (auto breach = process.check_limits()) return breach;
