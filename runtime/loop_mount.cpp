@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -23,7 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int max_attach_attempts = 10;
+// Another process may take the free device between our asking and attaching:
+// then we ask again, a little later each time.
+constexpr int max_attach_attempts = 50;
 // How long a sandbox that was just killed may keep its mount busy (its mount
 // namespace goes with its last process) before we detach it instead.
 constexpr auto busy_grace = std::chrono::seconds(3);
@@ -85,6 +88,11 @@ loop_mount::loop_mount(const fs::path& image, const fs::path& target) : target_(
   if (!control) failed("opening /dev/loop-control");
   unique_fd device;
   std::string device_path;
+  // The threads of this process take turns: asked together, the kernel names
+  // the same free device to all of them (256 sandboxes starting at once
+  // failed on EBUSY after ten tries).
+  static std::mutex attaching;
+  std::lock_guard turn(attaching);
   for (int attempt = 1;; ++attempt) {
     int number = ::ioctl(control.get(), LOOP_CTL_GET_FREE);
     if (number < 0) failed("finding a free loop device");
@@ -94,6 +102,7 @@ loop_mount::loop_mount(const fs::path& image, const fs::path& target) : target_(
     if (attach(device.get(), backing.get(), image)) break;
     if (errno != EBUSY || attempt == max_attach_attempts)
       failed(fmt::format("attaching {} to {}", image.string(), device_path));
+    std::this_thread::sleep_for(attempt * std::chrono::milliseconds(1));
   }
   // From here the mount holds the device; once ours is closed and the mount
   // is gone, LO_FLAGS_AUTOCLEAR detaches it. A failed mount frees it at once.
