@@ -46,7 +46,7 @@ void progress_printer::on_step(const storage::step_record& step) {
   say(step_line(step));
 }
 
-void progress_printer::on_retry(const protocol::retry_msg& m) {
+void progress_printer::on_retry(const engine::step_retry& m) {
   say(fmt::format("       step {} '{}' attempt {} failed ({}); retrying in {} ms", m.seq, m.name, m.attempt,
                   m.error.message, m.delay_ms));
 }

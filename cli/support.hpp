@@ -24,7 +24,7 @@ class progress_printer : public engine::run_observer {
 
   void on_attempt(const storage::run_record& run, int attempt) override;
   void on_step(const storage::step_record& step) override;
-  void on_retry(const protocol::retry_msg& m) override;
+  void on_retry(const engine::step_retry& m) override;
   void on_emit(const json& data) override;
   void on_attempt_failed(int attempt, const std::string& reason, bool will_retry) override;
   void on_warning(const std::string& message) override;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/policy.hpp"
+#include "engine/step_retry.hpp"
 #include "engine/tools/llm_chat.hpp"
 #include "runtime/sandbox.hpp"
 #include "storage/journal.hpp"
@@ -73,7 +74,7 @@ class run_observer {
   virtual ~run_observer() = default;
   virtual void on_attempt(const storage::run_record&, int /*attempt*/) {}
   virtual void on_step(const storage::step_record&) {}
-  virtual void on_retry(const protocol::retry_msg&) {}
+  virtual void on_retry(const step_retry&) {}
   virtual void on_emit(const json&) {}
   virtual void on_attempt_failed(int /*attempt*/, const std::string& /*reason*/, bool /*will_retry*/) {}
   virtual void on_warning(const std::string&) {}
