@@ -27,6 +27,7 @@ bench: build
 	@$(BUILD)/bench/tool_call
 	@$(BUILD)/bench/concurrency
 	@$(BUILD)/bench/suspended
+	@$(BUILD)/bench/replay
 
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

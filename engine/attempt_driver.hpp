@@ -68,7 +68,7 @@ class attempt_driver {
   // The attempt of the step at expected_seq_, as the host counts it.
   int step_attempt() const { return step_failures_ + 1; }
   void record_retry(const step_retry& retry);
-  // When the host retries the failed attempt `m`: journals the retry and answers it.
+  // Whether the host retries the failed attempt `m`; if so, journals the retry and answers the agent with it.
   bool retried(const protocol::step_msg& m);
   // Journals the step at expected_seq_ as failed for good, with the host's attempt count.
   void commit_failure(const std::string& name, protocol::step_kind kind, const protocol::error_info& error,
