@@ -47,7 +47,10 @@ struct step_guard {
       throw std::logic_error(
           "ctx.step, tool, sleep, sleep_until, wait_signal, start_child, join, now and random cannot be called "
           "inside a step");
-    s_.throw_if_cancelled();
+    // A replayed call returns at once: it sees a cancel read with the history
+    // but does not spend a read of the channel on each of thousands of steps.
+    if (!s_.replaying()) s_.throw_if_cancelled();
+    else if (s_.cancel_reason()) throw cancelled_error(*s_.cancel_reason());
     s_.in_step = true;
   }
   ~step_guard() { s_.in_step = false; }
