@@ -55,11 +55,11 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   start.run_id = run_.id;
   start.input = run_.input;
   start.attempt = attempt_;
-  start.history = journal_.history();
-  expected_seq_ = start.history.size();
+  start.history_steps = journal_.step_count();
+  history_.emplace(journal_, start.history_steps);
+  expected_seq_ = start.history_steps;
   step_failures_ = journal_.step_failures(expected_seq_);
   start.next_step_attempt = step_attempt();
-  start.step_attempts = policy_.retry.step_attempts;
 
   runtime::sandbox_spec spec;
   spec.run_id = run_.id;
@@ -189,8 +189,8 @@ void attempt_driver::step_timed_out() {
   protocol::error_info error{fmt::format("step '{}' timed out after {} ms; its sandbox was killed", step.name,
                                          timeout.count()),
                              "timeout"};
-  // The agent may ask for fewer attempts than the policy grants, never more.
-  if (step_attempt() < std::min(step.max_attempts, policy_.retry.step_attempts))
+  // The next sandbox makes the next attempt, after the engine's restart backoff.
+  if (decide_step_retry(policy_, step.retry, step_failures_, false, rng_).retry)
     record_retry({step.seq, step.name, step_attempt(), error, 0});
   else
     commit_failure(step.name, step.kind, error, std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
@@ -265,6 +265,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::step_msg& m) {
   if (protocol::nesting_depth(m.result.output) > protocol::max_output_depth)
     throw violation{fmt::format("the output of step {} nests deeper than {} levels, which a replay could not carry",
                                 m.result.seq, protocol::max_output_depth)};
+  if (!m.result.ok && retried(m)) return std::nullopt;
   storage::step_record record;
   record.run_id = run_.id;
   record.result = m.result;
@@ -314,22 +315,21 @@ void attempt_driver::commit(const storage::step_record& record, std::optional<st
   in_step_.reset();
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::retry_msg& m) {
-  check_seq(m.seq, "retry");
-  const auto step_kind = in_step_ ? in_step_->kind : protocol::step_kind::step;
+bool attempt_driver::retried(const protocol::step_msg& m) {
+  // Without a begin the agent asked for no retries.
+  const auto asked = in_step_ ? in_step_->retry : protocol::retry_request{};
+  const auto decision = decide_step_retry(policy_, asked, step_failures_, m.terminal, rng_);
+  if (!decision.retry) return false;
   in_step_.reset();  // the agent waits out its backoff; the next begin restarts the clock
-  if (step_attempt() >= policy_.retry.step_attempts) {
-    // An attempt the policy does not grant: this failure is final, and a new sandbox replays it.
-    commit_failure(m.name, step_kind, m.error, 0);
-    end({kind::restart, nullptr,
-         {fmt::format("step '{}' failed {} times, the most the policy allows (retry.step_attempts); the agent asked "
-                      "for another attempt",
-                      m.name, policy_.retry.step_attempts),
-          "retry"},
-         {}});
-  }
-  record_retry({m.seq, m.name, 0, m.error, m.delay_ms});
-  send(protocol::ack_msg{m.seq});
+  record_retry({m.result.seq, m.result.name, step_attempt(), m.result.error, decision.delay_ms});
+  send(protocol::retry_msg{m.result.seq, step_attempt(), decision.delay_ms});
+  return true;
+}
+
+// Each journaled step goes to the agent once, in order (history_feed).
+std::optional<attempt_result> attempt_driver::on(const protocol::history_msg& m) {
+  if (auto why = history_->refuse(m)) throw violation{*why};
+  send(history_->serve());
   return std::nullopt;
 }
 

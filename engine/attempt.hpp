@@ -48,7 +48,12 @@ class attempt_journal {
   // created before (a replay) is found again.
   virtual std::optional<std::string> start_child(storage::new_run child, const policy& p) = 0;
 
-  virtual std::vector<protocol::step_result> history() = 0;
+  // How many steps the run has journaled.
+  virtual std::uint64_t step_count() = 0;
+  // The journaled steps from `from` on, before `until`, in order: as many as
+  // fit `max_bytes` of JSON, and at least one when there is one.
+  virtual std::vector<protocol::step_result> history(std::uint64_t from, std::uint64_t until,
+                                                     std::uint64_t max_bytes) = 0;
   // How many attempts of the step at `seq` failed (step_retry effects).
   virtual int step_failures(std::uint64_t seq) = 0;
   // How many times the host started the tool call at `seq`.

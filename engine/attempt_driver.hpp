@@ -8,9 +8,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 
 #include "engine/attempt.hpp"
+#include "engine/history_feed.hpp"
+#include "engine/step_retry.hpp"
 #include "engine/tool_broker.hpp"
 
 namespace cairn::engine {
@@ -43,7 +46,7 @@ class attempt_driver {
   std::optional<attempt_result> on(const protocol::begin_msg& m);
   std::optional<attempt_result> on(const protocol::step_msg& m);
   std::optional<attempt_result> on(const protocol::tool_msg& m);
-  std::optional<attempt_result> on(const protocol::retry_msg& m);
+  std::optional<attempt_result> on(const protocol::history_msg& m);
   std::optional<attempt_result> on(const protocol::emit_msg& m);
   std::optional<attempt_result> on(const protocol::done_msg& m);
   std::optional<attempt_result> on(const protocol::fail_msg& m);
@@ -64,6 +67,8 @@ class attempt_driver {
   // The attempt of the step at expected_seq_, as the host counts it.
   int step_attempt() const { return step_failures_ + 1; }
   void record_retry(effects::retry_due retry);
+  // Whether the host retries the failed attempt `m`; if so, journals the retry and answers the agent with it.
+  bool retried(const protocol::step_msg& m);
   // Journals the step at expected_seq_ as failed for good, with the host's attempt count.
   void commit_failure(const std::string& name, protocol::step_kind kind, const protocol::error_info& error,
                       std::int64_t duration_us);
@@ -97,6 +102,8 @@ class attempt_driver {
   run_observer& observer_;
   tool_broker tools_;
   std::unique_ptr<runtime::agent_process> process_;
+  std::optional<history_feed> history_;
+  std::mt19937_64 rng_{std::random_device{}()};  // jitters retry delays
   clock::time_point started_, last_check_;
   std::uint64_t expected_seq_ = 0;
   // Failed attempts of the step at expected_seq_: step_retry events, counted

@@ -82,9 +82,12 @@ std::optional<std::string> run_journal::start_child(storage::new_run child, cons
   return std::nullopt;
 }
 
-std::vector<protocol::step_result> run_journal::history() {
+std::uint64_t run_journal::step_count() { return reads_.step_count(run_id_); }
+
+std::vector<protocol::step_result> run_journal::history(std::uint64_t from, std::uint64_t until,
+                                                        std::uint64_t max_bytes) {
   std::vector<protocol::step_result> out;
-  for (auto& s : reads_.steps(run_id_)) out.push_back(std::move(s.result));
+  for (auto& s : reads_.steps_from(run_id_, from, until, max_bytes)) out.push_back(std::move(s.result));
   return out;
 }
 

@@ -21,7 +21,8 @@ class run_journal : public attempt_journal {
 
   void apply(std::vector<effect> effects) override;
   std::optional<std::string> start_child(storage::new_run child, const policy& p) override;
-  std::vector<protocol::step_result> history() override;
+  std::uint64_t step_count() override;
+  std::vector<protocol::step_result> history(std::uint64_t from, std::uint64_t until, std::uint64_t max_bytes) override;
   int step_failures(std::uint64_t seq) override;
   int tool_attempts(std::uint64_t seq) override;
   std::optional<effects::timer_set> timer_at(std::uint64_t seq) override;

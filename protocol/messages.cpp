@@ -67,8 +67,25 @@ std::optional<std::int64_t> get_optional_duration(const json& j, std::string_vie
   return ms;
 }
 
-std::uint64_t get_seq(const json& j, std::string_view type) {
-  return static_cast<std::uint64_t>(get_int(j, type, "seq", 0, INT64_MAX));
+std::uint64_t get_seq(const json& j, std::string_view type, const char* field = "seq") {
+  return static_cast<std::uint64_t>(get_int(j, type, field, 0, INT64_MAX));
+}
+
+std::optional<double> get_optional_real(const json& j, std::string_view type, const char* field, double min,
+                                        double max) {
+  auto it = j.find(field);
+  if (it == j.end()) return std::nullopt;
+  if (!it->is_number()) bad(type, field, "must be a number");
+  auto x = it->get<double>();
+  if (!(x >= min && x <= max)) bad(type, field, "is out of range");
+  return x;
+}
+
+std::optional<bool> get_optional_bool(const json& j, std::string_view type, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end()) return std::nullopt;
+  if (!it->is_boolean()) bad(type, field, "must be true or false");
+  return it->get<bool>();
 }
 
 int get_attempt(const json& j, std::string_view type) {
@@ -173,20 +190,16 @@ agent_message parse_agent_message(const json& j) {
     m.kind = get_kind(j, t);
     m.attempt = get_attempt(j, t);
     m.timeout_ms = get_optional_duration(j, t, "timeout_ms").value_or(0);
-    m.max_attempts = static_cast<int>(get_optional_int(j, t, "max_attempts", 1, 1'000'000).value_or(1));
+    auto& r = m.retry;
+    r.max_attempts = static_cast<int>(get_optional_int(j, t, "max_attempts", 1, 1'000'000).value_or(r.max_attempts));
+    r.initial_delay_ms = get_optional_duration(j, t, "initial_delay_ms").value_or(r.initial_delay_ms);
+    r.multiplier = get_optional_real(j, t, "multiplier", 0, 1000).value_or(r.multiplier);
+    r.max_delay_ms = get_optional_duration(j, t, "max_delay_ms").value_or(r.max_delay_ms);
+    r.jitter = get_optional_real(j, t, "jitter", 0, 1).value_or(r.jitter);
     return m;
   }
-  if (t == "step") return step_msg{parse_step_result(j)};
-  if (t == "retry") {
-    retry_msg m;
-    m.seq = get_seq(j, t);
-    m.name = get_name(j, t);
-    m.attempt = get_attempt(j, t);
-    m.error = get_error(j, t);
-    require(j, t, "delay_ms");
-    m.delay_ms = *get_optional_duration(j, t, "delay_ms");
-    return m;
-  }
+  if (t == "step") return step_msg{parse_step_result(j), get_optional_bool(j, t, "terminal").value_or(false)};
+  if (t == "history") return history_msg{get_seq(j, t, "from")};
   if (t == "tool") {
     tool_msg m;
     m.seq = get_seq(j, t);
@@ -229,21 +242,25 @@ json to_json(const agent_message& m) {
       overloaded{
           [](const hello_msg& h) -> json { return {{"t", "hello"}, {"v", h.version}, {"sdk", h.sdk}}; },
           [](const begin_msg& b) -> json {
-            return {{"t", "begin"},         {"seq", b.seq},
-                    {"name", b.name},        {"kind", to_string(b.kind)},
-                    {"attempt", b.attempt},  {"timeout_ms", b.timeout_ms},
-                    {"max_attempts", b.max_attempts}};
+            return {{"t", "begin"},
+                    {"seq", b.seq},
+                    {"name", b.name},
+                    {"kind", to_string(b.kind)},
+                    {"attempt", b.attempt},
+                    {"timeout_ms", b.timeout_ms},
+                    {"max_attempts", b.retry.max_attempts},
+                    {"initial_delay_ms", b.retry.initial_delay_ms},
+                    {"multiplier", b.retry.multiplier},
+                    {"max_delay_ms", b.retry.max_delay_ms},
+                    {"jitter", b.retry.jitter}};
           },
           [](const step_msg& s) -> json {
             json j = to_json(s.result);
             j["t"] = "step";
+            if (!s.result.ok) j["terminal"] = s.terminal;
             return j;
           },
-          [](const retry_msg& r) -> json {
-            return {{"t", "retry"},     {"seq", r.seq},
-                    {"name", r.name},   {"attempt", r.attempt},
-                    {"error", error_json(r.error)}, {"delay_ms", r.delay_ms}};
-          },
+          [](const history_msg& h) -> json { return {{"t", "history"}, {"from", h.from}}; },
           [](const tool_msg& c) -> json { return {{"t", "tool"}, {"seq", c.seq}, {"name", c.name}, {"args", c.args}}; },
           [](const sleep_msg& s) -> json {
             json j = {{"t", "sleep"}, {"seq", s.seq}};
@@ -276,16 +293,29 @@ host_message parse_host_message(const json& j) {
     m.run_id = get_string(j, t, "run_id");
     m.input = require(j, t, "input");
     m.attempt = get_attempt(j, t);
-    const json& h = require(j, t, "history");
-    if (!h.is_array()) bad(t, "history", "must be an array");
-    m.history.reserve(h.size());
-    for (const auto& e : h) {
-      auto r = parse_step_result(e);
-      if (r.seq != m.history.size()) bad(t, "history", "must hold steps 0..n-1 in order");
-      m.history.push_back(std::move(r));
-    }
+    m.history_steps = get_seq(j, t, "history_steps");
     m.next_step_attempt = static_cast<int>(get_int(j, t, "next_step_attempt", 1, 1'000'000));
-    m.step_attempts = static_cast<int>(get_optional_int(j, t, "step_attempts", 1, 1'000'000).value_or(1'000'000));
+    return m;
+  }
+  if (t == "history") {
+    history_chunk m;
+    m.from = get_seq(j, t, "from");
+    const json& steps = require(j, t, "steps");
+    if (!steps.is_array() || steps.empty()) bad(t, "steps", "must be a non-empty array");
+    m.steps.reserve(steps.size());
+    for (const auto& e : steps) {
+      auto r = parse_step_result(e);
+      if (r.seq != m.from + m.steps.size()) bad(t, "steps", "must hold the steps from 'from' on, in order");
+      m.steps.push_back(std::move(r));
+    }
+    return m;
+  }
+  if (t == "retry") {
+    retry_msg m;
+    m.seq = get_seq(j, t);
+    m.attempt = get_attempt(j, t);
+    require(j, t, "delay_ms");
+    m.delay_ms = *get_optional_duration(j, t, "delay_ms");
     return m;
   }
   if (t == "ack") return ack_msg{get_seq(j, t)};
@@ -303,11 +333,9 @@ json to_json(const host_message& m) {
   return std::visit(
       overloaded{
           [](const start_msg& s) -> json {
-            json history = json::array();
-            for (const auto& r : s.history) history.push_back(to_json(r));
-            return {{"t", "start"},         {"v", s.version},     {"run_id", s.run_id},
-                    {"input", s.input},     {"attempt", s.attempt}, {"history", std::move(history)},
-                    {"next_step_attempt", s.next_step_attempt}, {"step_attempts", s.step_attempts}};
+            return {{"t", "start"},         {"v", s.version},       {"run_id", s.run_id},
+                    {"input", s.input},     {"attempt", s.attempt}, {"history_steps", s.history_steps},
+                    {"next_step_attempt", s.next_step_attempt}};
           },
           [](const ack_msg& a) -> json { return {{"t", "ack"}, {"seq", a.seq}}; },
           [](const reject_msg& r) -> json { return {{"t", "reject"}, {"error", r.error}}; },
@@ -317,12 +345,20 @@ json to_json(const host_message& m) {
             return j;
           },
           [](const cancel_msg& c) -> json { return {{"t", "cancel"}, {"reason", c.reason}}; },
+          [](const history_chunk& h) -> json {
+            json steps = json::array();
+            for (const auto& r : h.steps) steps.push_back(to_json(r));
+            return {{"t", "history"}, {"from", h.from}, {"steps", std::move(steps)}};
+          },
+          [](const retry_msg& r) -> json {
+            return {{"t", "retry"}, {"seq", r.seq}, {"attempt", r.attempt}, {"delay_ms", r.delay_ms}};
+          },
       },
       m);
 }
 
 std::string_view type_name(const agent_message& m) {
-  static constexpr std::string_view names[] = {"hello", "begin", "step", "retry", "tool",  "sleep",
+  static constexpr std::string_view names[] = {"hello", "begin", "step", "history", "tool",  "sleep",
                                                "wait",  "child", "join", "emit",  "done", "fail"};
   static_assert(std::size(names) == std::variant_size_v<agent_message>);
   return names[m.index()];

@@ -1,4 +1,4 @@
-// Protocol v1 messages as typed values, and their strict JSON mapping.
+// Protocol v2 messages as typed values, and their strict JSON mapping.
 // protocol/PROTOCOL.md is the specification; this file implements it. Parsing
 // checks every field's presence and type and names the first one that is wrong.
 // Fields a receiver does not know are ignored, so later minor additions stay
@@ -15,7 +15,7 @@
 
 namespace cairn::protocol {
 
-inline constexpr int version = 1;
+inline constexpr int version = 2;
 
 // Longest step name accepted, in bytes.
 inline constexpr std::size_t max_name_size = 1024;
@@ -27,7 +27,7 @@ constexpr std::int64_t max_duration_ms = 100ll * 365 * 24 * 3600 * 1000;
 // How deep a value may nest where the host places it, so that every frame
 // carrying it, replayed history included, stays within max_depth (frame.hpp):
 // a run's input sits one level down in `start`, a step's output three (in
-// start.history[i].output).
+// history.steps[i].output).
 inline constexpr std::size_t max_input_depth = max_depth - 1;
 inline constexpr std::size_t max_output_depth = max_depth - 3;
 
@@ -45,7 +45,7 @@ struct error_info {
 };
 
 // A step's final, journaled outcome. Sent by the agent in `step`, returned in
-// `start.history` on replay.
+// `history` chunks on replay.
 struct step_result {
   std::uint64_t seq = 0;
   std::string name;
@@ -62,23 +62,34 @@ struct hello_msg {
   int version = protocol::version;
   std::string sdk;
 };
+// How the agent asks a failed step to be retried: after attempt n fails,
+// wait min(initial_delay_ms * multiplier^(n-1), max_delay_ms), scaled by a
+// random factor in [1 - jitter, 1], then make attempt n+1, up to max_attempts
+// in all. The host decides (and may grant fewer attempts); the default asks for none.
+struct retry_request {
+  int max_attempts = 1;
+  std::int64_t initial_delay_ms = 100;
+  double multiplier = 2.0;  // 0 to 1000
+  std::int64_t max_delay_ms = 10'000;
+  double jitter = 0.2;  // 0 to 1
+};
 struct begin_msg {
   std::uint64_t seq = 0;
   std::string name;
   step_kind kind = step_kind::step;
   int attempt = 1;
   std::int64_t timeout_ms = 0;  // per attempt; 0: none given, the host applies the policy's default
-  int max_attempts = 1;         // so the host knows whether an attempt it kills is retried
+  retry_request retry;
 };
+// The outcome of one attempt. A failure (result.ok false) is final only if
+// the host answers ack; it answers retry when another attempt is to be made.
 struct step_msg {
   step_result result;
+  bool terminal = false;  // a failure no further attempt can fix (cairn::terminal_error)
 };
-struct retry_msg {
-  std::uint64_t seq = 0;
-  std::string name;
-  int attempt = 1;
-  error_info error;
-  std::int64_t delay_ms = 0;
+// Asks for the journaled steps from seq `from` on (replay, PROTOCOL.md §4).
+struct history_msg {
+  std::uint64_t from = 0;
 };
 // Asks the host to call a tool granted by the run's policy. The host answers
 // with `result` for the same seq once the outcome is journaled.
@@ -121,7 +132,7 @@ struct done_msg {
 struct fail_msg {
   error_info error;
 };
-using agent_message = std::variant<hello_msg, begin_msg, step_msg, retry_msg, tool_msg, sleep_msg, wait_msg,
+using agent_message = std::variant<hello_msg, begin_msg, step_msg, history_msg, tool_msg, sleep_msg, wait_msg,
                                    child_msg, join_msg, emit_msg, done_msg, fail_msg>;
 
 // Host -> agent.
@@ -130,12 +141,22 @@ struct start_msg {
   std::string run_id;
   json input;
   int attempt = 1;  // the run's attempt, 1-based
-  std::vector<step_result> history;
+  std::uint64_t history_steps = 0;  // journaled steps, pulled with history_msg
   int next_step_attempt = 1;  // attempt number for the first step past the history
-  int step_attempts = 1'000'000;  // the most attempts the host allows one step (the run's retry.step_attempts)
 };
 struct ack_msg {
   std::uint64_t seq = 0;
+};
+// Journaled steps `from`, `from`+1, ... in order: at least one.
+struct history_chunk {
+  std::uint64_t from = 0;
+  std::vector<step_result> steps;
+};
+// The failed attempt of step `seq` is retried: attempt `attempt` starts after delay_ms.
+struct retry_msg {
+  std::uint64_t seq = 0;
+  int attempt = 2;
+  std::int64_t delay_ms = 0;
 };
 struct reject_msg {
   std::string error;
@@ -150,7 +171,7 @@ struct result_msg {
 struct cancel_msg {
   std::string reason;
 };
-using host_message = std::variant<start_msg, ack_msg, reject_msg, result_msg, cancel_msg>;
+using host_message = std::variant<start_msg, ack_msg, reject_msg, result_msg, cancel_msg, history_chunk, retry_msg>;
 
 // Throw protocol_error naming the offending field or type.
 agent_message parse_agent_message(const json& j);

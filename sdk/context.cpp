@@ -1,7 +1,6 @@
 #include <cxxabi.h>
 
 #include <algorithm>
-#include <cmath>
 #include <random>
 #include <typeinfo>
 
@@ -30,13 +29,13 @@ std::int64_t wire_ms(std::chrono::milliseconds d) {
   return std::clamp<std::int64_t>(d.count(), 0, protocol::max_duration_ms);
 }
 
-// The delay is only reported to the host, never replayed, so its randomness needs no journal.
-std::chrono::milliseconds delay_after(const retry_policy& p, int attempt) {
-  double ms = static_cast<double>(p.initial_delay.count()) * std::pow(p.multiplier, attempt - 1);
-  ms = std::min({ms, static_cast<double>(p.max_delay.count()), static_cast<double>(protocol::max_duration_ms)});
-  const double jitter = p.jitter > 0 ? std::min(p.jitter, 1.0) : 0.0;  // NaN gives 0
-  if (jitter > 0) ms *= 1.0 - jitter * std::uniform_real_distribution<double>(0.0, 1.0)(random_engine());
-  return std::chrono::milliseconds(ms > 0 ? static_cast<std::int64_t>(ms) : 0);
+// `x` within [0, max] for the wire; NaN gives 0.
+double wire_real(double x, double max) { return x > 0 ? std::min(x, max) : 0.0; }
+
+// What the agent asks the host for; the host decides every retry (PROTOCOL.md §2.1).
+protocol::retry_request retry_request_of(const retry_policy& p) {
+  return {std::clamp(p.max_attempts, 1, 1'000'000), wire_ms(p.initial_delay), wire_real(p.multiplier, 1000),
+          wire_ms(p.max_delay), wire_real(p.jitter, 1)};
 }
 
 // Starts every journaled ctx call: refuses one inside a step, throws
@@ -48,7 +47,10 @@ struct step_guard {
       throw std::logic_error(
           "ctx.step, tool, sleep, sleep_until, wait_signal, start_child, join, now and random cannot be called "
           "inside a step");
-    s_.throw_if_cancelled();
+    // A replayed call returns at once: it sees a cancel read with the history
+    // but does not spend a read of the channel on each of thousands of steps.
+    if (!s_.replaying()) s_.throw_if_cancelled();
+    else if (s_.cancel_reason()) throw cancelled_error(*s_.cancel_reason());
     s_.in_step = true;
   }
   ~step_guard() { s_.in_step = false; }
@@ -64,11 +66,10 @@ json run_journaled(session& s, std::string_view name, protocol::step_kind kind,
   }
 
   const std::uint64_t seq = s.take_seq();
-  // The host allows no more attempts than its policy's; asking for more would fail the step.
-  const int max_attempts = std::clamp(policy.max_attempts, 1, s.start().step_attempts);
   const std::int64_t timeout_ms = wire_ms(policy.timeout);
-  for (int attempt = s.first_attempt_for(seq);; ++attempt) {
-    s.send(protocol::begin_msg{seq, std::string(name), kind, attempt, timeout_ms, max_attempts});
+  const auto asked = retry_request_of(policy);
+  for (int attempt = s.first_attempt_for(seq);;) {
+    s.send(protocol::begin_msg{seq, std::string(name), kind, attempt, timeout_ms, asked});
     protocol::step_result r;
     r.seq = seq;
     r.name = std::string(name);
@@ -93,14 +94,13 @@ json run_journaled(session& s, std::string_view name, protocol::step_kind kind,
     }
     r.duration_us = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - started).count();
 
-    if (r.ok || terminal || attempt >= max_attempts) {
-      s.send_and_wait_ack(protocol::step_msg{r}, seq);
+    auto retry = s.report(protocol::step_msg{r, terminal});
+    if (!retry) {
       if (r.ok) return r.output;
       throw step_failed(r.name, r.error.type, r.error.message);
     }
-    auto delay = delay_after(policy, attempt);
-    s.send_and_wait_ack(protocol::retry_msg{seq, r.name, attempt, r.error, delay.count()}, seq);
-    s.pause(delay);
+    attempt = retry->attempt;
+    s.pause(std::chrono::milliseconds(retry->delay_ms));
     if (s.cancel_reason()) throw cancelled_error(*s.cancel_reason());
   }
 }

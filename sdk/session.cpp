@@ -111,12 +111,23 @@ void session::pause(std::chrono::milliseconds d) {
   }
 }
 
-void session::send_and_wait_ack(const protocol::agent_message& m, std::uint64_t seq) {
+std::optional<protocol::retry_msg> session::report(const protocol::step_msg& m) {
+  const auto seq = m.result.seq;
   send(m);
   auto reply = receive(false);
-  auto* ack = std::get_if<protocol::ack_msg>(&reply);
-  if (!ack || ack->seq != seq)
-    throw host_gone("expected the host's ack for step " + std::to_string(seq));
+  if (auto* ack = std::get_if<protocol::ack_msg>(&reply); ack && ack->seq == seq) return std::nullopt;
+  if (auto* retry = std::get_if<protocol::retry_msg>(&reply); retry && retry->seq == seq && !m.result.ok)
+    return *retry;
+  throw host_gone("expected the host's ack or retry for step " + std::to_string(seq));
+}
+
+void session::pull_history() {
+  send(protocol::history_msg{next_seq_});
+  auto reply = receive(false);
+  auto* chunk = std::get_if<protocol::history_chunk>(&reply);
+  if (!chunk || chunk->from != next_seq_ || chunk->steps.size() > start_.history_steps - next_seq_)
+    throw host_gone("expected the host's history from step " + std::to_string(next_seq_));
+  chunk_ = std::move(*chunk);
 }
 
 protocol::step_result session::request(const protocol::agent_message& m, std::uint64_t seq) {
@@ -132,8 +143,9 @@ protocol::step_result session::request(const protocol::agent_message& m, std::ui
 std::optional<protocol::step_result> session::replay_next(std::string_view name,
                                                          protocol::step_kind kind) {
   if (nondeterminism_) throw nondeterminism{*nondeterminism_};
-  if (next_seq_ >= start_.history.size()) return std::nullopt;
-  const auto& r = start_.history[next_seq_];
+  if (next_seq_ >= start_.history_steps) return std::nullopt;
+  if (next_seq_ - chunk_.from >= chunk_.steps.size()) pull_history();
+  auto& r = chunk_.steps[next_seq_ - chunk_.from];
   if (r.name != name || r.kind != kind) {
     nondeterminism_ = "non-determinism at step " + std::to_string(next_seq_) + ": the journal has " +
                       std::string(protocol::to_string(r.kind)) + " '" + r.name + "' but the code now asks for " +
@@ -141,8 +153,10 @@ std::optional<protocol::step_result> session::replay_next(std::string_view name,
                       "'; the agent's code changed or branches on something not journaled";
     throw nondeterminism{*nondeterminism_};
   }
+  auto replayed = std::move(r);
   ++next_seq_;
-  return r;
+  if (!replaying()) chunk_ = {};  // replay is over: hold no history while the run goes on
+  return replayed;
 }
 
 }  // namespace cairn

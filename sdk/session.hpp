@@ -1,5 +1,7 @@
-// The agent's side of one run: the channel on fd 3, the history the host sent
-// in `start`, and the position in it. Private to the SDK.
+// The agent's side of one run: the channel on fd 3, the position in the
+// history, and the chunk of it being replayed (pulled from the host as replay
+// reaches its end, so memory stays bounded whatever the history's size).
+// Private to the SDK.
 #pragma once
 
 #include <chrono>
@@ -39,20 +41,22 @@ class session {
   // history. Checks name and kind; a mismatch throws nondeterminism (and is
   // remembered, so a workflow that catches it still fails).
   std::optional<protocol::step_result> replay_next(std::string_view name, protocol::step_kind kind);
-  bool replaying() const { return next_seq_ < start_.history.size(); }
+  bool replaying() const { return next_seq_ < start_.history_steps; }
 
   // Live steps: the seq and first attempt number for a new step.
   std::uint64_t take_seq() { return next_seq_++; }
   int first_attempt_for(std::uint64_t seq) const {
-    return seq == start_.history.size() ? start_.next_step_attempt : 1;
+    return seq == start_.history_steps ? start_.next_step_attempt : 1;
   }
 
   void send(const protocol::agent_message& m);
   // After done/fail: tells the host at once that nothing more will come,
   // instead of when the process and its sandbox have exited.
   void close_channel();
-  // Sends and blocks until the host acknowledges `seq` (it is then durable).
-  void send_and_wait_ack(const protocol::agent_message& m, std::uint64_t seq);
+  // Sends an attempt's outcome and blocks for the host's answer: nullopt
+  // when it acknowledged the step (it is then durable), else the retry the
+  // host decided on.
+  std::optional<protocol::retry_msg> report(const protocol::step_msg& m);
   // Sends a tool, sleep, wait, child or join request and blocks until the
   // host's journaled result for `seq`. After cancelling, the host still
   // answers a tool call but none of the others: waiting for one of those
@@ -81,10 +85,13 @@ class session {
   // One read into the decoder, waiting at most `wait` (nullopt: no limit).
   // False when nothing arrived. Throws host_gone when the channel is closed.
   bool read_channel(std::optional<std::chrono::milliseconds> wait);
+  // Replaces chunk_ with the host's steps from next_seq_ on.
+  void pull_history();
 
   int fd_;
   protocol::frame_decoder decoder_;
   protocol::start_msg start_;
+  protocol::history_chunk chunk_;
   std::uint64_t next_seq_ = 0;
   std::optional<std::string> nondeterminism_;
   std::optional<std::string> cancel_reason_;

@@ -453,6 +453,12 @@ run_record read_run(SQLite::Statement& s) {
 
 std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id);
 
+constexpr const char* step_columns =
+    "SELECT seq, name, kind, status, output, error_message, error_type, attempt, duration_us, started_at_ms, "
+    "finished_at_ms FROM steps ";
+// The row `s` (selected with step_columns) holds.
+step_record read_step(SQLite::Statement& s, std::string_view run_id);
+
 constexpr const char* signal_columns =
     "SELECT id, run_id, name, payload, sent_at_ms, delivered_seq, delivered_at_ms FROM signals ";
 
@@ -1145,26 +1151,28 @@ void journal::append_step(const step_record& step) {
 
 std::vector<step_record> journal::steps(std::string_view run_id) {
   return impl_->guard(run_id, [&] {
-    auto s = statement(impl_->db,
-                       "SELECT seq, name, kind, status, output, error_message, error_type, attempt, duration_us, "
-                       "started_at_ms, finished_at_ms FROM steps WHERE run_id = ? ORDER BY seq",
-                       run_id);
+    auto s = statement(impl_->db, (std::string(step_columns) + "WHERE run_id = ? ORDER BY seq").c_str(), run_id);
     std::vector<step_record> steps;
+    while (s.executeStep()) steps.push_back(read_step(s, run_id));
+    return steps;
+  });
+}
+
+std::vector<step_record> journal::steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq,
+                                             std::uint64_t max_bytes) {
+  return impl_->guard(run_id, [&] {
+    auto s = statement(impl_->db,
+                       (std::string(step_columns) + "WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq").c_str(),
+                       run_id, static_cast<std::int64_t>(std::min<std::uint64_t>(from_seq, INT64_MAX)),
+                       static_cast<std::int64_t>(std::min<std::uint64_t>(end_seq, INT64_MAX)));
+    std::vector<step_record> steps;
+    std::uint64_t bytes = 0;
     while (s.executeStep()) {
-      step_record rec;
-      rec.run_id = std::string(run_id);
-      auto& r = rec.result;
-      r.seq = static_cast<std::uint64_t>(s.getColumn(0).getInt64());
-      r.name = s.getColumn(1).getString();
-      r.kind = parse_kind(s.getColumn(2).getString());
-      r.ok = s.getColumn(3).getString() == "ok";
-      if (r.ok) r.output = load(s.getColumn(4), fmt::format("the output of step {} of run {}", r.seq, run_id));
-      else r.error = {s.getColumn(5).getString(), s.getColumn(6).getString()};
-      r.attempt = s.getColumn(7).getInt();
-      r.duration_us = s.getColumn(8).getInt64();
-      rec.started_at_ms = s.getColumn(9).getInt64();
-      rec.finished_at_ms = s.getColumn(10).getInt64();
-      steps.push_back(std::move(rec));
+      // The stored text's size, before parsing: a step that would overrun the budget is not loaded.
+      bytes += static_cast<std::uint64_t>(s.getColumn(1).getBytes() + s.getColumn(4).getBytes() +
+                                          s.getColumn(5).getBytes() + s.getColumn(6).getBytes());
+      if (!steps.empty() && bytes > max_bytes) break;
+      steps.push_back(read_step(s, run_id));
     }
     return steps;
   });
@@ -1216,6 +1224,23 @@ std::uint64_t journal::bytes_of_run(std::string_view run_id) {
 }
 
 namespace {
+
+step_record read_step(SQLite::Statement& s, std::string_view run_id) {
+  step_record rec;
+  rec.run_id = std::string(run_id);
+  auto& r = rec.result;
+  r.seq = static_cast<std::uint64_t>(s.getColumn(0).getInt64());
+  r.name = s.getColumn(1).getString();
+  r.kind = parse_kind(s.getColumn(2).getString());
+  r.ok = s.getColumn(3).getString() == "ok";
+  if (r.ok) r.output = load(s.getColumn(4), fmt::format("the output of step {} of run {}", r.seq, run_id));
+  else r.error = {s.getColumn(5).getString(), s.getColumn(6).getString()};
+  r.attempt = s.getColumn(7).getInt();
+  r.duration_us = s.getColumn(8).getInt64();
+  rec.started_at_ms = s.getColumn(9).getInt64();
+  rec.finished_at_ms = s.getColumn(10).getInt64();
+  return rec;
+}
 
 std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id) {
   std::vector<event_record> events;

@@ -285,6 +285,11 @@ class journal {
   // Returns only after the transaction is durable per the sync mode.
   void append_step(const step_record& step);
   std::vector<step_record> steps(std::string_view run_id);
+  // The steps from from_seq up to (not including) end_seq, in order, as many
+  // as fit in max_bytes (counted as bytes_of_run counts a step), but at least
+  // one if there is one: a replay reads a history of any size in bounded chunks.
+  std::vector<step_record> steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq,
+                                      std::uint64_t max_bytes);
 
   void append_event(std::string_view run_id, std::string_view kind, const json& data,
                     std::optional<std::uint64_t> seq = std::nullopt);

@@ -44,7 +44,7 @@ json step(std::uint64_t seq) {
   return to_json(agent_message{step_msg{r}});
 }
 
-json hello() { return {{"t", "hello"}, {"v", 1}, {"sdk", "hostile"}}; }
+json hello() { return {{"t", "hello"}, {"v", version}, {"sdk", "hostile"}}; }
 
 // Returns the host's start message.
 json handshake() {
@@ -73,7 +73,7 @@ int main() {
   else if (mode == "silent") std::this_thread::sleep_for(std::chrono::seconds(60));
   else {
     const json start = handshake();
-    const auto journaled = start["history"].size();
+    const std::uint64_t journaled = start["history_steps"];
     if (mode == "invalid_json") put(std::string("\x00\x00\x00\x09{not json", 13));
     else if (mode == "wrong_type") send({{"t", "step"}, {"seq", "zero"}, {"name", "x"}, {"kind", "step"},
                                          {"status", "ok"}, {"output", 1}, {"attempt", 1}});

@@ -180,32 +180,28 @@ class observed_channels {
   }
 
   static void read_log(const std::string& base, std::vector<told>& found) {
-    // What the agent sent that waits for an ack (steps and retries), in order.
+    // The step attempts the agent sent, in order: each is answered by an ack
+    // (journaled) or a retry (not journaled).
     std::vector<protocol::step_result> asked;
-    std::vector<bool> is_step;
     for (const auto& j : frames(base + ".out")) {
       auto m = protocol::parse_agent_message(j);
-      if (auto* s = std::get_if<protocol::step_msg>(&m)) {
-        asked.push_back(s->result);
-        is_step.push_back(true);
-      } else if (auto* r = std::get_if<protocol::retry_msg>(&m)) {
-        asked.emplace_back().seq = r->seq;
-        is_step.push_back(false);
-      }
+      if (auto* s = std::get_if<protocol::step_msg>(&m)) asked.push_back(s->result);
     }
     std::string run_id;
-    std::size_t acks = 0;
+    std::size_t answers = 0;
+    auto answer = [&](std::uint64_t seq, bool acked) {
+      if (answers >= asked.size() || asked[answers].seq != seq)
+        throw std::runtime_error(base + ": an answer for seq " + std::to_string(seq) +
+                                 " answers no step the agent sent");
+      if (acked) found.push_back({run_id, asked[answers], base});
+      ++answers;
+    };
     for (const auto& j : frames(base + ".in")) {
       auto m = protocol::parse_host_message(j);
       if (auto* s = std::get_if<protocol::start_msg>(&m)) run_id = s->run_id;
       if (auto* r = std::get_if<protocol::result_msg>(&m)) found.push_back({run_id, r->result, base});
-      if (auto* a = std::get_if<protocol::ack_msg>(&m)) {
-        if (acks >= asked.size() || asked[acks].seq != a->seq)
-          throw std::runtime_error(base + ": an ack for seq " + std::to_string(a->seq) +
-                                   " answers no step or retry the agent sent");
-        if (is_step[acks]) found.push_back({run_id, asked[acks], base});
-        ++acks;
-      }
+      if (auto* a = std::get_if<protocol::ack_msg>(&m)) answer(a->seq, true);
+      if (auto* r = std::get_if<protocol::retry_msg>(&m)) answer(r->seq, false);
     }
   }
 

@@ -43,7 +43,7 @@ inline json receive() {
 }
 
 // hello, then the start message (whose "input" chooses the attack).
-inline json handshake(int version = 1) {
+inline json handshake(int version = 2) {
   send({{"t", "hello"}, {"v", version}, {"sdk", "hostile"}});
   return receive();
 }

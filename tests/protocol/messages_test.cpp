@@ -59,10 +59,11 @@ json err(std::string message, std::string type = "error") {
 }
 
 // One valid example of each agent message, as it appears on the wire.
-json valid_hello() { return {{"t", "hello"}, {"v", 1}, {"sdk", "test/0.1"}}; }
+json valid_hello() { return {{"t", "hello"}, {"v", 2}, {"sdk", "test/0.1"}}; }
 json valid_begin() {
-  return {{"t", "begin"},  {"seq", 3},           {"name", "plan"},    {"kind", "step"},
-          {"attempt", 1}, {"timeout_ms", 30000}, {"max_attempts", 3}};
+  return {{"t", "begin"},         {"seq", 3},        {"name", "plan"},     {"kind", "step"},
+          {"attempt", 1},        {"timeout_ms", 30000}, {"max_attempts", 3}, {"initial_delay_ms", 50},
+          {"multiplier", 1.5},   {"max_delay_ms", 400}, {"jitter", 0.0}};
 }
 json valid_step_ok() {
   return {{"t", "step"},   {"seq", 3},         {"name", "plan"},  {"kind", "step"},
@@ -71,12 +72,9 @@ json valid_step_ok() {
 json valid_step_error() {
   return {{"t", "step"},      {"seq", 4}, {"name", "fetch"},       {"kind", "step"},
           {"status", "error"}, {"error", err("timeout", "std::runtime_error")},
-          {"attempt", 3},      {"duration_us", 0}};
+          {"attempt", 3},      {"duration_us", 0}, {"terminal", true}};
 }
-json valid_retry() {
-  return {{"t", "retry"}, {"seq", 4},  {"name", "fetch"}, {"attempt", 1}, {"error", err("timeout")},
-          {"delay_ms", 100}};
-}
+json valid_history_request() { return {{"t", "history"}, {"from", 2}}; }
 json valid_tool() { return {{"t", "tool"}, {"seq", 5}, {"name", "http.fetch"}, {"args", {{"url", "https://example.com/"}}}}; }
 json valid_sleep_for() { return {{"t", "sleep"}, {"seq", 6}, {"duration_ms", 3'600'000}}; }
 json valid_sleep_until() { return {{"t", "sleep"}, {"seq", 6}, {"until_ms", 1767225600000}}; }
@@ -89,7 +87,7 @@ json valid_done() { return {{"t", "done"}, {"output", {{"answer", 42}}}}; }
 json valid_fail() { return {{"t", "fail"}, {"error", err("gave up", "nondeterminism")}}; }
 
 std::vector<json> valid_agent_messages() {
-  return {valid_hello(),       valid_begin(), valid_step_ok(),      valid_step_error(), valid_retry(),
+  return {valid_hello(),       valid_begin(), valid_step_ok(),      valid_step_error(), valid_history_request(),
           valid_tool(),        valid_sleep_for(), valid_sleep_until(), valid_wait(),    valid_wait_forever(),
           valid_child(),       valid_join(),  valid_emit(),         valid_done(),       valid_fail()};
 }
@@ -101,11 +99,11 @@ json history_entry(std::uint64_t seq, std::string name = "s") {
 
 json valid_start() {
   return {{"t", "start"},
-          {"v", 1},
+          {"v", 2},
           {"run_id", "run-1"},
           {"input", {{"q", "why"}}},
           {"attempt", 2},
-          {"history", {history_entry(0), history_entry(1)}},
+          {"history_steps", 2},
           {"next_step_attempt", 1}};
 }
 
@@ -133,7 +131,9 @@ std::vector<message_fields> agent_fields() {
         {"kind", ft::string, true},
         {"attempt", ft::integer, true},
         {"timeout_ms", ft::integer, false},
-        {"max_attempts", ft::integer, false}}},
+        {"max_attempts", ft::integer, false},
+        {"initial_delay_ms", ft::integer, false},
+        {"max_delay_ms", ft::integer, false}}},
       {valid_step_ok(),
        {{"seq", ft::integer, true},
         {"name", ft::string, true},
@@ -150,12 +150,7 @@ std::vector<message_fields> agent_fields() {
         {"error", ft::error, true},
         {"attempt", ft::integer, true},
         {"duration_us", ft::integer, false}}},
-      {valid_retry(),
-       {{"seq", ft::integer, true},
-        {"name", ft::string, true},
-        {"attempt", ft::integer, true},
-        {"error", ft::error, true},
-        {"delay_ms", ft::integer, true}}},
+      {valid_history_request(), {{"from", ft::integer, true}}},
       {valid_tool(), {{"seq", ft::integer, true}, {"name", ft::string, true}, {"args", ft::any, true}}},
       // Either timer field alone is required: without it the message has neither.
       {valid_sleep_for(), {{"seq", ft::integer, true}, {"duration_ms", ft::integer, true}}},
@@ -183,8 +178,9 @@ std::vector<json> wrong_values(field_type t) {
 
 TEST_CASE("every agent message maps to the documented JSON and back", "[messages]") {
   SECTION("typed values give the wire shape") {
-    CHECK(p::to_json(p::agent_message{p::hello_msg{1, "test/0.1"}}) == valid_hello());
-    CHECK(p::to_json(p::agent_message{p::begin_msg{3, "plan", p::step_kind::step, 1, 30000, 3}}) == valid_begin());
+    CHECK(p::to_json(p::agent_message{p::hello_msg{2, "test/0.1"}}) == valid_hello());
+    CHECK(p::to_json(p::agent_message{p::begin_msg{3, "plan", p::step_kind::step, 1, 30000, {3, 50, 1.5, 400, 0.0}}}) ==
+          valid_begin());
 
     p::step_result ok;
     ok.seq = 3;
@@ -200,9 +196,9 @@ TEST_CASE("every agent message maps to the documented JSON and back", "[messages
     failed.ok = false;
     failed.error = {"timeout", "std::runtime_error"};
     failed.attempt = 3;
-    CHECK(p::to_json(p::agent_message{p::step_msg{failed}}) == valid_step_error());
+    CHECK(p::to_json(p::agent_message{p::step_msg{failed, true}}) == valid_step_error());
 
-    CHECK(p::to_json(p::agent_message{p::retry_msg{4, "fetch", 1, {"timeout", "error"}, 100}}) == valid_retry());
+    CHECK(p::to_json(p::agent_message{p::history_msg{2}}) == valid_history_request());
     CHECK(p::to_json(p::agent_message{p::tool_msg{5, "http.fetch", {{"url", "https://example.com/"}}}}) ==
           valid_tool());
     CHECK(p::to_json(p::agent_message{p::sleep_msg{6, 3'600'000, std::nullopt}}) == valid_sleep_for());
@@ -234,19 +230,20 @@ TEST_CASE("every agent message maps to the documented JSON and back", "[messages
     CHECK(s.error.type == "std::runtime_error");
     CHECK(s.attempt == 3);
 
-    auto r = std::get<p::retry_msg>(p::parse_agent_message(valid_retry()));
-    CHECK(r.seq == 4);
-    CHECK(r.attempt == 1);
-    CHECK(r.delay_ms == 100);
-    CHECK(r.error.message == "timeout");
+    CHECK(std::get<p::step_msg>(p::parse_agent_message(valid_step_error())).terminal);
+    CHECK(std::get<p::history_msg>(p::parse_agent_message(valid_history_request())).from == 2);
 
     auto h = std::get<p::hello_msg>(p::parse_agent_message(valid_hello()));
-    CHECK(h.version == 1);
+    CHECK(h.version == 2);
     CHECK(h.sdk == "test/0.1");
 
     auto b = std::get<p::begin_msg>(p::parse_agent_message(valid_begin()));
     CHECK(b.timeout_ms == 30000);
-    CHECK(b.max_attempts == 3);
+    CHECK(b.retry.max_attempts == 3);
+    CHECK(b.retry.initial_delay_ms == 50);
+    CHECK(b.retry.multiplier == 1.5);
+    CHECK(b.retry.max_delay_ms == 400);
+    CHECK(b.retry.jitter == 0.0);
 
     auto sf = std::get<p::sleep_msg>(p::parse_agent_message(valid_sleep_for()));
     CHECK(sf.seq == 6);
@@ -314,13 +311,21 @@ TEST_CASE("optional fields take their defaults", "[messages]") {
   failed["error"].erase("type");
   CHECK(std::get<p::fail_msg>(p::parse_agent_message(failed)).error.type == "error");
 
-  // A begin from an SDK that predates timeouts.
+  json failure = valid_step_error();
+  failure.erase("terminal");
+  CHECK_FALSE(std::get<p::step_msg>(p::parse_agent_message(failure)).terminal);
+
+  // A begin that asks for no timeout and no retries.
   json begin = valid_begin();
-  begin.erase("timeout_ms");
-  begin.erase("max_attempts");
+  for (const char* f : {"timeout_ms", "max_attempts", "initial_delay_ms", "multiplier", "max_delay_ms", "jitter"})
+    begin.erase(f);
   auto b = std::get<p::begin_msg>(p::parse_agent_message(begin));
   CHECK(b.timeout_ms == 0);
-  CHECK(b.max_attempts == 1);
+  CHECK(b.retry.max_attempts == 1);
+  CHECK(b.retry.initial_delay_ms == 100);
+  CHECK(b.retry.multiplier == 2.0);
+  CHECK(b.retry.max_delay_ms == 10'000);
+  CHECK(b.retry.jitter == 0.2);
 }
 
 TEST_CASE("unknown fields are ignored", "[messages]") {
@@ -335,7 +340,6 @@ TEST_CASE("unknown fields are ignored", "[messages]") {
   CHECK(agent_error(step) == "<accepted>");
   json start = valid_start();
   start["extra"] = 1;
-  start["history"][0]["extra"] = 1;
   CHECK(host_error(start) == "<accepted>");
 }
 
@@ -367,7 +371,7 @@ TEST_CASE("a field of the wrong JSON type is named in the error", "[messages][ho
 }
 
 TEST_CASE("the fields of an error object are checked", "[messages][hostile]") {
-  for (const json& base : {valid_step_error(), valid_retry(), valid_fail()}) {
+  for (const json& base : {valid_step_error(), valid_fail()}) {
     INFO(base.dump());
     json j = base;
     j["error"].erase("message");
@@ -390,7 +394,7 @@ TEST_CASE("the fields of an error object are checked", "[messages][hostile]") {
 }
 
 TEST_CASE("seq must be an integer from 0 to 2^63-1", "[messages][hostile]") {
-  for (const json& base : {valid_begin(), valid_step_ok(), valid_retry(), valid_tool(), valid_sleep_for(),
+  for (const json& base : {valid_begin(), valid_step_ok(), valid_tool(), valid_sleep_for(),
                            valid_wait(), valid_child(), valid_join()}) {
     INFO(base.dump());
     auto with_seq = [&](json v) {
@@ -425,7 +429,7 @@ TEST_CASE("numeric fields are range-checked", "[messages][hostile]") {
     j[field] = std::move(v);
     return agent_error(j);
   };
-  for (const json& base : {valid_begin(), valid_step_ok(), valid_retry()}) {
+  for (const json& base : {valid_begin(), valid_step_ok()}) {
     INFO(base.dump());
     CHECK_THAT(with(base, "attempt", 0), Contains("'attempt'"));
     CHECK_THAT(with(base, "attempt", -1), Contains("'attempt'"));
@@ -434,8 +438,20 @@ TEST_CASE("numeric fields are range-checked", "[messages][hostile]") {
   }
   CHECK_THAT(with(valid_step_ok(), "duration_us", -1), Contains("'duration_us'"));
   CHECK(with(valid_step_ok(), "duration_us", std::numeric_limits<std::int64_t>::max()) == "<accepted>");
-  CHECK_THAT(with(valid_retry(), "delay_ms", -1), Contains("'delay_ms'"));
-  CHECK(with(valid_retry(), "delay_ms", 0) == "<accepted>");
+  for (const char* f : {"initial_delay_ms", "max_delay_ms"}) {
+    CHECK_THAT(with(valid_begin(), f, -1), Contains(f));
+    CHECK(with(valid_begin(), f, 0) == "<accepted>");
+    CHECK_THAT(with(valid_begin(), f, p::max_duration_ms + 1), Contains("100 years"));
+  }
+  CHECK_THAT(with(valid_begin(), "multiplier", -0.5), Contains("'multiplier'"));
+  CHECK_THAT(with(valid_begin(), "multiplier", 1000.5), Contains("'multiplier'"));
+  CHECK_THAT(with(valid_begin(), "multiplier", "2"), Contains("'multiplier'"));
+  CHECK(with(valid_begin(), "multiplier", 1000) == "<accepted>");
+  CHECK_THAT(with(valid_begin(), "jitter", 1.5), Contains("'jitter'"));
+  CHECK_THAT(with(valid_begin(), "jitter", nullptr), Contains("'jitter'"));
+  CHECK(with(valid_begin(), "jitter", 1) == "<accepted>");
+  CHECK_THAT(with(valid_step_error(), "terminal", 1), Contains("'terminal'"));
+  CHECK_THAT(with(valid_history_request(), "from", -1), Contains("'from'"));
   CHECK_THAT(with(valid_begin(), "timeout_ms", -1), Contains("'timeout_ms'"));
   CHECK(with(valid_begin(), "timeout_ms", 0) == "<accepted>");
   CHECK_THAT(with(valid_begin(), "max_attempts", 0), Contains("'max_attempts'"));
@@ -448,7 +464,6 @@ TEST_CASE("numeric fields are range-checked", "[messages][hostile]") {
   CHECK_THAT(with(valid_sleep_for(), "duration_ms", std::numeric_limits<std::int64_t>::max()), Contains("100 years"));
   CHECK_THAT(with(valid_wait(), "timeout_ms", 9'200'000'000'000'000'000ll), Contains("100 years"));
   CHECK_THAT(with(valid_begin(), "timeout_ms", 10'000'000'000'000ll), Contains("100 years"));
-  CHECK_THAT(with(valid_retry(), "delay_ms", p::max_duration_ms + 1), Contains("100 years"));
   CHECK_THAT(with(valid_sleep_for(), "duration_ms", std::uint64_t{1} << 63), Contains("'duration_ms'"));
   CHECK_THAT(with(valid_sleep_until(), "until_ms", -1), Contains("'until_ms'"));
   CHECK(with(valid_sleep_until(), "until_ms", 0) == "<accepted>");
@@ -457,13 +472,13 @@ TEST_CASE("numeric fields are range-checked", "[messages][hostile]") {
   CHECK_THAT(with(valid_hello(), "v", -1), Contains("'v'"));
   CHECK_THAT(with(valid_hello(), "v", std::int64_t{1} << 31), Contains("'v'"));
   // Another version is a valid hello; refusing it is the host's decision (reject).
-  CHECK(std::get<p::hello_msg>(p::parse_agent_message(json{{"t", "hello"}, {"v", 2}, {"sdk", "x"}})).version == 2);
+  CHECK(std::get<p::hello_msg>(p::parse_agent_message(json{{"t", "hello"}, {"v", 1}, {"sdk", "x"}})).version == 1);
 }
 
 TEST_CASE("name must be 1 to 1024 bytes", "[messages][hostile]") {
   // signal, agent and run_id become the step's name.
   std::vector<std::pair<json, std::string>> cases = {{valid_begin(), "name"}, {valid_step_ok(), "name"},
-                                                     {valid_retry(), "name"}, {valid_tool(), "name"},
+                                                     {valid_tool(), "name"},
                                                      {valid_wait(), "signal"}, {valid_child(), "agent"},
                                                      {valid_join(), "run_id"}};
   for (const auto& [base, field] : cases) {
@@ -631,35 +646,45 @@ TEST_CASE("host messages map to the documented JSON and back", "[messages]") {
   r2.name = "ctx.random";
   r2.kind = p::step_kind::random;
   r2.output = 0.5;
-  s.history = {r0, r1, r2};
+  s.history_steps = 3;
   s.next_step_attempt = 4;
 
-  json expected = {
-      {"t", "start"},
-      {"v", 1},
-      {"run_id", "run-1"},
-      {"input", {{"q", "why"}}},
-      {"attempt", 2},
-      {"history",
+  json expected = {{"t", "start"},    {"v", 2},           {"run_id", "run-1"},        {"input", {{"q", "why"}}},
+                   {"attempt", 2},    {"history_steps", 3}, {"next_step_attempt", 4}};
+  CHECK(p::to_json(p::host_message{s}) == expected);
+  CHECK(wire_round_trip(p::host_message{s}) == expected);
+
+  auto back = std::get<p::start_msg>(p::parse_host_message(expected));
+  CHECK(back.version == 2);
+  CHECK(back.run_id == "run-1");
+  CHECK(back.attempt == 2);
+  CHECK(back.history_steps == 3);
+  CHECK(back.next_step_attempt == 4);
+
+  json chunk = {
+      {"t", "history"},
+      {"from", 0},
+      {"steps",
        {{{"seq", 0}, {"name", "ctx.now"}, {"kind", "now"}, {"status", "ok"}, {"output", 1767225600000},
          {"attempt", 1}, {"duration_us", 0}},
         {{"seq", 1}, {"name", "fetch"}, {"kind", "step"}, {"status", "error"},
          {"error", err("timeout", "std::runtime_error")}, {"attempt", 3}, {"duration_us", 77}},
         {{"seq", 2}, {"name", "ctx.random"}, {"kind", "random"}, {"status", "ok"}, {"output", 0.5},
-         {"attempt", 1}, {"duration_us", 0}}}},
-      {"next_step_attempt", 4},
-      {"step_attempts", 1'000'000}};
-  CHECK(p::to_json(p::host_message{s}) == expected);
-  CHECK(wire_round_trip(p::host_message{s}) == expected);
+         {"attempt", 1}, {"duration_us", 0}}}}};
+  CHECK(p::to_json(p::host_message{p::history_chunk{0, {r0, r1, r2}}}) == chunk);
+  CHECK(wire_round_trip(p::host_message{p::history_chunk{0, {r0, r1, r2}}}) == chunk);
+  auto steps = std::get<p::history_chunk>(p::parse_host_message(chunk)).steps;
+  REQUIRE(steps.size() == 3);
+  CHECK(steps[1].error.type == "std::runtime_error");
+  CHECK(steps[2].kind == p::step_kind::random);
 
-  auto back = std::get<p::start_msg>(p::parse_host_message(expected));
-  CHECK(back.version == 1);
-  CHECK(back.run_id == "run-1");
-  CHECK(back.attempt == 2);
-  CHECK(back.next_step_attempt == 4);
-  REQUIRE(back.history.size() == 3);
-  CHECK(back.history[1].error.type == "std::runtime_error");
-  CHECK(back.history[2].kind == p::step_kind::random);
+  json retry = {{"t", "retry"}, {"seq", 4}, {"attempt", 2}, {"delay_ms", 150}};
+  CHECK(p::to_json(p::host_message{p::retry_msg{4, 2, 150}}) == retry);
+  CHECK(wire_round_trip(p::host_message{p::retry_msg{4, 2, 150}}) == retry);
+  auto r = std::get<p::retry_msg>(p::parse_host_message(retry));
+  CHECK(r.seq == 4);
+  CHECK(r.attempt == 2);
+  CHECK(r.delay_ms == 150);
 
   json ack = {{"t", "ack"}, {"seq", 7}};
   CHECK(p::to_json(p::host_message{p::ack_msg{7}}) == ack);
@@ -669,14 +694,10 @@ TEST_CASE("host messages map to the documented JSON and back", "[messages]") {
   json reject = {{"t", "reject"}, {"error", "protocol version 2 is not supported"}};
   CHECK(p::to_json(p::host_message{p::reject_msg{"protocol version 2 is not supported"}}) == reject);
   CHECK(wire_round_trip(p::host_message{p::reject_msg{"protocol version 2 is not supported"}}) == reject);
-
-  json empty_history = valid_start();
-  empty_history["history"] = json::array();
-  CHECK(std::get<p::start_msg>(p::parse_host_message(empty_history)).history.empty());
 }
 
 TEST_CASE("host message fields are checked", "[messages][hostile]") {
-  for (const char* f : {"v", "run_id", "input", "attempt", "history", "next_step_attempt"}) {
+  for (const char* f : {"v", "run_id", "input", "attempt", "history_steps", "next_step_attempt"}) {
     json j = valid_start();
     j.erase(f);
     CHECK_THAT(host_error(j), Contains(std::string("'") + f + "'"));
@@ -691,8 +712,10 @@ TEST_CASE("host message fields are checked", "[messages][hostile]") {
   CHECK_THAT(with("attempt", 0), Contains("'attempt'"));
   CHECK_THAT(with("next_step_attempt", 0), Contains("'next_step_attempt'"));
   CHECK_THAT(with("next_step_attempt", 1.0), Contains("'next_step_attempt'"));
-  CHECK_THAT(with("history", json::object()), Contains("'history'"));
-  CHECK_THAT(with("history", nullptr), Contains("'history'"));
+  CHECK_THAT(with("history_steps", -1), Contains("'history_steps'"));
+  CHECK_THAT(with("history_steps", json::array()), Contains("'history_steps'"));
+  CHECK_THAT(host_error({{"t", "retry"}, {"seq", 1}, {"attempt", 2}}), Contains("'delay_ms'"));
+  CHECK_THAT(host_error({{"t", "retry"}, {"seq", 1}, {"attempt", 0}, {"delay_ms", 0}}), Contains("'attempt'"));
 
   CHECK_THAT(host_error({{"t", "ack"}}), Contains("'seq'"));
   CHECK_THAT(host_error({{"t", "ack"}, {"seq", -1}}), Contains("'seq'"));
@@ -701,23 +724,25 @@ TEST_CASE("host message fields are checked", "[messages][hostile]") {
   CHECK_THAT(host_error({{"t", "reject"}, {"error", err("x")}}), Contains("'error'"));
 }
 
-TEST_CASE("start history must hold steps 0..n-1 in order", "[messages][hostile]") {
-  auto with_history = [](json h) {
-    json j = valid_start();
-    j["history"] = std::move(h);
-    return host_error(j);
-  };
-  CHECK(with_history({history_entry(0), history_entry(1), history_entry(2)}) == "<accepted>");
-  CHECK_THAT(with_history({history_entry(1), history_entry(0)}), Contains("'history'"));
-  CHECK_THAT(with_history({history_entry(1)}), Contains("'history'"));
-  CHECK_THAT(with_history({history_entry(0), history_entry(2)}), Contains("'history'"));
-  CHECK_THAT(with_history({history_entry(0), history_entry(0)}), Contains("'history'"));
+json history_chunk(std::uint64_t from, json steps) { return {{"t", "history"}, {"from", from}, {"steps", steps}}; }
+
+TEST_CASE("a history chunk holds at least one step, from 'from' on, in order", "[messages][hostile]") {
+  CHECK(host_error(history_chunk(0, {history_entry(0), history_entry(1), history_entry(2)})) == "<accepted>");
+  CHECK(host_error(history_chunk(5, {history_entry(5), history_entry(6)})) == "<accepted>");
+  CHECK_THAT(host_error(history_chunk(0, json::array())), Contains("'steps'"));
+  CHECK_THAT(host_error(history_chunk(0, {history_entry(1), history_entry(0)})), Contains("'steps'"));
+  CHECK_THAT(host_error(history_chunk(0, {history_entry(1)})), Contains("'steps'"));
+  CHECK_THAT(host_error(history_chunk(5, {history_entry(0)})), Contains("'steps'"));
+  CHECK_THAT(host_error(history_chunk(0, {history_entry(0), history_entry(2)})), Contains("'steps'"));
+  CHECK_THAT(host_error(history_chunk(0, {history_entry(0), history_entry(0)})), Contains("'steps'"));
+  CHECK_THAT(host_error(history_chunk(0, json::object())), Contains("'steps'"));
+  CHECK_THAT(host_error({{"t", "history"}, {"steps", {history_entry(0)}}}), Contains("'from'"));
 }
 
-TEST_CASE("start history with a bad entry is rejected", "[messages][hostile]") {
+TEST_CASE("a history chunk with a bad entry is rejected", "[messages][hostile]") {
   auto with_entry = [](json e) {
-    json j = valid_start();
-    j["history"][1] = std::move(e);
+    json j = history_chunk(0, {history_entry(0), history_entry(1)});
+    j["steps"][1] = std::move(e);
     return host_error(j);
   };
   json e = history_entry(1);
@@ -835,17 +860,16 @@ TEST_CASE("results of every host-recorded kind map to the documented JSON and ba
   }
 
   // Journaled host-recorded steps come back in history like any other.
-  json start = valid_start();
-  start["history"] = json::array();
+  json chunk = history_chunk(0, json::array());
   for (std::size_t i = 0; i < results.size(); ++i) {
     json e = p::to_json(results[i]);
     e["seq"] = i;
-    start["history"].push_back(e);
+    chunk["steps"].push_back(e);
   }
-  auto s = std::get<p::start_msg>(p::parse_host_message(start));
-  REQUIRE(s.history.size() == results.size());
-  CHECK(s.history[3].kind == p::step_kind::child);
-  CHECK(s.history[4].kind == p::step_kind::join);
+  auto steps = std::get<p::history_chunk>(p::parse_host_message(chunk)).steps;
+  REQUIRE(steps.size() == results.size());
+  CHECK(steps[3].kind == p::step_kind::child);
+  CHECK(steps[4].kind == p::step_kind::join);
 }
 
 TEST_CASE("cancel maps to the documented JSON and back", "[messages]") {

@@ -32,10 +32,11 @@ namespace cairn {
 
 using json = nlohmann::json;
 
-// How a failing step is retried inside the same run: after attempt n fails it
-// waits min(initial_delay * multiplier^(n-1), max_delay), scaled by a random
-// factor in [1 - jitter, 1] so that runs failing together do not retry in
-// lockstep, then makes attempt n+1.
+// How a failing step asks to be retried inside the same run; the host decides
+// from this and the run's policy: after attempt n fails it waits
+// min(initial_delay * multiplier^(n-1), max_delay), scaled by a random factor
+// in [1 - jitter, 1] so that runs failing together do not retry in lockstep,
+// then makes attempt n+1. A terminal_error is never retried.
 struct retry_policy {
   int max_attempts = 3;  // at most the run policy's retry.step_attempts (default 10): more are not made
   std::chrono::milliseconds initial_delay{100};

@@ -11,7 +11,7 @@
 using namespace cairn::hostile;
 
 int main() {
-  send({{"t", "hello"}, {"v", 1}, {"sdk", "slow-reader"}});
+  send({{"t", "hello"}, {"v", 2}, {"sdk", "slow-reader"}});
   static char buf[64 * 1024];
   for (long total = 0;;) {
     ssize_t n = ::read(channel_fd(), buf, sizeof buf);
