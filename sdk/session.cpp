@@ -50,12 +50,23 @@ protocol::host_message session::receive(bool stop_on_cancel) {
   // The host's ack follows its commit, typically 20 us (synchronous=NORMAL)
   // to 1 ms (FULL) later. Polling that long before blocking avoids a
   // scheduler wake-up, which on a VM with idle cores costs hundreds of us.
-  constexpr auto spin = std::chrono::milliseconds(1);
+  // But where many agents share the cores, answers come later than that and
+  // the polling only takes the CPU the host and the others need: each poll
+  // that ends empty-handed halves the next one, down to none; every 64th
+  // receive tries the full length again, in case the machine got quiet.
+  constexpr std::chrono::microseconds full_spin{1000};
+  if (++receives_ % 64 == 0) spin_ = full_spin;
   const auto start = std::chrono::steady_clock::now();
+  bool waited = false;
   for (;;) {
-    if (auto m = next_buffered()) return std::move(*m);
+    if (auto m = next_buffered()) {
+      if (waited) spin_ /= 2;
+      else if (spin_ > std::chrono::microseconds(0)) spin_ = full_spin;
+      return std::move(*m);
+    }
     if (stop_on_cancel && cancel_reason_) throw cancelled_error(*cancel_reason_);
-    const bool spinning = std::chrono::steady_clock::now() - start < spin;
+    const bool spinning = !waited && std::chrono::steady_clock::now() - start < spin_;
+    waited = !spinning;
     read_channel(spinning ? std::optional(std::chrono::milliseconds(0)) : std::nullopt);
   }
 }

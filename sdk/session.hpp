@@ -90,6 +90,9 @@ class session {
 
   int fd_;
   protocol::frame_decoder decoder_;
+  // How long receive() polls before it blocks; see receive().
+  std::chrono::microseconds spin_{1000};
+  int receives_ = 0;
   protocol::start_msg start_;
   protocol::history_chunk chunk_;
   std::uint64_t next_seq_ = 0;
