@@ -7,7 +7,6 @@
 
 #include <array>
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <string>
 #include <system_error>
@@ -19,28 +18,12 @@ constexpr std::size_t read_chunk = 64 * 1024;
 
 // An agent's next message usually follows an ack within microseconds. Polling
 // the socket that long before sleeping in poll() saves two scheduler wake-ups
-// per step (measured: a NORMAL-mode step went from ~110 us to ~70 us).
-// Only while no other channel of the process spins: with many live runs the
-// spinning threads would take the cores their agents need.
+// per step (measured: a NORMAL-mode step went from ~110 us to ~70 us). With
+// many live runs on few cores the next message comes later and the polling
+// only takes the CPU the agents need: each poll that ends empty-handed halves
+// the channel's next one, down to none; every 64th receive tries the full
+// length again.
 constexpr auto spin_before_sleep = std::chrono::microseconds(100);
-std::atomic<int> spinning{0};
-
-// Holds the one place to spin, if it is free.
-class spin_slot {
- public:
-  spin_slot() : held_(spinning.fetch_add(1) == 0) {
-    if (!held_) spinning.fetch_sub(1);
-  }
-  ~spin_slot() {
-    if (held_) spinning.fetch_sub(1);
-  }
-  spin_slot(const spin_slot&) = delete;
-  spin_slot& operator=(const spin_slot&) = delete;
-  bool held() const { return held_; }
-
- private:
-  bool held_;
-};
 
 // How often send() hands control back to its caller while the peer does not read.
 constexpr auto send_slice = std::chrono::milliseconds(100);
@@ -107,13 +90,14 @@ std::optional<json> channel::receive(std::chrono::milliseconds timeout) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
   std::array<char, read_chunk> buffer;
-  std::optional<spin_slot> spin(std::in_place);
+  if (++receives_ % 64 == 0) spin_ = spin_before_sleep;
+  bool slept = false;
   for (;;) {
     ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);  // the fd is non-blocking
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       auto now = std::chrono::steady_clock::now();
-      if (spin && spin->held() && now - start < spin_before_sleep) continue;
-      spin.reset();
+      if (!slept && now - start < spin_) continue;
+      slept = true;
       auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
       if (left.count() <= 0) return std::nullopt;
       wait_for_fd(fd_, POLLIN, static_cast<int>(left.count()));
@@ -121,7 +105,11 @@ std::optional<json> channel::receive(std::chrono::milliseconds timeout) {
     }
     if (n > 0) {
       decoder_.feed(std::string_view(buffer.data(), static_cast<std::size_t>(n)));
-      if (auto message = decoder_.next()) return message;
+      if (auto message = decoder_.next()) {
+        if (slept) spin_ /= 2;
+        else if (spin_.count() > 0) spin_ = spin_before_sleep;
+        return message;
+      }
     } else if (n == 0 || errno == ECONNRESET) {
       bool truncated = decoder_.has_partial();
       throw channel_closed(truncated ? "the agent closed its channel in the middle of a frame"

@@ -54,6 +54,9 @@ class channel {
  private:
   int fd_;
   protocol::frame_decoder decoder_;
+  // How long receive() polls before it sleeps; see channel.cpp.
+  std::chrono::microseconds spin_{100};
+  int receives_ = 0;
 };
 
 }  // namespace cairn::runtime
