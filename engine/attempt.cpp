@@ -46,7 +46,8 @@ attempt_driver::attempt_driver(storage::journal& journal, const storage::run_rec
       options_(options),
       observer_(observer),
       budget_(journal, run.id, p.journal),
-      tools_(journal, run, p, budget_, options.llm, [this](const json& event) { observer_.on_emit(event); }) {}
+      tools_(journal, run, p, budget_, options.llm, [this](const json& event) { observer_.on_emit(event); }),
+      events_(run.id) {}
 
 attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   auto history = journal_.steps(run_.id);
@@ -72,6 +73,7 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
     observer_.on_warning(warning);
   }
   process_ = box->exec(run_.agent, {});
+  events_.watch_process(process_->pid());
   started_ = clock::now();
   crash_point("after_spawn");
 
@@ -113,12 +115,14 @@ attempt_result attempt_driver::converse(const protocol::start_msg& start) {
   crash_point("after_hello");
 
   for (;;) {
-    auto message = receive(100ms);
+    auto message = receive(std::chrono::milliseconds(poll_timeout(next_deadline())), events_.fd());
+    take_wakes();
     supervise();
     if (!message) {
       if (process_->poll_exit()) return died("ended");
       continue;
     }
+    check_limits();
     if (auto result = handle(*message)) return *result;
   }
 }
@@ -128,11 +132,37 @@ void attempt_driver::end(attempt_result result) {
   throw attempt_end{std::move(result)};
 }
 
+void attempt_driver::take_wakes() {
+  if (events_.take()) recheck_run_ = true;
+}
+
+// Memory and processes are bounded by the kernel whether or not we look (the
+// OOM killer, a refused fork), and the CPU total per process by RLIMIT_CPU
+// and the attempt by its wall time: looking tells the run why. An agent that
+// talks is looked at as it talks, and one that ends is looked at in died().
+void attempt_driver::check_limits() {
+  const auto now = clock::now();
+  if (now - last_limits_check_ < 100ms) return;
+  last_limits_check_ = now;
+  if (auto breach = process_->check_limits()) throw attempt_end{exceeded(breach->message, breach->limit)};
+}
+
+attempt_driver::clock::time_point attempt_driver::next_deadline() const {
+  auto next = clock::time_point::max();
+  if (policy_.wall_time.count() > 0) next = std::min(next, started_ + policy_.wall_time);
+  if (in_step_) {
+    auto timeout = timeout_of(*in_step_, policy_);
+    if (timeout.count() > 0) next = std::min(next, step_started_ + timeout);
+  }
+  if (cancel_sent_) next = std::min(next, cancel_deadline_);
+  else if (run_.deadline_ms)
+    next = std::min(next, clock::now() + std::chrono::milliseconds(*run_.deadline_ms - storage::now_ms()));
+  if (drain_deadline_) next = std::min(next, *drain_deadline_);
+  return next;
+}
+
 void attempt_driver::supervise() {
   const auto now = clock::now();
-  if (now - last_check_ < 100ms) return;
-  last_check_ = now;
-  if (auto breach = process_->check_limits()) throw attempt_end{exceeded(breach->message, breach->limit)};
   if (policy_.wall_time.count() > 0 && now - started_ > policy_.wall_time)
     end(exceeded(fmt::format("wall-clock limit exceeded: the attempt ran longer than {} s (limits.wall_seconds in "
                              "the policy)",
@@ -143,7 +173,8 @@ void attempt_driver::supervise() {
     if (timeout.count() > 0 && now - step_started_ > timeout) step_timed_out();
   }
   if (!cancel_sent_) {
-    auto fresh = journal_.find_run(run_.id);
+    std::optional<storage::run_record> fresh;
+    if (std::exchange(recheck_run_, false)) fresh = journal_.find_run(run_.id);
     if (fresh && fresh->cancel_requested_at_ms) start_cancel(cancel_reason(journal_, run_.id), false);
     else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms) {
       auto [message, type] = policy_.deadline_passed();
@@ -201,7 +232,14 @@ void attempt_driver::step_timed_out() {
 void attempt_driver::send(const protocol::host_message& message) {
   {
     raised in_flight(sending_);
-    process_->io().send(protocol::to_json(message), runtime::channel::send_timeout, [this] { supervise(); });
+    auto waiting = [this] {
+      take_wakes();
+      supervise();
+      // Its channel may outlive it (held by what it started): nothing would read on.
+      if (process_->poll_exit()) throw runtime::channel_closed("the agent ended while a frame was on its way", false);
+      return next_deadline();
+    };
+    process_->io().send(protocol::to_json(message), runtime::channel::send_timeout, waiting, events_.fd());
   }
   if (cancel_unsent_) {
     cancel_unsent_ = false;
@@ -393,8 +431,8 @@ void attempt_driver::check_seq(std::uint64_t seq, std::string_view what) {
                   std::to_string(expected_seq_) + ")"};
 }
 
-std::optional<protocol::agent_message> attempt_driver::receive(std::chrono::milliseconds timeout) {
-  auto j = process_->io().receive(timeout);
+std::optional<protocol::agent_message> attempt_driver::receive(std::chrono::milliseconds timeout, int wake_fd) {
+  auto j = process_->io().receive(timeout, wake_fd);
   if (!j) return std::nullopt;
   return protocol::parse_agent_message(*j);
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <random>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -12,6 +11,7 @@
 #include "engine/run_id.hpp"
 #include "engine/run_paths.hpp"
 #include "engine/tool_broker.hpp"
+#include "engine/wakeups.hpp"
 #include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
@@ -99,7 +99,9 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   run.owner = request.owner;
   if (request.policy.run_bound().count() > 0)
     run.deadline_ms = storage::now_ms() + std::chrono::milliseconds(request.policy.run_bound()).count();
-  return journal_.create_run(run);
+  auto created = journal_.create_run(run);
+  if (created.second) announce(journal_.path(), run.id, storage::change::submitted);
+  return created;
 }
 
 storage::run_record engine::execute(const std::string& run_id, run_observer* observer, bool revive_failed) {
@@ -206,12 +208,14 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
                                {"cpu_ms", whole_ms(upkeep.cpu - upkeep_before.cpu)},
                                {"ms", whole_ms(upkeep.wall - upkeep_before.wall)}});
         journal_.suspend_run(run_id, result.wait);
+        announce(journal_.path(), run_id, storage::change::waiting);
         run = journal_.find_run(run_id);
         watch.on_wait(*run, result.wait);
         return *run;
       }
       case kind::released:
         journal_.release_run(run_id, "the host process is shutting down");
+        announce(journal_.path(), run_id, storage::change::released);
         return *journal_.find_run(run_id);
       case kind::restart:  // counted like a crash: an agent must not restart its sandbox for free
       case kind::crashed: {
@@ -223,8 +227,9 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
         if (retry) {
           auto delay = options_.retry_backoff ? run_retry{*options_.retry_backoff}.delay_after(crashes)
                                               : rules.retry.delay_after(crashes);
-          if (!pause(delay)) {
+          if (!pause(delay, run_id)) {
             journal_.release_run(run_id, "the host process is shutting down");
+            announce(journal_.path(), run_id, storage::change::released);
             return *journal_.find_run(run_id);
           }
           continue;
@@ -253,6 +258,7 @@ storage::run_record engine::end_run(const std::string& run_id, storage::run_stat
   release_workspace(backend(run.sandbox), run, watch);
   journal_.finish_run(run_id, status, output, error);
   run = *journal_.find_run(run_id);
+  announce_end(run);
   cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
   return run;
 }
@@ -266,14 +272,19 @@ void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storag
   }
 }
 
-bool engine::pause(std::chrono::milliseconds delay) {
+bool engine::pause(std::chrono::milliseconds delay, const std::string& run_id) {
+  // Whoever sets options_.stopping wakes every waiter (wake_all).
+  wake_event woken;
+  wake_registration watching(run_id, woken);
   const auto until = std::chrono::steady_clock::now() + delay;
-  while (std::chrono::steady_clock::now() < until) {
-    if (options_.stopping && options_.stopping->load()) return false;
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-        std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
-  }
-  return true;
+  while (!(options_.stopping && options_.stopping->load()))
+    if (!woken.wait_until(until)) return true;
+  return false;
+}
+
+void engine::announce_end(const storage::run_record& run) {
+  announce(journal_.path(), run.id, storage::change::ended);
+  if (!run.parent_id.empty()) announce(journal_.path(), run.parent_id, storage::change::child_ended);
 }
 
 // Children of an ended run: idle ones are cancelled now (with theirs), running
@@ -305,7 +316,9 @@ storage::signal_record engine::signal(const std::string& run_id, const std::stri
                                                       "KiB, limits.signal_kb in its policy)",
                                                       bytes, run_id, limits.signal_bytes >> 10));
   try {
-    return journal_.enqueue_signal(run_id, name, payload, limits.signals);
+    auto queued = journal_.enqueue_signal(run_id, name, payload, limits.signals);
+    announce(journal_.path(), run_id, storage::change::signalled);
+    return queued;
   } catch (const storage::storage_error& e) {
     if (e.code() == storage::errc::not_found)
       throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
@@ -325,6 +338,7 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
   };
   if (ended(run->status) || !journal_.request_cancel(run_id, reason)) throw refuse(*journal_.find_run(run_id));
   if (journal_.cancel_idle_run(run_id, reason)) {
+    announce_end(*journal_.find_run(run_id));
     cancel_children(run_id, fmt::format("its parent run {} was cancelled", run_id));
     return cancel_outcome::cancelled;
   }
@@ -337,6 +351,7 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
     end_run(run_id, storage::run_status::cancelled, nullptr, protocol::error_info{reason, "cancelled"}, quiet);
     return cancel_outcome::cancelled;
   }
+  announce(journal_.path(), run_id, storage::change::cancel_requested);
   return cancel_outcome::requested;
 }
 

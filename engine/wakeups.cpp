@@ -1,0 +1,99 @@
+#include "engine/wakeups.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+#include <mutex>
+#include <system_error>
+
+namespace cairn::engine {
+namespace {
+
+std::mutex registry_mutex;
+std::multimap<std::string, const wake_event*> registry;
+
+}  // namespace
+
+wake_event::wake_event() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd for wake-ups");
+}
+
+wake_event::~wake_event() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+wake_event::wake_event(wake_event&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+
+void wake_event::signal() const noexcept {
+  const std::uint64_t one = 1;
+  // Fails only when the counter would overflow: it is signalled then anyway.
+  [[maybe_unused]] auto n = ::write(fd_, &one, sizeof one);
+}
+
+bool wake_event::take() const noexcept {
+  std::uint64_t count = 0;
+  return ::read(fd_, &count, sizeof count) == sizeof count;
+}
+
+bool wake_event::wait_until(std::chrono::steady_clock::time_point until) const {
+  for (;;) {
+    if (take()) return true;
+    const int timeout = poll_timeout(until);
+    if (timeout == 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, timeout) < 0 && errno != EINTR)
+      throw std::system_error(errno, std::generic_category(), "poll on a wake-up");
+  }
+}
+
+wake_registration::wake_registration(std::string run_id, const wake_event& event)
+    : run_id_(std::move(run_id)), event_(event) {
+  std::lock_guard lock(registry_mutex);
+  registry.emplace(run_id_, &event_);
+}
+
+wake_registration::~wake_registration() {
+  std::lock_guard lock(registry_mutex);
+  auto [first, last] = registry.equal_range(run_id_);
+  for (auto it = first; it != last; ++it)
+    if (it->second == &event_) {
+      registry.erase(it);
+      return;
+    }
+}
+
+void wake_run(const std::string& run_id) {
+  std::lock_guard lock(registry_mutex);
+  for (const auto& key : {run_id, std::string()}) {
+    auto [first, last] = registry.equal_range(key);
+    for (auto it = first; it != last; ++it) it->second->signal();
+  }
+}
+
+void wake_all() {
+  std::lock_guard lock(registry_mutex);
+  for (const auto& [id, event] : registry) event->signal();
+}
+
+void announce(const std::filesystem::path& db, const std::string& run_id, storage::change what) {
+  wake_run(run_id);
+  storage::notify(db, run_id, what);
+}
+
+void stop_flag::wait() const {
+  pollfd p{fd(), POLLIN, 0};
+  while (!raised())
+    if (::poll(&p, 1, -1) < 0 && errno != EINTR)
+      throw std::system_error(errno, std::generic_category(), "poll on a stop flag");
+}
+
+int poll_timeout(std::chrono::steady_clock::time_point t) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 24 * 3600 * 1000));
+}
+
+}  // namespace cairn::engine
