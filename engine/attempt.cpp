@@ -17,6 +17,9 @@ attempt_result failed(std::string message, std::string type) {
   return {kind::failed, nullptr, {std::move(message), std::move(type)}, {}};
 }
 
+// How often a live sandbox's limits are read; see check_limits().
+constexpr auto limits_period = std::chrono::seconds(1);
+
 attempt_result crashed(std::string message) { return {kind::crashed, nullptr, {std::move(message), "crash"}, {}}; }
 
 std::chrono::milliseconds timeout_of(const protocol::begin_msg& step, const policy& p) {
@@ -122,7 +125,6 @@ attempt_result attempt_driver::converse(const protocol::start_msg& start) {
       if (process_->poll_exit()) return died("ended");
       continue;
     }
-    check_limits();
     if (auto result = handle(*message)) return *result;
   }
 }
@@ -136,19 +138,20 @@ void attempt_driver::take_wakes() {
   if (events_.take()) recheck_run_ = true;
 }
 
-// Memory and processes are bounded by the kernel whether or not we look (the
-// OOM killer, a refused fork), and the CPU total per process by RLIMIT_CPU
-// and the attempt by its wall time: looking tells the run why. An agent that
-// talks is looked at as it talks, and one that ends is looked at in died().
+// The kernel holds memory and processes at their limits whether or not we
+// look (the OOM killer, a refused fork), RLIMIT_CPU each process's CPU, and a
+// full workspace refuses writes: looking only ends the attempt and tells the
+// run why, so once a second is enough. It cannot wait for a frame or the
+// agent's death: a bomb that hits a limit may leave the agent silent for good.
 void attempt_driver::check_limits() {
   const auto now = clock::now();
-  if (now - last_limits_check_ < 100ms) return;
+  if (now - last_limits_check_ < limits_period) return;
   last_limits_check_ = now;
   if (auto breach = process_->check_limits()) throw attempt_end{exceeded(breach->message, breach->limit)};
 }
 
 attempt_driver::clock::time_point attempt_driver::next_deadline() const {
-  auto next = clock::time_point::max();
+  auto next = last_limits_check_ + limits_period;
   if (policy_.wall_time.count() > 0) next = std::min(next, started_ + policy_.wall_time);
   if (in_step_) {
     auto timeout = timeout_of(*in_step_, policy_);
@@ -162,6 +165,7 @@ attempt_driver::clock::time_point attempt_driver::next_deadline() const {
 }
 
 void attempt_driver::supervise() {
+  check_limits();
   const auto now = clock::now();
   if (policy_.wall_time.count() > 0 && now - started_ > policy_.wall_time)
     end(exceeded(fmt::format("wall-clock limit exceeded: the attempt ran longer than {} s (limits.wall_seconds in "

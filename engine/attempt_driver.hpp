@@ -59,14 +59,15 @@ class attempt_driver {
   // conversation; throws attempt_end when one does. Re-reads the run row
   // (for a cancel) only after a wake-up: a cancel comes as one.
   void supervise();
-  // The earliest time supervise() has something to check: a timeout, the
-  // run's deadline, the end of a cancel's grace period or of the drain.
+  // The earliest time supervise() has something to check: the limits, a
+  // timeout, the run's deadline, the end of a cancel's grace period or of
+  // the drain.
   clock::time_point next_deadline() const;
   // Consumes the wake-ups of the run; after one, supervise() re-reads it.
   // Callers take them before they look, so one that comes meanwhile is kept.
   void take_wakes();
-  // Whether the sandbox ran into a limit, at most every 100 ms: called when
-  // a frame arrives (died() asks when the agent dies).
+  // Ends the attempt if the sandbox ran into a limit; reads them at most
+  // once a second (died() asks too, when the agent dies).
   void check_limits();
   void start_cancel(std::string reason, bool timed_out);
   [[noreturn]] void step_timed_out();

@@ -410,6 +410,7 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
   }
   journal_.append_event(run_id, "tool_settled", {{"how", names[static_cast<int>(s.outcome)]}}, seq);
   journal_.reset_attempts(run_id);
+  announce(journal_.path(), run_id, storage::change::released);
   return *journal_.find_run(run_id);
 }
 
