@@ -50,7 +50,7 @@ attempt_driver::attempt_driver(storage::journal& journal, const storage::run_rec
       observer_(observer),
       budget_(journal, run.id, p.journal),
       tools_(journal, run, p, budget_, options.llm, [this](const json& event) { observer_.on_emit(event); }),
-      events_(run.id) {}
+      events_(run.id, journal.path()) {}
 
 attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   auto history = journal_.steps(run_.id);

@@ -20,8 +20,9 @@ void add(int epoll, int fd) {
 
 }  // namespace
 
-attempt_events::attempt_events(const std::string& run_id)
-    : registration_(run_id, wake_), epoll_(::epoll_create1(EPOLL_CLOEXEC)) {
+attempt_events::attempt_events(const std::string& run_id, const std::filesystem::path& db)
+    : listening_(db),
+      registration_(run_id, wake_), epoll_(::epoll_create1(EPOLL_CLOEXEC)) {
   if (epoll_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1 for an attempt's wake-ups");
   add(epoll_, wake_.fd());
 }

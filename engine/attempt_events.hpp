@@ -1,11 +1,12 @@
 // What an attempt waits for besides its agent's frames, as one descriptor
-// to poll: a wake-up of its run (wakeups.hpp: a signal or a cancel came, a
-// child ended, the host is stopping) and its agent's process ending (which
+// to poll: a wake-up of its run (wakeups.hpp: a signal or a cancel came, in
+// this process or another, a child ended, the host is stopping) and its agent's process ending (which
 // closes the channel too, unless something the agent started holds it open).
 #pragma once
 
 #include <sys/types.h>
 
+#include <filesystem>
 #include <string>
 
 #include "engine/wakeups.hpp"
@@ -14,7 +15,8 @@ namespace cairn::engine {
 
 class attempt_events {
  public:
-  explicit attempt_events(const std::string& run_id);
+  // `db`: the run's journal, whose wake-ups from other processes this hears.
+  attempt_events(const std::string& run_id, const std::filesystem::path& db);
   ~attempt_events();
   attempt_events(const attempt_events&) = delete;
   attempt_events& operator=(const attempt_events&) = delete;
@@ -28,6 +30,7 @@ class attempt_events {
   bool take() const { return wake_.take(); }
 
  private:
+  wake_listening listening_;
   wake_event wake_;
   wake_registration registration_;
   int epoll_ = -1, process_ = -1;

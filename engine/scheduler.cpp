@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "engine/owner.hpp"
-#include "storage/wakeup.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -96,7 +95,7 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
   storage::journal journal(options_.db, options_.journal);
   const std::string me = current_owner().str();
   wake_registration any_run("", pool_->loop);
-  storage::wake_listener listener(options_.db, [](const std::string& run_id, storage::change) { wake_run(run_id); });
+  wake_listening listening(options_.db);
   while (!stop.raised()) {
     // Before looking: a wake-up that comes while we look is kept for the wait below.
     pool_->loop.take();

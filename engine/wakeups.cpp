@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <system_error>
 
@@ -15,6 +16,13 @@ namespace {
 
 std::mutex registry_mutex;
 std::multimap<std::string, const wake_event*> registry;
+
+struct shared_listener {
+  int holders = 0;
+  std::unique_ptr<storage::wake_listener> listener;
+};
+std::mutex listeners_mutex;
+std::map<std::filesystem::path, shared_listener> listeners;
 
 }  // namespace
 
@@ -77,6 +85,27 @@ void wake_run(const std::string& run_id) {
 void wake_all() {
   std::lock_guard lock(registry_mutex);
   for (const auto& [id, event] : registry) event->signal();
+}
+
+wake_listening::wake_listening(std::filesystem::path db) : db_(std::move(db)) {
+  std::lock_guard lock(listeners_mutex);
+  auto& shared = listeners[db_];
+  if (!shared.listener) {
+    try {
+      shared.listener = std::make_unique<storage::wake_listener>(
+          db_, [](const std::string& run_id, storage::change) { wake_run(run_id); });
+    } catch (...) {
+      listeners.erase(db_);
+      throw;
+    }
+  }
+  ++shared.holders;
+}
+
+wake_listening::~wake_listening() {
+  std::lock_guard lock(listeners_mutex);
+  auto it = listeners.find(db_);
+  if (it != listeners.end() && --it->second.holders == 0) listeners.erase(it);
 }
 
 void announce(const std::filesystem::path& db, const std::string& run_id, storage::change what) {

@@ -56,6 +56,21 @@ void wake_run(const std::string& run_id);
 // Wakes every waiter of this process (the host is shutting down).
 void wake_all();
 
+// While one lives, this process hears the wake-ups other processes send
+// about the journal at `db` (storage/wakeup.hpp) and passes each to
+// wake_run(): whatever executes runs holds one. One listener per journal and
+// process, shared. Throws what storage::wake_listener throws.
+class wake_listening {
+ public:
+  explicit wake_listening(std::filesystem::path db);
+  ~wake_listening();
+  wake_listening(const wake_listening&) = delete;
+  wake_listening& operator=(const wake_listening&) = delete;
+
+ private:
+  std::filesystem::path db_;
+};
+
 // After a commit that changed run `run_id` of the journal at `db`: wakes
 // its waiters here and tells the other processes (storage::notify).
 void announce(const std::filesystem::path& db, const std::string& run_id, storage::change what);
