@@ -5,11 +5,16 @@
 // in-process (engine::submit, what `cairn submit` does, without N process
 // starts). Once all N are waiting it reports the processes the host holds for
 // them, the daemon's RSS and idle CPU, the journal's size and the workspaces'
-// disk use. Then it queues signal "go" for every run in-process
-// (engine::signal, what `cairn signal` does) and times until every run has
-// completed. The raw operation, measured in the same run before the daemon
-// starts: `bwrap ... /usr/bin/true`, one at a time and with up to M at once.
-// usage: suspended [N] [M]     (defaults 1000 and 8, cairn serve's default)
+// disk use. Then it signals the first runs one at a time (engine::signal,
+// what `cairn signal` does), each once the one before has completed, and
+// reads the wake-up latency from the journal: the signal's commit to the
+// attempt_started of the woken run. Then it queues signal "go" for every other
+// run at once and times until every run has completed. The raw operation,
+// measured in the same run before the daemon starts: `bwrap ... /usr/bin/true`,
+// one at a time and with up to M at once.
+// usage: suspended [N] [M] [CAIRN]   (defaults 1000, 8 (cairn serve's default)
+//                                     and this build's cairn; pass another
+//                                     build's to compare)
 #include <atomic>
 #include <cstdio>
 
@@ -69,6 +74,8 @@ double wait_for(storage::journal& journal, storage::run_status want, int count, 
 int main(int argc, char** argv) {
   const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1000;
   const int m = argc > 2 ? std::max(1, std::atoi(argv[2])) : 8;  // cairn serve's default
+  const std::string cairn_bin = argc > 3 ? argv[3] : CAIRN_BIN;
+  const int one_by_one = std::min(n, 50);  // runs woken one at a time for the latency
   const fs::path base = fs::path("/var/tmp") / ("cairn-bench-suspended-" + std::to_string(getpid()));
   const fs::path home = base / "home", db = home / "cairn.db", log = home / "serve.log";
   fs::create_directories(home);
@@ -78,7 +85,7 @@ int main(int argc, char** argv) {
   const double raw_p50 = summarize(raw_seq.ms).p50;
 
   pid_t daemon = bench::start_process(
-      {CAIRN_BIN, "serve", "--max-concurrent", std::to_string(m), "--suspend-after", "0"}, home, log);
+      {cairn_bin, "serve", "--max-concurrent", std::to_string(m), "--suspend-after", "0"}, home, log);
   bench::running_daemon = daemon;
   bench::wait_for_daemon(daemon, db, log);
   const long idle_rss = bench::status_field(daemon, "VmRSS");
@@ -113,7 +120,7 @@ int main(int argc, char** argv) {
   const long parked_rss = bench::status_field(daemon, "VmRSS"), threads = bench::status_field(daemon, "Threads");
   const double cpu0 = bench::cpu_seconds(daemon);
   const auto quiet0 = clock_type::now();
-  std::this_thread::sleep_for(std::chrono::seconds(3));
+  std::this_thread::sleep_for(std::chrono::seconds(10));
   const double idle_cpu_pct = 100.0 * (bench::cpu_seconds(daemon) - cpu0) / (ms_since(quiet0) / 1000.0);
   std::uintmax_t journal_bytes = 0;
   for (const char* suffix : {"", "-wal", "-shm"})
@@ -121,22 +128,38 @@ int main(int argc, char** argv) {
   const auto ws = bench::disk_use_of(home / "workspaces");
   const int mounts = bench::mounts_under(home);
 
-  // Wake.
+  // Wake one at a time: signal commit -> attempt started, with nothing queued.
+  std::vector<double> wake_latency;
+  for (int i = 0; i < one_by_one; ++i) {
+    eng.signal(run_id(i), "go", {{"i", i}});
+    const auto t0 = clock_type::now();
+    while (journal.find_run(run_id(i))->status != storage::run_status::completed) {
+      if (ms_since(t0) > 60'000) bench::die("run " + run_id(i) + " did not complete within 60 s of its signal");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::int64_t started = 0;
+    for (const auto& e : journal.events(run_id(i)))
+      if (e.kind == "attempt_started") started = e.at_ms;
+    wake_latency.push_back(static_cast<double>(started - journal.signals(run_id(i)).front().sent_at_ms));
+  }
+
+  // Wake the rest at once.
   peak_sampler waking(daemon);
   sampling = std::thread([&] { waking.run(); });
   std::vector<double> signal_ms;
   auto t_wake = clock_type::now();
   kernel0 = bench::kernel_threads_seconds();
   daemon0 = bench::cpu_seconds(daemon, true);
-  for (int i = 0; i < n; ++i) {
+  for (int i = one_by_one; i < n; ++i) {
     auto t0 = clock_type::now();
     eng.signal(run_id(i), "go", {{"i", i}});
     signal_ms.push_back(ms_since(t0));
   }
   const double signalled_ms = ms_since(t_wake);
   const double wake_ms = wait_for(journal, storage::run_status::completed, n, t_wake, log);
-  const double wake_kernel_cpu = 1000.0 * (bench::kernel_threads_seconds() - kernel0) / n,
-               wake_daemon_cpu = 1000.0 * (bench::cpu_seconds(daemon, true) - daemon0) / n;
+  const int woken = std::max(1, n - one_by_one);
+  const double wake_kernel_cpu = 1000.0 * (bench::kernel_threads_seconds() - kernel0) / woken,
+               wake_daemon_cpu = 1000.0 * (bench::cpu_seconds(daemon, true) - daemon0) / woken;
   waking.stop = true;
   sampling.join();
 
@@ -187,17 +210,21 @@ int main(int argc, char** argv) {
   std::printf("  daemon RSS                           %.1f MiB (idle before submits %.1f MiB; %.1f KiB per parked "
               "run); %ld threads\n",
               bench::mib(parked_rss), bench::mib(idle_rss), static_cast<double>(parked_rss - idle_rss) / n, threads);
-  std::printf("  daemon CPU with nothing to do        %.1f %% of one core (3 s window)\n", idle_cpu_pct);
+  std::printf("  daemon CPU with nothing to do        %.2f %% of one core (10 s window)\n", idle_cpu_pct);
   std::printf("  journal (db + wal + shm)             %.2f MiB (%.1f KiB per run)\n",
               static_cast<double>(journal_bytes) / 1048576, static_cast<double>(journal_bytes) / 1024 / n);
   std::printf("  workspaces                           %.2f MiB allocated, %.2f MiB apparent; %ju files, %ju folders; "
               "%d mounted\n\n",
               static_cast<double>(ws.allocated) / 1048576, static_cast<double>(ws.apparent) / 1048576, ws.files,
               ws.folders, mounts);
-  std::printf("wake: %d signals queued in %.0f ms (p50 %.2f ms, p99 %.2f ms each); all completed %.1f s after the "
+  const auto latency = summarize(wake_latency);
+  std::printf("wake one at a time (%d runs): signal commit -> attempt started p50 %.0f ms, p99 %.0f ms (journal "
+              "times, 1 ms resolution)\n",
+              one_by_one, latency.p50, latency.p99);
+  std::printf("wake the rest: %d signals queued in %.0f ms (p50 %.2f ms, p99 %.2f ms each); all completed %.1f s after the "
               "first = %.1f runs woken/s (%.2f x raw starts/s at %d)\n",
-              n, signalled_ms, signal_s.p50, signal_s.p99, wake_ms / 1000, 1000.0 * n / wake_ms,
-              1000.0 * n / wake_ms / raw_conc.per_second(), m);
+              n - one_by_one, signalled_ms, signal_s.p50, signal_s.p99, wake_ms / 1000, 1000.0 * woken / wake_ms,
+              1000.0 * woken / wake_ms / raw_conc.per_second(), m);
   std::printf("      per run: wake attempt -> completed p50 %.0f ms, p99 %.0f ms (%.2f x raw start p50); "
               "signal -> completed p50 %.0f ms\n",
               wake_exec_s.p50, wake_exec_s.p99, wake_exec_s.p50 / raw_p50, sig_done_s.p50);

@@ -1,6 +1,6 @@
 #include <signal.h>
 
-#include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include <fmt/format.h>
@@ -16,9 +16,12 @@
 namespace cairn::cli {
 namespace {
 
-std::atomic<bool> stop_requested{false};
+// The stop flag of the `cairn serve` of this process, raised by SIGTERM and SIGINT.
+engine::stop_flag* serve_stop = nullptr;
 
-void request_stop(int) { stop_requested = true; }
+void request_stop(int) {
+  if (serve_stop) serve_stop->raise();
+}
 
 std::string now_stamp() { return format_time(storage::now_ms()); }
 
@@ -78,6 +81,8 @@ int submit_command(const paths& p, const run_args& args, bool as_json) {
 
 int serve_command(const paths& p, const serve_args& args) {
   return guarded([&] {
+    static engine::stop_flag stop_requested;
+    serve_stop = &stop_requested;
     struct sigaction sa {};
     sa.sa_handler = request_stop;
     sigemptyset(&sa.sa_mask);
@@ -90,6 +95,8 @@ int serve_command(const paths& p, const serve_args& args) {
     o.engine = options_for(p);
     o.engine.suspend_after = std::chrono::milliseconds(args.suspend_after_ms);
     o.max_concurrent = args.max_concurrent;
+    // For tests only: an idle check hours long proves that wake-ups, not the check, move runs.
+    if (const char* ms = std::getenv("CAIRN_TEST_IDLE_CHECK_MS")) o.idle_check = std::chrono::milliseconds(std::atoll(ms));
     serve_log log(args.verbose);
     o.observer_for = [&log](const std::string&) { return &log; };
     o.on_return = [](const storage::run_record& run) {
@@ -112,13 +119,13 @@ int serve_command(const paths& p, const serve_args& args) {
                          p.db.string(), args.max_concurrent, engine::current_owner().pid));
     engine::scheduler runs(std::move(o));
     std::thread announce([&runs] {
-      while (!stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      stop_requested.wait();
       const auto busy = runs.busy();
       log_line(fmt::format("stopping: no new runs; {} run{} in flight finish{} the current step or suspend{}", busy,
                            busy == 1 ? "" : "s", busy == 1 ? "es" : "", busy == 1 ? "s" : ""));
     });
     runs.run(nullptr, stop_requested);
-    stop_requested = true;
+    stop_requested.raise();
     announce.join();
     log_line("stopped; nothing journaled is lost");
     return 0;

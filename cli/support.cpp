@@ -1,6 +1,5 @@
 #include "cli/support.hpp"
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
@@ -179,7 +178,7 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
     std::cerr << terminal_text(fmt::format("warning: run {}: {}", id, error)) << std::endl;
   };
   engine::scheduler runs(std::move(o));
-  std::atomic<bool> never{false};
+  engine::stop_flag never;
   runs.run([&](storage::journal& journal) {
     auto run = journal.find_run(root);
     if (!run || over(run->status)) return true;

@@ -16,6 +16,9 @@ attempt_result failed(std::string message, std::string type) {
   return {kind::failed, nullptr, {std::move(message), std::move(type)}, {}};
 }
 
+// How often a live sandbox's limits are read; see check_limits().
+constexpr auto limits_period = std::chrono::seconds(1);
+
 attempt_result crashed(std::string message) { return {kind::crashed, nullptr, {std::move(message), "crash"}, {}}; }
 
 std::chrono::milliseconds timeout_of(const protocol::begin_msg& step, const policy& p) {
@@ -36,8 +39,9 @@ class raised {
 
 }  // namespace
 
-attempt_driver::attempt_driver(attempt_journal& journal, const storage::run_record& run, const policy& p,
-                               int attempt, const attempt_options& options, run_observer& observer)
+attempt_driver::attempt_driver(attempt_journal& journal, attempt_wakeups& events, const storage::run_record& run,
+                               const policy& p, int attempt, const attempt_options& options,
+                               run_observer& observer)
     : journal_(journal),
       run_(run),
       policy_(p),
@@ -48,7 +52,8 @@ attempt_driver::attempt_driver(attempt_journal& journal, const storage::run_reco
           run.id, p, options.llm,
           p.llm_chat && p.llm_chat->max_total_tokens > 0 ? journal.llm_tokens_spent() : 0,
           [this](const effects::tool_started& started) { journal_.apply({started}); },
-          [this](const json& event) { observer_.on_emit(event); }) {}
+          [this](const json& event) { observer_.on_emit(event); }),
+      events_(events) {}
 
 attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   protocol::start_msg start;
@@ -73,6 +78,7 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
     observer_.on_warning(warning);
   }
   process_ = box->exec(run_.agent, {});
+  events_.watch_process(process_->pid());
   started_ = clock::now();
   crash_point("after_spawn");
 
@@ -114,7 +120,8 @@ attempt_result attempt_driver::converse(const protocol::start_msg& start) {
   crash_point("after_hello");
 
   for (;;) {
-    auto message = receive(100ms);
+    auto message = receive(std::chrono::milliseconds(poll_timeout(next_deadline())), events_.fd());
+    take_wakes();
     supervise();
     if (!message) {
       if (process_->poll_exit()) return died("ended");
@@ -129,11 +136,39 @@ void attempt_driver::end(attempt_result result) {
   throw attempt_end{std::move(result)};
 }
 
-void attempt_driver::supervise() {
+void attempt_driver::take_wakes() {
+  if (events_.take()) recheck_run_ = true;
+}
+
+// The kernel holds memory and processes at their limits whether or not we
+// look (the OOM killer, a refused fork), RLIMIT_CPU each process's CPU, and a
+// full workspace refuses writes: looking only ends the attempt and tells the
+// run why, so once a second is enough. It cannot wait for a frame or the
+// agent's death: a bomb that hits a limit may leave the agent silent for good.
+void attempt_driver::check_limits() {
   const auto now = clock::now();
-  if (now - last_check_ < 100ms) return;
-  last_check_ = now;
+  if (now - last_limits_check_ < limits_period) return;
+  last_limits_check_ = now;
   if (auto breach = process_->check_limits()) throw attempt_end{exceeded(breach->message, breach->limit)};
+}
+
+attempt_driver::clock::time_point attempt_driver::next_deadline() const {
+  auto next = last_limits_check_ + limits_period;
+  if (policy_.wall_time.count() > 0) next = std::min(next, started_ + policy_.wall_time);
+  if (in_step_) {
+    auto timeout = timeout_of(*in_step_, policy_);
+    if (timeout.count() > 0) next = std::min(next, step_started_ + timeout);
+  }
+  if (cancel_sent_) next = std::min(next, cancel_deadline_);
+  else if (run_.deadline_ms)
+    next = std::min(next, clock::now() + std::chrono::milliseconds(*run_.deadline_ms - storage::now_ms()));
+  if (drain_deadline_) next = std::min(next, *drain_deadline_);
+  return next;
+}
+
+void attempt_driver::supervise() {
+  check_limits();
+  const auto now = clock::now();
   if (policy_.wall_time.count() > 0 && now - started_ > policy_.wall_time)
     end(exceeded(fmt::format("wall-clock limit exceeded: the attempt ran longer than {} s (limits.wall_seconds in "
                              "the policy)",
@@ -144,7 +179,9 @@ void attempt_driver::supervise() {
     if (timeout.count() > 0 && now - step_started_ > timeout) step_timed_out();
   }
   if (!cancel_sent_) {
-    if (auto reason = journal_.cancel_requested()) start_cancel(*reason, false);
+    std::optional<std::string> reason;
+    if (std::exchange(recheck_run_, false)) reason = journal_.cancel_requested();
+    if (reason) start_cancel(*reason, false);
     else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms) {
       auto [message, type] = policy_.deadline_passed();
       if (type == "limit_exceeded") end(exceeded(message, "run_wall_time"));
@@ -200,7 +237,14 @@ void attempt_driver::step_timed_out() {
 void attempt_driver::send(const protocol::host_message& message) {
   {
     raised in_flight(sending_);
-    process_->io().send(protocol::to_json(message), runtime::channel::send_timeout, [this] { supervise(); });
+    auto waiting = [this] {
+      take_wakes();
+      supervise();
+      // Its channel may outlive it (held by what it started): nothing would read on.
+      if (process_->poll_exit()) throw runtime::channel_closed("the agent ended while a frame was on its way", false);
+      return next_deadline();
+    };
+    process_->io().send(protocol::to_json(message), runtime::channel::send_timeout, waiting, events_.fd());
   }
   if (cancel_unsent_) {
     cancel_unsent_ = false;
@@ -381,8 +425,8 @@ void attempt_driver::check_seq(std::uint64_t seq, std::string_view what) {
                   std::to_string(expected_seq_) + ")"};
 }
 
-std::optional<protocol::agent_message> attempt_driver::receive(std::chrono::milliseconds timeout) {
-  auto j = process_->io().receive(timeout);
+std::optional<protocol::agent_message> attempt_driver::receive(std::chrono::milliseconds timeout, int wake_fd) {
+  auto j = process_->io().receive(timeout, wake_fd);
   if (!j) return std::nullopt;
   return protocol::parse_agent_message(*j);
 }
@@ -405,11 +449,16 @@ std::string attempt_driver::log_excerpt() const {
   return "; its last output: " + tail;
 }
 
-attempt_result run_attempt(attempt_journal& journal, runtime::sandbox_backend& backend,
+attempt_result run_attempt(attempt_journal& journal, attempt_wakeups& wakeups, runtime::sandbox_backend& backend,
                            const storage::run_record& run, const policy& p, int attempt,
                            const attempt_options& options, run_observer& observer) {
-  attempt_driver driver(journal, run, p, attempt, options, observer);
+  attempt_driver driver(journal, wakeups, run, p, attempt, options, observer);
   return driver.drive(backend);
+}
+
+int poll_timeout(std::chrono::steady_clock::time_point t) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 24 * 3600 * 1000));
 }
 
 }  // namespace cairn::engine

@@ -5,6 +5,8 @@
 // effect is durable). Private to the engine.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -68,6 +70,24 @@ class attempt_journal {
   virtual std::uint64_t llm_tokens_spent() = 0;
 };
 
+// What wakes an attempt besides its agent's frames, as one descriptor to
+// poll: a change to its run (a signal, a cancel, a child that ended, the host
+// stopping) or its agent's process ending. The engine provides it.
+class attempt_wakeups {
+ public:
+  virtual ~attempt_wakeups() = default;
+  // Also wakes when the process `pid` (a child of this process) ends.
+  virtual void watch_process(pid_t pid) = 0;
+  // Readable while a wake-up is pending or once the process has ended.
+  virtual int fd() const = 0;
+  // Consumes pending wake-ups; whether there was one.
+  virtual bool take() const = 0;
+};
+
+// The ms until `t` from now for a poll(2) timeout: 0 when past, capped at a
+// day (no deadline: the waiter merely looks again).
+int poll_timeout(std::chrono::steady_clock::time_point t);
+
 // The engine's settings an attempt needs (engine_options holds them).
 struct attempt_options {
   std::chrono::milliseconds hello_timeout{10'000};
@@ -101,7 +121,7 @@ struct attempt_result {
   storage::wait_spec wait;  // when suspended
 };
 
-attempt_result run_attempt(attempt_journal& journal, runtime::sandbox_backend& backend,
+attempt_result run_attempt(attempt_journal& journal, attempt_wakeups& wakeups, runtime::sandbox_backend& backend,
                            const storage::run_record& run, const policy& p, int attempt,
                            const attempt_options& options, run_observer& observer);
 

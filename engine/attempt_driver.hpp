@@ -31,8 +31,8 @@ struct attempt_end {
 
 class attempt_driver {
  public:
-  attempt_driver(attempt_journal& journal, const storage::run_record& run, const policy& p, int attempt,
-                 const attempt_options& options, run_observer& observer);
+  attempt_driver(attempt_journal& journal, attempt_wakeups& events, const storage::run_record& run, const policy& p,
+                 int attempt, const attempt_options& options, run_observer& observer);
 
   attempt_result drive(runtime::sandbox_backend& backend);
 
@@ -56,9 +56,20 @@ class attempt_driver {
   std::optional<attempt_result> on(const protocol::child_msg& m);
   std::optional<attempt_result> on(const protocol::join_msg& m);
 
-  // Checks, at most every 100 ms, everything that can end the attempt from
-  // outside the conversation; throws attempt_end when one does.
+  // Checks everything that can end the attempt from outside the
+  // conversation; throws attempt_end when one does. Re-reads the run row
+  // (for a cancel) only after a wake-up: a cancel comes as one.
   void supervise();
+  // The earliest time supervise() has something to check: the limits, a
+  // timeout, the run's deadline, the end of a cancel's grace period or of
+  // the drain.
+  clock::time_point next_deadline() const;
+  // Consumes the wake-ups of the run; after one, supervise() re-reads it.
+  // Callers take them before they look, so one that comes meanwhile is kept.
+  void take_wakes();
+  // Ends the attempt if the sandbox ran into a limit; reads them at most
+  // once a second (died() asks too, when the agent dies).
+  void check_limits();
   void start_cancel(std::string reason, bool timed_out);
   [[noreturn]] void step_timed_out();
   // Sends `message`, supervising while the agent is slow to read it (a
@@ -76,9 +87,10 @@ class attempt_driver {
   attempt_result cancelled_result() const;
   bool stopping() const { return options_.stopping && options_.stopping->load(); }
 
-  // Polls `finish` (which journals the step and answers the agent when it
-  // can) every 50 ms; suspends the run as `wait` once it has waited
-  // `max_hold`. Returns when `finish` did, or when a cancel was sent.
+  // Calls `finish` (which journals the step and answers the agent when it
+  // can) at first and after each wake-up of the run or at wait.wake_at_ms;
+  // suspends the run as `wait` once it has waited `max_hold`. Returns when
+  // `finish` did, or when a cancel was sent.
   void hold(const storage::wait_spec& wait, std::chrono::milliseconds max_hold, const std::function<bool()>& finish);
   // Journals a step the host decided (sleep, signal, child, join, timeout)
   // and sends it to the agent as the result of its request.
@@ -89,7 +101,7 @@ class attempt_driver {
   void commit(const storage::step_record& record, std::optional<std::int64_t> signal_id = std::nullopt);
   void expect_clean_exit(std::string_view last);
   void check_seq(std::uint64_t seq, std::string_view what);
-  std::optional<protocol::agent_message> receive(std::chrono::milliseconds timeout);
+  std::optional<protocol::agent_message> receive(std::chrono::milliseconds timeout, int wake_fd = -1);
   attempt_result died(const std::string& how);
   attempt_result exceeded(const std::string& message, const std::string& limit);
   std::string log_excerpt() const;
@@ -104,7 +116,9 @@ class attempt_driver {
   std::unique_ptr<runtime::agent_process> process_;
   std::optional<history_feed> history_;
   std::mt19937_64 rng_{std::random_device{}()};  // jitters retry delays
-  clock::time_point started_, last_check_;
+  attempt_wakeups& events_;
+  bool recheck_run_ = true;  // at first too: a cancel may have come before events_ listened
+  clock::time_point started_, last_limits_check_;
   std::uint64_t expected_seq_ = 0;
   // Failed attempts of the step at expected_seq_: step_retry events, counted
   // by the host and capped by retry.step_attempts, whatever the agent says.

@@ -4,10 +4,13 @@
 //
 // A timer's wake time and a signal wait's deadline are recorded on first
 // sight (timer_set, wait_started) so that a replayed request keeps them.
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
+#include <array>
+#include <cerrno>
+#include <system_error>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -46,21 +49,24 @@ void attempt_driver::record_and_answer(protocol::step_result r, std::optional<st
 
 void attempt_driver::hold(const storage::wait_spec& wait, std::chrono::milliseconds max_hold,
                           const std::function<bool()>& finish) {
-  const auto since = clock::now();
+  const auto give_up = clock::now() + max_hold;
   for (;;) {
+    take_wakes();
     if (finish()) return;
     // Before supervise(), which hands back a run that is between steps: a waiting one is suspended.
     if (stopping()) end({kind::suspended, nullptr, {}, wait});
     supervise();
     if (cancel_sent_) return;  // the agent hears cancel instead of an answer
     if (process_->poll_exit()) throw runtime::channel_closed("the agent ended while it waited", false);
-    if (clock::now() - since >= max_hold) end({kind::suspended, nullptr, {}, wait});
-    auto pause = 50ms;
-    if (wait.wake_at_ms) {
-      auto left = std::chrono::milliseconds(*wait.wake_at_ms - storage::now_ms());
-      pause = std::clamp(left, 1ms, 50ms);
-    }
-    std::this_thread::sleep_for(pause);
+    if (clock::now() >= give_up) end({kind::suspended, nullptr, {}, wait});
+    auto until = std::min(give_up, next_deadline());
+    if (wait.wake_at_ms)
+      until = std::min(until, clock::now() + std::chrono::milliseconds(*wait.wake_at_ms - storage::now_ms()));
+    // The agent sends nothing while it waits; its channel closing means it is gone.
+    std::array<pollfd, 2> fds{pollfd{events_.fd(), POLLIN, 0}, pollfd{process_->io().fd(), POLLRDHUP, 0}};
+    if (::poll(fds.data(), fds.size(), poll_timeout(until)) < 0 && errno != EINTR)
+      throw std::system_error(errno, std::generic_category(), "poll while a run waits");
+    if (fds[1].revents) throw runtime::channel_closed("the agent ended while it waited", false);
   }
 }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <random>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -12,6 +11,8 @@
 #include "engine/run_id.hpp"
 #include "engine/run_journal.hpp"
 #include "engine/run_paths.hpp"
+#include "engine/attempt_events.hpp"
+#include "engine/wakeups.hpp"
 #include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
@@ -172,7 +173,8 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
     attempt_result result;
     try {
       run_journal journal(*ledger_, journal_, home(), run_id, rules.journal);
-      result = run_attempt(journal, sandboxes, *run, rules, attempt, attempt_options_of(run_id), watch);
+      attempt_events events(run_id, journal_.path());
+      result = run_attempt(journal, events, sandboxes, *run, rules, attempt, attempt_options_of(run_id), watch);
     } catch (const runtime::sandbox_error& e) {
       result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
     }
@@ -215,7 +217,7 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
         if (retry) {
           auto delay = options_.retry_backoff ? run_retry{*options_.retry_backoff}.delay_after(crashes)
                                               : rules.retry.delay_after(crashes);
-          if (!pause(delay)) {
+          if (!pause(delay, run_id)) {
             ledger_->apply(run_id, {effects::released{"the host process is shutting down"}});
             return *journal_.find_run(run_id);
           }
@@ -258,14 +260,14 @@ void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storag
   }
 }
 
-bool engine::pause(std::chrono::milliseconds delay) {
+bool engine::pause(std::chrono::milliseconds delay, const std::string& run_id) {
+  // Whoever sets options_.stopping wakes every waiter (wake_all).
+  wake_event woken;
+  wake_registration watching(run_id, woken);
   const auto until = std::chrono::steady_clock::now() + delay;
-  while (std::chrono::steady_clock::now() < until) {
-    if (options_.stopping && options_.stopping->load()) return false;
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-        std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
-  }
-  return true;
+  while (!(options_.stopping && options_.stopping->load()))
+    if (!woken.wait_until(until)) return true;
+  return false;
 }
 
 // Children of an ended run: idle ones are cancelled now (with theirs), running

@@ -63,7 +63,8 @@ struct engine_options {
   std::chrono::milliseconds suspend_after{2'000};
   // Set when the host shuts down gracefully: a run between steps is handed
   // back at once (pending), one inside a step gets `drain` to finish it, a
-  // waiting one is suspended.
+  // waiting one is suspended. Whoever sets it calls wake_all()
+  // (wakeups.hpp): waiting attempts see it at once.
   const std::atomic<bool>* stopping = nullptr;
   std::chrono::milliseconds drain{10'000};
   std::optional<llm_endpoint> llm;  // where llm.chat calls go; see llm_endpoint_from_host
@@ -170,7 +171,7 @@ class engine {
   void release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run, run_observer& watch);
   void cancel_children(const std::string& run_id, const std::string& reason);
   // Sleeps `delay` unless the host starts shutting down (then false).
-  bool pause(std::chrono::milliseconds delay);
+  bool pause(std::chrono::milliseconds delay, const std::string& run_id);
 
   storage::journal& journal_;
   engine_options options_;

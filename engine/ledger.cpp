@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "engine/crash_point.hpp"
+#include "engine/wakeups.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -145,9 +146,28 @@ void ledger::write(std::function<void(storage::journal&)> body) {
 }
 
 void ledger::apply(const std::string& run_id, const std::vector<effect>& effects) {
+  std::string parent;
   write([&](storage::journal& j) {
-    for (const auto& e : effects) store(j, run_id, e);
+    for (const auto& e : effects) {
+      store(j, run_id, e);
+      if (std::holds_alternative<effects::run_ended>(e))
+        if (auto run = j.find_run(run_id)) parent = run->parent_id;
+    }
   });
+  // Committed: whoever waits on these runs, here or in another process, looks again.
+  for (const auto& e : effects) {
+    if (std::holds_alternative<effects::suspended>(e)) announce(path_, run_id, storage::change::waiting);
+    else if (std::holds_alternative<effects::released>(e) || std::holds_alternative<effects::attempts_reset>(e))
+      announce(path_, run_id, storage::change::released);
+    else if (std::holds_alternative<effects::run_ended>(e)) announce_end(run_id, parent);
+    else if (const auto* child = std::get_if<effects::child_started>(&e))
+      announce(path_, child->child.id, storage::change::submitted);
+  }
+}
+
+void ledger::announce_end(const std::string& run_id, const std::string& parent_id) {
+  announce(path_, run_id, storage::change::ended);
+  if (!parent_id.empty()) announce(path_, parent_id, storage::change::child_ended);
 }
 
 std::optional<event_row> ledger::event_of(const effect& e) { return row_of(e); }
@@ -155,6 +175,7 @@ std::optional<event_row> ledger::event_of(const effect& e) { return row_of(e); }
 std::pair<storage::run_record, bool> ledger::create_run(const storage::new_run& run) {
   std::pair<storage::run_record, bool> out;
   write([&](storage::journal& j) { out = j.create_run(run); });
+  if (out.second) announce(path_, run.id, storage::change::submitted);
   return out;
 }
 
@@ -178,18 +199,25 @@ storage::signal_record ledger::enqueue_signal(const std::string& run_id, const s
                                               std::uint64_t max_signals) {
   storage::signal_record out;
   write([&](storage::journal& j) { out = j.enqueue_signal(run_id, name, payload, max_signals); });
+  announce(path_, run_id, storage::change::signalled);
   return out;
 }
 
 bool ledger::request_cancel(const std::string& id, const std::string& reason) {
   bool marked = false;
   write([&](storage::journal& j) { marked = j.request_cancel(id, reason); });
+  if (marked) announce(path_, id, storage::change::cancel_requested);
   return marked;
 }
 
 bool ledger::cancel_idle_run(const std::string& id, const std::string& message) {
   bool cancelled = false;
-  write([&](storage::journal& j) { cancelled = j.cancel_idle_run(id, message); });
+  std::string parent;
+  write([&](storage::journal& j) {
+    cancelled = j.cancel_idle_run(id, message);
+    if (auto run = cancelled ? j.find_run(id) : std::nullopt) parent = run->parent_id;
+  });
+  if (cancelled) announce_end(id, parent);
   return cancelled;
 }
 

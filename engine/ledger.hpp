@@ -2,7 +2,8 @@
 // durable state (the effects an attempt reports, a submit, a claim, a
 // signal, a cancel) is applied here through storage's typed calls, and this
 // file's .cpp owns the event schema: how each effect is stored, and the
-// readers below that find it again.
+// readers below that find it again. After each commit it announces what
+// another thread or process may wait for (wakeups.hpp).
 //
 // Group commit, as LevelDB's writer queue: a thread that writes joins a
 // queue; the one at its front commits, in one transaction with one sync, the
@@ -73,6 +74,9 @@ class ledger {
   };
   // Runs `body` on the writing connection within the next group commit.
   void write(std::function<void(storage::journal&)> body);
+  // The run ended: whoever waits for it (its parent's join, a `cairn run`
+  // following it) hears so, here and in other processes.
+  void announce_end(const std::string& run_id, const std::string& parent_id);
 
   std::filesystem::path path_;
   storage::journal journal_;  // touched only by the writer at the queue's front

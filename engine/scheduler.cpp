@@ -1,5 +1,9 @@
 #include "engine/scheduler.hpp"
 
+#include <poll.h>
+
+#include <array>
+#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -28,6 +32,7 @@ struct scheduler::pool {
   std::map<std::string, clock::time_point> resting;  // run -> not before
   bool closing = false;
   std::vector<std::thread> threads;
+  wake_event loop;  // the scheduling thread's: an execution returned, or a run changed
 
   void worker(const scheduler_options& options) {
     std::unique_ptr<storage::journal> journal;
@@ -58,6 +63,7 @@ struct scheduler::pool {
       in_flight.erase(id);
       if (!error.empty()) resting[id] = clock::now() + error_pause;
       returned.notify_all();
+      loop.signal();
     }
   }
 };
@@ -72,6 +78,7 @@ scheduler::scheduler(scheduler_options options) : options_(std::move(options)), 
 
 scheduler::~scheduler() {
   stopping_ = true;
+  wake_all();
   {
     std::lock_guard lock(pool_->mutex);
     pool_->closing = true;
@@ -86,15 +93,20 @@ std::size_t scheduler::busy() const {
   return pool_->in_flight.size();
 }
 
-void scheduler::run(const std::function<bool(storage::journal&)>& done, const std::atomic<bool>& stop) {
+void scheduler::run(const std::function<bool(storage::journal&)>& done, const stop_flag& stop) {
   storage::journal journal(options_.db, options_.journal);
   const std::string me = current_owner().str();
-  while (!stop) {
+  wake_registration any_run("", pool_->loop);
+  wake_listening listening(options_.db);
+  while (!stop.raised()) {
+    // Before looking: a wake-up that comes while we look is kept for the wait below.
+    pool_->loop.take();
     {
       std::lock_guard lock(pool_->mutex);
       if (pool_->in_flight.empty() && done && done(journal)) break;
     }
-    for (const auto& brief : journal.schedulable(storage::now_ms())) {
+    const auto now_ms = storage::now_ms();
+    for (const auto& brief : journal.schedulable(now_ms)) {
       std::lock_guard lock(pool_->mutex);
       if (static_cast<int>(pool_->in_flight.size()) >= options_.max_concurrent) break;
       if (pool_->in_flight.count(brief.id)) continue;
@@ -109,12 +121,22 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
       pool_->queue.push_back(brief.id);
       pool_->work.notify_one();
     }
-    // Until the next poll, or sooner when an execution returns (a child that
-    // ended may wake its parent; a free slot may take the next run).
-    std::unique_lock lock(pool_->mutex);
-    pool_->returned.wait_for(lock, options_.poll);
+    // Until something happens, the next timer or deadline comes due, a run
+    // that failed to execute may be tried again, or the idle check.
+    auto until = clock::now() + options_.idle_check;
+    if (auto due = journal.next_due_ms(now_ms))
+      until = std::min(until, clock::now() + std::chrono::milliseconds(*due - storage::now_ms()));
+    {
+      std::lock_guard lock(pool_->mutex);
+      for (const auto& [id, not_before] : pool_->resting)
+        if (not_before > clock::now()) until = std::min(until, not_before);
+    }
+    std::array<pollfd, 2> events{pollfd{pool_->loop.fd(), POLLIN, 0}, pollfd{stop.fd(), POLLIN, 0}};
+    if (::poll(events.data(), events.size(), poll_timeout(until)) < 0 && errno != EINTR)
+      throw std::system_error(errno, std::generic_category(), "poll in the scheduler");
   }
   stopping_ = true;
+  wake_all();  // attempts that wait see stopping_ now
   std::unique_lock lock(pool_->mutex);
   for (const auto& id : pool_->queue) pool_->in_flight.erase(id);
   pool_->queue.clear();

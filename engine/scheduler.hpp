@@ -2,7 +2,10 @@
 // runs, runs whose wait is over (a timer is due, a signal came, a child
 // ended), and runs a dead host process left behind. `cairn serve` runs one
 // over the whole journal; `cairn run` runs one over its own run and its
-// children, so child runs and timers work without a daemon.
+// children, so child runs and timers work without a daemon. It waits on
+// events, not on a timer: an execution returning, a wake-up of a run (from
+// this process or, through storage/wakeup.hpp, from another), the next due
+// time in the journal, or stop.
 #pragma once
 
 #include <atomic>
@@ -13,6 +16,7 @@
 #include <string>
 
 #include "engine/engine.hpp"
+#include "engine/wakeups.hpp"
 
 namespace cairn::engine {
 
@@ -21,7 +25,10 @@ struct scheduler_options {
   storage::journal_options journal;
   engine_options engine;  // engine.stopping is set by the scheduler
   int max_concurrent = 8;
-  std::chrono::milliseconds poll{100};
+  // How often the whole journal is looked at without a wake-up: for runs a
+  // dead process left behind (nobody announces a death) and hints that were
+  // lost. Not a hot path: a live host announces every change it makes.
+  std::chrono::milliseconds idle_check{5'000};
   // Only runs this accepts are taken (called on the scheduling thread, in
   // creation order, so a child is seen after its parent). Empty: all.
   std::function<bool(const storage::run_brief&)> accept;
@@ -41,11 +48,11 @@ class scheduler {
   scheduler(const scheduler&) = delete;
   scheduler& operator=(const scheduler&) = delete;
 
-  // Schedules until `done` (checked every poll, on this thread, with no
-  // execution in flight) says so, or until `stop` is set. Then, gracefully:
+  // Schedules until `done` (checked at each wake-up, on this thread, with no
+  // execution in flight) says so, or until `stop` is raised. Then, gracefully:
   // no new runs; runs in flight finish their current step and are handed
   // back, or are suspended (engine_options::stopping); returns when all are.
-  void run(const std::function<bool(storage::journal&)>& done, const std::atomic<bool>& stop);
+  void run(const std::function<bool(storage::journal&)>& done, const stop_flag& stop);
 
   // Executions in flight now.
   std::size_t busy() const;

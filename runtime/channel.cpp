@@ -8,6 +8,7 @@
 #include <array>
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 #include <string>
 #include <system_error>
 
@@ -25,19 +26,24 @@ constexpr std::size_t read_chunk = 64 * 1024;
 // length again.
 constexpr auto spin_before_sleep = std::chrono::microseconds(100);
 
-// How often send() hands control back to its caller while the peer does not read.
-constexpr auto send_slice = std::chrono::milliseconds(100);
-
 [[noreturn]] void throw_errno(const char* what) {
   throw std::system_error(errno, std::generic_category(), what);
 }
 
-// Waits for `events` on `fd`; false on timeout. A negative timeout waits forever.
-bool wait_for_fd(int fd, short events, int timeout_ms) {
-  pollfd p{fd, events, 0};
-  int n = ::poll(&p, 1, timeout_ms);
+// Waits for `events` on `fd` or for `wake_fd` (unless -1) to be readable;
+// whether the wake fd was and `fd` was not. The channel comes first: an agent
+// that wrote its last frame and exited wakes both at once. A negative
+// timeout waits forever.
+bool wait_for_fd(int fd, short events, int timeout_ms, int wake_fd) {
+  std::array<pollfd, 2> p{pollfd{fd, events, 0}, pollfd{wake_fd, POLLIN, 0}};
+  int n = ::poll(p.data(), wake_fd >= 0 ? 2 : 1, timeout_ms);
   if (n < 0 && errno != EINTR) throw_errno("poll on the agent channel");
-  return n > 0;
+  return n > 0 && wake_fd >= 0 && p[1].revents != 0 && p[0].revents == 0;
+}
+
+int ms_until(std::chrono::steady_clock::time_point t) {
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, std::numeric_limits<int>::max()));
 }
 
 }  // namespace
@@ -52,12 +58,13 @@ channel::~channel() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void channel::send(const json& message, std::chrono::milliseconds timeout, const std::function<void()>& waiting) {
+void channel::send(const json& message, std::chrono::milliseconds timeout, const waiting_fn& waiting, int wake_fd) {
   // One limit for both directions: the agent enforces the same default.
   std::string frame = protocol::encode_frame(message, decoder_.max_frame());
   // One deadline for the whole frame, not renewed by progress.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto last_waiting = std::chrono::steady_clock::now();
+  // When `waiting` wants to be called next; now: as soon as the peer stops reading.
+  auto call_waiting = std::chrono::steady_clock::now();
   std::size_t sent = 0;
   while (sent < frame.size()) {
     ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
@@ -66,17 +73,14 @@ void channel::send(const json& message, std::chrono::milliseconds timeout, const
     } else if (errno == EINTR) {
       continue;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0)
+      if (waiting && std::chrono::steady_clock::now() >= call_waiting) call_waiting = waiting();
+      if (std::chrono::steady_clock::now() >= deadline)
         throw channel_closed("the agent did not read a frame of " + std::to_string(frame.size()) + " bytes within " +
                                  std::to_string(timeout.count()) + " ms",
                              false);
-      wait_for_fd(fd_, POLLOUT, static_cast<int>(std::min(left, send_slice).count()));
-      // Also when the peer read a little: a trickle of reads must not starve the caller.
-      if (waiting && std::chrono::steady_clock::now() - last_waiting >= send_slice) {
-        waiting();
-        last_waiting = std::chrono::steady_clock::now();
-      }
+      const auto until = waiting ? std::min(deadline, call_waiting) : deadline;
+      // A wake-up is the caller's to look at, also when the peer read a little meanwhile.
+      if (wait_for_fd(fd_, POLLOUT, ms_until(until), waiting ? wake_fd : -1)) call_waiting = {};
     } else if (errno == EPIPE || errno == ECONNRESET) {
       throw channel_closed("the agent closed its channel", false);
     } else {
@@ -85,7 +89,7 @@ void channel::send(const json& message, std::chrono::milliseconds timeout, const
   }
 }
 
-std::optional<json> channel::receive(std::chrono::milliseconds timeout) {
+std::optional<json> channel::receive(std::chrono::milliseconds timeout, int wake_fd) {
   if (auto message = decoder_.next()) return message;
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
@@ -100,7 +104,7 @@ std::optional<json> channel::receive(std::chrono::milliseconds timeout) {
       slept = true;
       auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
       if (left.count() <= 0) return std::nullopt;
-      wait_for_fd(fd_, POLLIN, static_cast<int>(left.count()));
+      if (wait_for_fd(fd_, POLLIN, static_cast<int>(left.count()), wake_fd)) return std::nullopt;
       continue;
     }
     if (n > 0) {

@@ -38,16 +38,23 @@ class channel {
   // How long a frame may take to go out in all, by default.
   static constexpr std::chrono::milliseconds send_timeout{30'000};
 
+  // What send() calls while the peer does not read; returns when it wants
+  // to be called again (if nothing wakes it sooner).
+  using waiting_fn = std::function<std::chrono::steady_clock::time_point()>;
+
   // Writes one frame completely within `timeout` in all: a peer that reads
   // a little at a time gets no more. While the peer does not read, calls
-  // `waiting` about every 100 ms; an exception from it leaves the frame half
-  // sent and the channel unusable. Throws channel_closed if the peer is gone
-  // or the time is up, protocol_error if the frame is too big.
-  void send(const json& message, std::chrono::milliseconds timeout = send_timeout,
-            const std::function<void()>& waiting = {});
-  // The next message, or nullopt if none arrived within `timeout`.
+  // `waiting` at once, then whenever `wake_fd` (unless -1; it is not read)
+  // is readable or the time it returned has come; an exception from it
+  // leaves the frame half sent and the channel unusable. Throws
+  // channel_closed if the peer is gone or the time is up, protocol_error if
+  // the frame is too big.
+  void send(const json& message, std::chrono::milliseconds timeout = send_timeout, const waiting_fn& waiting = {},
+            int wake_fd = -1);
+  // The next message, or nullopt if none arrived within `timeout` or
+  // `wake_fd` (unless -1; it is not read) was readable first.
   // Throws protocol::protocol_error for a malformed frame, channel_closed at EOF.
-  std::optional<json> receive(std::chrono::milliseconds timeout);
+  std::optional<json> receive(std::chrono::milliseconds timeout, int wake_fd = -1);
 
   int fd() const { return fd_; }
 

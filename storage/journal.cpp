@@ -1040,6 +1040,23 @@ std::vector<run_brief> journal::schedulable(std::int64_t now) {
   });
 }
 
+std::optional<std::int64_t> journal::next_due_ms(std::int64_t after) {
+  return impl_->guard({}, [&]() -> std::optional<std::int64_t> {
+    // The first is a seek in runs_by_wake; the second scans runs_waiting,
+    // which holds only the waiting runs and is covering.
+    auto s = statement(impl_->db,
+                       "SELECT min(t) FROM ("
+                       "  SELECT min(wake_at_ms) AS t FROM runs INDEXED BY runs_by_wake "
+                       "    WHERE status = 'waiting' AND wake_at_ms > ?1 "
+                       "  UNION ALL "
+                       "  SELECT min(deadline_ms) FROM runs INDEXED BY runs_waiting "
+                       "    WHERE status = 'waiting' AND deadline_ms > ?1)",
+                       after);
+    if (!s.executeStep() || s.getColumn(0).isNull()) return std::nullopt;
+    return s.getColumn(0).getInt64();
+  });
+}
+
 std::map<run_status, int> journal::count_by_status() {
   return impl_->guard({}, [&] {
     std::map<run_status, int> counts;

@@ -256,6 +256,12 @@ class journal {
   // finished, cancellation was requested, or their deadline has passed.
   // Costs in proportion to the unfinished runs, not to the whole history.
   std::vector<run_brief> schedulable(std::int64_t now_ms);
+  // The earliest time after `after_ms` at which a waiting run can move
+  // without anyone doing anything: its wake time (timer, timeout) or its
+  // deadline. nullopt when no waiting run has one. Runs that are not waiting
+  // need none: a pending one is schedulable now and a running one's owner
+  // watches its deadline. Reads two indexes, not the runs.
+  std::optional<std::int64_t> next_due_ms(std::int64_t after_ms);
   // How many runs have each status; every status is present, zero included.
   std::map<run_status, int> count_by_status();
 

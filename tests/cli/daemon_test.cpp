@@ -10,11 +10,15 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -862,4 +866,119 @@ TEST_CASE("a child agent that does not exist: the parent's step records no_such_
   CHECK(j->children("parent").empty());
   CHECK_FALSE(j->find_run("parent.0"));
   CHECK(j->list_runs().size() == 1);
+}
+
+// Wake-ups: under a daemon whose idle check (its only periodic look at the
+// journal) is ten hours apart, a run moves only when something wakes the
+// daemon: another process's submit, signal or cancel, or the journal's next
+// due time. Without them (old main's daemon, or notify() disabled) none of
+// these runs would move within the test's patience.
+class idle_check_hours {
+ public:
+  idle_check_hours() { ::setenv("CAIRN_TEST_IDLE_CHECK_MS", "36000000", 1); }
+  ~idle_check_hours() { ::unsetenv("CAIRN_TEST_IDLE_CHECK_MS"); }
+  idle_check_hours(const idle_check_hours&) = delete;
+  idle_check_hours& operator=(const idle_check_hours&) = delete;
+};
+
+run_status status_of(const cairn_home& h, const std::string& id) {
+  auto run = h.journal()->find_run(id);
+  return run ? run->status : run_status::pending;
+}
+
+TEST_CASE("wake-ups: a submit and a signal from other processes move a parked run with no periodic check") {
+  cairn_home h;
+  idle_check_hours idle;
+  daemon_process serve(h, "serve", {"--suspend-after", "0"});
+  auto context = [&] { return serve.log() + show_runs(h); };
+  h.submit("parked", plan_of({json{{"op", "signal"}, {"name", "go"}}, step("after")}));
+  eventually("the run is parked", [&] { return status_of(h, "parked") == run_status::waiting; }, context);
+  h.signal("parked", "go", {{"n", 1}});
+  eventually("the signalled run completed", [&] { return status_of(h, "parked") == run_status::completed; }, context);
+  CHECK(h.journal()->find_run("parked")->output[0]["signal"]["n"] == 1);
+  serve.stop();
+}
+
+TEST_CASE("wake-ups: a cancel from another process reaches a run that holds its sandbox in a short wait") {
+  cairn_home h;
+  idle_check_hours idle;
+  // The wait is held (not suspended) for a minute: longer than the patience below.
+  daemon_process serve(h, "serve", {"--suspend-after", "60000"});
+  auto context = [&] { return serve.log() + show_runs(h); };
+  h.submit("held", plan_of({json{{"op", "signal"}, {"name", "never"}}}));
+  eventually("the run holds its wait", [&] {
+    auto j = h.journal();
+    auto run = j->find_run("held");
+    return run && run->status == run_status::running && has_event(*j, "held", "wait_started");
+  }, context);
+  const auto asked = steady::now();
+  auto r = h.cli({"cancel", "held", "--reason", "enough"});
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("cancel requested"));
+  eventually("the held run is cancelled", [&] { return status_of(h, "held") == run_status::cancelled; }, context);
+  CHECK(steady::now() - asked < 30s);
+  CHECK(h.journal()->find_run("held")->error->message == "enough");
+  serve.stop();
+}
+
+TEST_CASE("wake-ups: a suspended 2 s timer wakes its run when it is due, not at a periodic check") {
+  cairn_home h;
+  idle_check_hours idle;
+  daemon_process serve(h, "serve", {"--suspend-after", "0"});
+  auto context = [&] { return serve.log() + show_runs(h); };
+  h.submit("timer", plan_of({json{{"op", "sleep"}, {"ms", 2000}}, step("after")}));
+  eventually("the timer run completed", [&] { return status_of(h, "timer") == run_status::completed; }, context);
+  auto j = h.journal();
+  CHECK(has_event(*j, "timer", "run_waiting"));  // it was suspended, so the daemon woke it
+  auto fired = j->steps("timer").at(0).result.output;
+  INFO(fired.dump());
+  // Late by a sandbox start at most, on a busy machine.
+  CHECK(fired["fired_at_ms"].get<std::int64_t>() - fired["until_ms"].get<std::int64_t>() < 10'000);
+  serve.stop();
+}
+
+TEST_CASE("wake-ups: forged, oversized and flooding datagrams to the wake socket are ignored; serve keeps working") {
+  cairn_home h;
+  idle_check_hours idle;
+  daemon_process serve(h, "serve", {"--suspend-after", "0"});
+  auto context = [&] { return serve.log() + show_runs(h); };
+  const fs::path folder = h.db().string() + ".wake";
+  std::vector<fs::path> sockets;
+  eventually("serve listens", [&] {
+    std::error_code ec;
+    sockets.clear();
+    for (const auto& e : fs::directory_iterator(folder, ec)) sockets.push_back(e.path());
+    return !sockets.empty();
+  }, context);
+  struct stat st {};
+  REQUIRE(::lstat(folder.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0700);
+  REQUIRE(sockets.size() == 1);
+  REQUIRE(sockets[0].string().size() < sizeof(sockaddr_un::sun_path));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strcpy(address.sun_path, sockets[0].c_str());
+  int out = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+  REQUIRE(out >= 0);
+  auto send = [&](const std::string& datagram) {
+    return ::sendto(out, datagram.data(), datagram.size(), 0, reinterpret_cast<const sockaddr*>(&address),
+                    sizeof address);
+  };
+  CHECK(send(std::string(60'000, 'x')) > 0);
+  CHECK(send("signalled " + std::string(4000, 'a')) > 0);
+  CHECK(send(std::string("ended \0\xff\n", 9)) > 0);
+  CHECK(send("nonsense no-such-run") > 0);
+  CHECK(send("ended ../../etc/passwd") > 0);
+  CHECK(send("") >= 0);
+  int sent = 0;
+  for (int i = 0; i < 100'000 && send("signalled no-such-run") > 0; ++i) ++sent;  // until its queue is full
+  ::close(out);
+  INFO(sent << " datagrams queued");
+  // Still up, and still woken by a real submit.
+  h.submit("after", plan_of({step("a")}));
+  eventually("a run submitted after the forgeries completed",
+             [&] { return status_of(h, "after") == run_status::completed; }, context);
+  CHECK_THAT(serve.log(), !Catch::Contains("not executed"));
+  serve.stop();
 }

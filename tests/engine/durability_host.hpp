@@ -96,7 +96,6 @@ inline pid_t start_host(const fs::path& home, const std::vector<std::string>& id
     s.db = home / "cairn.db";
     s.engine = options;
     s.max_concurrent = 8;
-    s.poll = 20ms;
     s.on_return = [&](const storage::run_record& run) {
       if (run.status == storage::run_status::completed)
         append_line(home / "reported", json{{"run", run.id}, {"output", run.output}}.dump());
@@ -105,7 +104,7 @@ inline pid_t start_host(const fs::path& home, const std::vector<std::string>& id
       std::fprintf(stderr, "host: run %s: %s\n", id.c_str(), error.c_str());
     };
     engine::scheduler scheduler(s);
-    std::atomic<bool> stop{false};
+    engine::stop_flag stop;
     scheduler.run(
         [&](storage::journal& j) {
           for (const auto& id : ids) {

@@ -156,7 +156,7 @@ class running_scheduler {
   }
   ~running_scheduler() { stop(); }
   void stop() {
-    stop_ = true;
+    stop_.raise();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -166,10 +166,9 @@ class running_scheduler {
     o.db = f.dir / "cairn.db";
     o.engine = f.options;
     o.max_concurrent = max_concurrent;
-    o.poll = 50ms;
     return o;
   }
-  std::atomic<bool> stop_{false};
+  engine::stop_flag stop_;
   engine::scheduler sched_;
   std::thread thread_;
 };

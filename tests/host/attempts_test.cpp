@@ -73,9 +73,9 @@ struct host {
     o.db = dir / "cairn.db";
     o.engine = options;
     o.max_concurrent = slots;
-    o.poll = 50ms;
+    o.idle_check = 50ms;  // done() has a time limit of its own
     engine::scheduler sched(o);
-    std::atomic<bool> stop{false};
+    engine::stop_flag stop;
     const auto deadline = steady::now() + limit;
     sched.run(
         [&](storage::journal& j) {
