@@ -12,6 +12,7 @@
 #include "engine/scheduler.hpp"
 #include "storage/journal.hpp"
 #include "tests/cairn_cli.hpp"
+#include "tests/host/engine_host.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -30,36 +31,9 @@ double seconds_since(steady::time_point t0) {
   return std::chrono::duration<double>(steady::now() - t0).count();
 }
 
-struct host {
-  testing::temp_dir dir;
-  storage::journal journal{dir / "cairn.db"};
-  engine::engine_options options;
-  std::unique_ptr<engine::engine> eng;
+struct host : testing::engine_host {
+  host() : engine_host(500ms) {}
 
-  host() {
-    options.home = dir / "home";
-    options.retry_backoff = 10ms;
-    options.suspend_after = 500ms;
-    eng = std::make_unique<engine::engine>(journal, options);
-  }
-
-  void submit(const std::string& id, const std::string& agent, const json& input, const json& policy = json::object(),
-              int max_attempts = 3) {
-    engine::run_request r;
-    r.id = id;
-    r.agent = agent;
-    r.input = input;
-    r.workspace = dir / "ws" / id;
-    r.policy = engine::parse_policy(policy);
-    r.max_attempts = max_attempts;
-    REQUIRE(eng->submit(r).second);
-  }
-
-  int count(const std::string& id, const std::string& kind) {
-    int n = 0;
-    for (const auto& e : journal.events(id)) n += e.kind == kind;
-    return n;
-  }
   std::optional<json> event(const std::string& id, const std::string& kind) {
     for (const auto& e : journal.events(id))
       if (e.kind == kind) return e.data;

@@ -14,6 +14,7 @@
 #include "engine/owner.hpp"
 #include "storage/journal.hpp"
 #include "tests/cairn_cli.hpp"
+#include "tests/host/engine_host.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -23,29 +24,8 @@ using storage::run_status;
 
 namespace {
 
-struct host {
-  testing::temp_dir dir;
-  storage::journal journal{dir / "cairn.db"};
-  engine::engine_options options;
-  std::unique_ptr<engine::engine> eng;
-
-  host() {
-    options.home = dir / "home";
-    options.retry_backoff = 10ms;
-    options.suspend_after = 200ms;
-    eng = std::make_unique<engine::engine>(journal, options);
-  }
-
-  void submit(const std::string& id, const std::string& agent, const json& input, const json& policy = json::object()) {
-    engine::run_request r;
-    r.id = id;
-    r.agent = agent;
-    r.input = input;
-    r.workspace = dir / "ws" / id;
-    r.policy = engine::parse_policy(policy);
-    r.max_attempts = 3;
-    REQUIRE(eng->submit(r).second);
-  }
+struct host : testing::engine_host {
+  host() : engine_host(200ms) {}
 
   // Executes the run until it ends, resuming it when a suspension is over; at most 120 s.
   storage::run_record finish(const std::string& id) {
@@ -56,12 +36,6 @@ struct host {
       REQUIRE(std::chrono::steady_clock::now() < until);
       std::this_thread::sleep_for(20ms);
     }
-  }
-
-  int count(const std::string& id, const std::string& kind) {
-    int n = 0;
-    for (const auto& e : journal.events(id)) n += e.kind == kind;
-    return n;
   }
 };
 

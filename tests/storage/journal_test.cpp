@@ -80,6 +80,24 @@ class temp_dir {
   fs::path path_;
 };
 
+// A full disk: a tmpfs of `size` at `at`, unmounted at the end. Only root
+// mounts one; for anyone else `mounted` is false and the test says so.
+struct tiny_disk {
+  fs::path at;
+  bool mounted = false;
+  tiny_disk(fs::path where, const std::string& size) : at(std::move(where)) {
+    fs::create_directories(at);
+    mounted = cairn::testing::require_capability("root",
+                                                 mount("tmpfs", at.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0,
+                                                 "a full disk is a tiny tmpfs, and only root mounts one");
+  }
+  ~tiny_disk() {
+    if (mounted) umount2(at.c_str(), MNT_DETACH);
+  }
+  tiny_disk(const tiny_disk&) = delete;
+  tiny_disk& operator=(const tiny_disk&) = delete;
+};
+
 template <class F>
 std::optional<storage_error> error_from(F&& f) {
   try {
@@ -1172,15 +1190,9 @@ TEST_CASE("a locked journal says so, and nothing is half-written") {
 
 TEST_CASE("a full disk loses nothing that was committed") {
   temp_dir dir;
-  const auto mnt = dir / "tiny";
-  fs::create_directories(mnt);
-  if (!cairn::testing::require_capability("root", mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") == 0,
-                                          "a full disk is a tiny tmpfs, and only root mounts one"))
-    return;
-  struct unmount_at_end {
-    fs::path at;
-    ~unmount_at_end() { umount2(at.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  tiny_disk disk(dir / "tiny", "256k");
+  if (!disk.mounted) return;
+  const auto& mnt = disk.at;
 
   const auto db = mnt / "cairn.db";
   const auto filler = mnt / "filler";
@@ -1456,15 +1468,9 @@ TEST_CASE("in a group commit, a run taken over is refused alone, and claims coun
 
 TEST_CASE("a group commit on a full disk keeps nothing of any write and tells every writer") {
   temp_dir dir;
-  const auto mnt = dir / "tiny";
-  fs::create_directories(mnt);
-  if (!cairn::testing::require_capability("root", mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=4m") == 0,
-                                          "a full disk is a tiny tmpfs, and only root mounts one"))
-    return;
-  struct unmount_at_end {
-    fs::path at;
-    ~unmount_at_end() { umount2(at.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  tiny_disk disk(dir / "tiny", "4m");
+  if (!disk.mounted) return;
+  const auto& mnt = disk.at;
 
   const auto db = mnt / "cairn.db";
   const auto filler = mnt / "filler";
