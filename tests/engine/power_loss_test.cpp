@@ -65,6 +65,13 @@ struct report_check {
   }
 };
 
+// A run's events, one per line, for the message of a run that did not complete.
+std::string history(storage::journal& journal, const std::string& run_id) {
+  std::string out;
+  for (const auto& e : journal.events(run_id)) out += e.kind + " " + e.data.dump() + "\n";
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("power cuts at random instants lose nothing that was acknowledged or reported") {
@@ -130,8 +137,11 @@ TEST_CASE("power cuts at random instants lose nothing that was acknowledged or r
     }
     storage::journal journal(db);
     for (const auto& id : ids) {
-      INFO("run " << id);
-      REQUIRE(journal.find_run(id)->status == storage::run_status::completed);
+      const auto run = journal.find_run(id);
+      INFO("run " << id << ": " << (run->error ? run->error->message : "no error") << "\n" << history(journal, id)
+                  << "host log:\n"
+                  << std::ifstream(home / "host.log").rdbuf());
+      REQUIRE(run->status == storage::run_status::completed);
     }
     ++batches_completed;
     if (cuts >= cuts_wanted) break;
