@@ -1,5 +1,6 @@
 #include "engine/attempt.hpp"
 
+#include <boost/asio/this_coro.hpp>
 #include <fmt/format.h>
 
 #include "engine/attempt_driver.hpp"
@@ -48,14 +49,11 @@ attempt_driver::attempt_driver(attempt_journal& journal, attempt_wakeups& events
       attempt_(attempt),
       options_(options),
       observer_(observer),
-      tools_(
-          run.id, p, options.llm,
-          p.llm_chat && p.llm_chat->max_total_tokens > 0 ? journal.llm_tokens_spent() : 0,
-          [this](const effects::tool_started& started) { journal_.apply({started}); },
-          [this](const json& event) { observer_.on_emit(event); }),
+      tools_(run.id, p, options.llm, p.llm_chat && p.llm_chat->max_total_tokens > 0 ? journal.llm_tokens_spent() : 0,
+             [this](const json& event) { observer_.on_emit(event); }),
       events_(events) {}
 
-attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
+task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   protocol::start_msg start;
   start.run_id = run_.id;
   start.input = run_.input;
@@ -72,68 +70,91 @@ attempt_result attempt_driver::drive(runtime::sandbox_backend& backend) {
   spec.limits = policy_.limits;
   spec.workspace_image = options_.workspace_image;
   spec.log_file = options_.log_file;
-  auto box = backend.create(spec);
+  // Made, and later taken down, off the event loop: mounts, cgroups, fork and exec.
+  std::shared_ptr<runtime::sandbox> box = co_await offload([&] { return std::shared_ptr(backend.create(spec)); });
   for (const auto& warning : box->warnings()) {
-    journal_.apply({effects::sandbox_warning{warning}});
+    co_await journal_.apply(effects::sandbox_warning{warning});
     observer_.on_warning(warning);
   }
-  process_ = box->exec(run_.agent, {});
+  process_ = co_await offload([&] { return box->exec(run_.agent, {}); });
   events_.watch_process(process_->pid());
+  const auto executor = co_await asio::this_coro::executor;
+  channel_fd_.emplace(executor, process_->io().fd());
+  events_fd_.emplace(executor, events_.fd());
   started_ = clock::now();
   crash_point("after_spawn");
 
-  try {
-    return converse(start);
-  } catch (const violation& v) {
-    process_->kill();
-    return failed("the agent broke the protocol: " + v.message, "protocol");
-  } catch (const protocol::protocol_error& e) {
-    process_->kill();
-    return failed(std::string("the agent sent a malformed frame: ") + e.what(), "protocol");
-  } catch (const runtime::channel_closed& e) {
-    return died(e.truncated() ? "closed its channel in the middle of a frame" : "closed its channel");
-  } catch (const attempt_end& end) {
-    return end.result;
-  } catch (const budget_exceeded& over) {
-    process_->kill();
-    return exceeded(over.message, over.limit);
-  }
+  auto result = co_await converse_to_end(start);
+  co_await offload([&] { box.reset(); });
+  co_return result;
 }
 
-attempt_result attempt_driver::converse(const protocol::start_msg& start) {
-  auto first = receive(options_.hello_timeout);
-  if (!first) {
-    process_->kill();
-    return crashed("the agent did not say hello within " + std::to_string(options_.hello_timeout.count()) + " ms" +
-                   log_excerpt());
+task<attempt_result> attempt_driver::converse_to_end(const protocol::start_msg& start) {
+  // No co_await in a handler: each says what follows.
+  std::optional<attempt_result> result;
+  std::optional<std::string> closed;
+  std::optional<budget_exceeded> over;
+  bool killed = false;  // the attempt ended itself, its sandbox killed
+  try {
+    result = co_await converse(start);
+    killed = true;
+  } catch (const violation& v) {
+    result = failed("the agent broke the protocol: " + v.message, "protocol");
+  } catch (const protocol::protocol_error& e) {
+    result = failed(std::string("the agent sent a malformed frame: ") + e.what(), "protocol");
+  } catch (const runtime::channel_closed& e) {
+    closed = e.truncated() ? "closed its channel in the middle of a frame" : "closed its channel";
+  } catch (const attempt_end& end) {
+    result = end.result;
+    killed = true;
+  } catch (const budget_exceeded& e) {
+    over = e;
   }
-  auto* hello = std::get_if<protocol::hello_msg>(&*first);
-  if (!hello) throw violation{"the first message must be hello, got " + std::string(type_name(*first))};
+  if (closed) co_return co_await died(*closed);
+  if (!killed) co_await kill();
+  if (over) co_return co_await exceeded(over->message, over->limit);
+  co_return *result;
+}
+
+task<attempt_result> attempt_driver::converse(const protocol::start_msg& start) {
+  auto first = co_await receive(clock::now() + options_.hello_timeout, false);
+  if (!first) {
+    co_await kill();
+    co_return crashed("the agent did not say hello within " + std::to_string(options_.hello_timeout.count()) +
+                      " ms" + log_excerpt());
+  }
+  const auto hello_message = protocol::parse_agent_message(*first);
+  auto* hello = std::get_if<protocol::hello_msg>(&hello_message);
+  if (!hello) throw violation{"the first message must be hello, got " + std::string(type_name(hello_message))};
   if (hello->version != protocol::version) {
     std::string why = "the agent speaks protocol v" + std::to_string(hello->version) + " (" + hello->sdk +
                       "); this host speaks v" + std::to_string(protocol::version);
-    send(protocol::reject_msg{why});
-    process_->kill();
-    return failed(why, "protocol");
+    co_await send(protocol::reject_msg{why});
+    co_await kill();
+    co_return failed(why, "protocol");
   }
-  send(start);
+  co_await send(start);
   crash_point("after_hello");
 
   for (;;) {
-    auto message = receive(std::chrono::milliseconds(poll_timeout(next_deadline())), events_.fd());
+    auto frame = co_await receive(next_deadline(), true);
     take_wakes();
-    supervise();
-    if (!message) {
-      if (process_->poll_exit()) return died("ended");
+    co_await supervise();
+    if (!frame) {
+      if (process_->poll_exit()) co_return co_await died("ended");
       continue;
     }
-    if (auto result = handle(*message)) return *result;
+    if (auto result = co_await handle(protocol::parse_agent_message(*frame))) co_return *result;
   }
 }
 
-void attempt_driver::end(attempt_result result) {
-  process_->kill();
+task<void> attempt_driver::end(attempt_result result) {
+  co_await kill();
   throw attempt_end{std::move(result)};
+}
+
+task<void> attempt_driver::kill() {
+  co_await offload([this] { process_->kill(); });
 }
 
 void attempt_driver::take_wakes() {
@@ -145,11 +166,11 @@ void attempt_driver::take_wakes() {
 // full workspace refuses writes: looking only ends the attempt and tells the
 // run why, so once a second is enough. It cannot wait for a frame or the
 // agent's death: a bomb that hits a limit may leave the agent silent for good.
-void attempt_driver::check_limits() {
+task<void> attempt_driver::check_limits() {
   const auto now = clock::now();
-  if (now - last_limits_check_ < limits_period) return;
+  if (now - last_limits_check_ < limits_period) co_return;
   last_limits_check_ = now;
-  if (auto breach = process_->check_limits()) throw attempt_end{exceeded(breach->message, breach->limit)};
+  if (auto breach = process_->check_limits()) throw attempt_end{co_await exceeded(breach->message, breach->limit)};
 }
 
 attempt_driver::clock::time_point attempt_driver::next_deadline() const {
@@ -166,52 +187,56 @@ attempt_driver::clock::time_point attempt_driver::next_deadline() const {
   return next;
 }
 
-void attempt_driver::supervise() {
-  check_limits();
+task<void> attempt_driver::supervise() {
+  co_await check_limits();
   const auto now = clock::now();
   if (policy_.wall_time.count() > 0 && now - started_ > policy_.wall_time)
-    end(exceeded(fmt::format("wall-clock limit exceeded: the attempt ran longer than {} s (limits.wall_seconds in "
+    co_await end(co_await exceeded(fmt::format("wall-clock limit exceeded: the attempt ran longer than {} s (limits.wall_seconds in "
                              "the policy)",
                              policy_.wall_time.count()),
                  "wall_time"));
   if (in_step_) {
     auto timeout = timeout_of(*in_step_, policy_);
-    if (timeout.count() > 0 && now - step_started_ > timeout) step_timed_out();
+    if (timeout.count() > 0 && now - step_started_ > timeout) co_await step_timed_out();
   }
   if (!cancel_sent_) {
     std::optional<std::string> reason;
     if (std::exchange(recheck_run_, false)) reason = journal_.cancel_requested();
-    if (reason) start_cancel(*reason, false);
+    if (reason) co_await start_cancel(*reason, false);
     else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms) {
       auto [message, type] = policy_.deadline_passed();
-      if (type == "limit_exceeded") end(exceeded(message, "run_wall_time"));
-      start_cancel(message, true);
+      if (type == "limit_exceeded") co_await end(co_await exceeded(message, "run_wall_time"));
+      co_await start_cancel(message, true);
     }
   }
-  if (cancel_sent_ && now >= cancel_deadline_) end(cancelled_result());
+  if (cancel_sent_ && now >= cancel_deadline_) co_await end(cancelled_result());
   if (stopping() && !cancel_sent_) {
-    if (!in_step_) end({kind::released, nullptr, {}, {}});
+    if (!in_step_) co_await end({kind::released, nullptr, {}, {}});
     if (!drain_deadline_) drain_deadline_ = now + options_.drain;
-    if (now >= *drain_deadline_) end({kind::released, nullptr, {}, {}});
+    if (now >= *drain_deadline_) co_await end({kind::released, nullptr, {}, {}});
   }
 }
 
-void attempt_driver::start_cancel(std::string reason, bool timed_out) {
+task<void> attempt_driver::start_cancel(std::string reason, bool timed_out) {
   cancel_sent_ = true;
   timed_out_ = timed_out;
   cancel_reason_ = std::move(reason);
   cancel_deadline_ = clock::now() + std::chrono::seconds(policy_.timeouts.cancel_grace);
-  journal_.apply({effects::cancel_sent{cancel_reason_, policy_.timeouts.cancel_grace.count()}});
+  co_await journal_.apply(effects::cancel_sent{cancel_reason_, policy_.timeouts.cancel_grace.count()});
   // Frames must not interleave: send() sends the cancel once the frame in flight is out.
   if (sending_) {
     cancel_unsent_ = true;
-    return;
+    co_return;
   }
+  bool gone = false;
   try {
-    send(protocol::cancel_msg{cancel_reason_});
+    co_await send(protocol::cancel_msg{cancel_reason_});
+  } catch (const attempt_end&) {
+    throw;
   } catch (const std::exception&) {
-    end(cancelled_result());  // the agent is gone already
+    gone = true;  // the agent is gone already
   }
+  if (gone) co_await end(cancelled_result());
 }
 
 attempt_result attempt_driver::cancelled_result() const {
@@ -219,48 +244,57 @@ attempt_result attempt_driver::cancelled_result() const {
   return {kind::cancelled, nullptr, {cancel_reason_, "cancelled"}, {}};
 }
 
-void attempt_driver::step_timed_out() {
+task<void> attempt_driver::step_timed_out() {
   const auto step = *in_step_;
   const auto timeout = timeout_of(step, policy_);
-  process_->kill();
+  co_await kill();
   protocol::error_info error{fmt::format("step '{}' timed out after {} ms; its sandbox was killed", step.name,
                                          timeout.count()),
                              "timeout"};
   // The next sandbox makes the next attempt, after the engine's restart backoff.
   if (decide_step_retry(policy_, step.retry, step_failures_, false, rng_).retry)
-    record_retry({step.seq, step.name, step_attempt(), error, 0});
+    co_await record_retry({step.seq, step.name, step_attempt(), error, 0});
   else
-    commit_failure(step.name, step.kind, error, std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
+    co_await commit_failure(step.name, step.kind, error,
+                            std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
   throw attempt_end{{kind::restart, nullptr, error, {}}};
 }
 
-void attempt_driver::send(const protocol::host_message& message) {
+task<void> attempt_driver::send(const protocol::host_message& message) {
   {
     raised in_flight(sending_);
-    auto waiting = [this] {
+    auto& io = process_->io();
+    const std::string frame = io.frame_of(protocol::to_json(message));
+    // One deadline for the whole frame: a peer that reads a little at a time gets no more.
+    const auto deadline = clock::now() + runtime::channel::send_timeout;
+    for (std::size_t sent = io.send_some(frame, 0); sent < frame.size(); sent = io.send_some(frame, sent)) {
       take_wakes();
-      supervise();
+      co_await supervise();
       // Its channel may outlive it (held by what it started): nothing would read on.
       if (process_->poll_exit()) throw runtime::channel_closed("the agent ended while a frame was on its way", false);
-      return next_deadline();
-    };
-    process_->io().send(protocol::to_json(message), runtime::channel::send_timeout, waiting, events_.fd());
+      if (clock::now() >= deadline)
+        throw runtime::channel_closed(fmt::format("the agent did not read a frame of {} bytes within {} ms",
+                                                  frame.size(), runtime::channel::send_timeout.count()),
+                                      false);
+      co_await wait_any(*channel_fd_, asio::posix::descriptor_base::wait_write, &*events_fd_,
+                        std::min(deadline, next_deadline()));
+    }
   }
   if (cancel_unsent_) {
     cancel_unsent_ = false;
-    send(protocol::cancel_msg{cancel_reason_});
+    co_await send(protocol::cancel_msg{cancel_reason_});
   }
 }
 
-void attempt_driver::record_retry(effects::retry_due retry) {
+task<void> attempt_driver::record_retry(effects::retry_due retry) {
   retry.attempt = step_attempt();
-  journal_.apply({retry});
+  co_await journal_.apply(retry);
   ++step_failures_;
   observer_.on_retry(retry);
 }
 
-void attempt_driver::commit_failure(const std::string& name, protocol::step_kind kind,
-                                    const protocol::error_info& error, std::int64_t duration_us) {
+task<void> attempt_driver::commit_failure(const std::string& name, protocol::step_kind kind,
+                                          const protocol::error_info& error, std::int64_t duration_us) {
   storage::step_record record;
   record.run_id = run_.id;
   record.result.seq = expected_seq_;
@@ -272,22 +306,25 @@ void attempt_driver::commit_failure(const std::string& name, protocol::step_kind
   record.result.duration_us = duration_us;
   record.started_at_ms = begun_at_ms_.value_or(storage::now_ms());
   record.finished_at_ms = storage::now_ms();
-  commit(record);
+  co_await commit(record);
   observer_.on_step(record);
 }
 
-attempt_result attempt_driver::exceeded(const std::string& message, const std::string& limit) {
-  journal_.apply({effects::limit_exceeded{limit, message}});
-  return failed(message, "limit_exceeded");
+task<attempt_result> attempt_driver::exceeded(std::string message, std::string limit) {
+  co_await journal_.apply(effects::limit_exceeded{limit, message});
+  co_return failed(message, "limit_exceeded");
 }
 
-std::optional<attempt_result> attempt_driver::handle(const protocol::agent_message& message) {
-  return std::visit([this](const auto& m) -> std::optional<attempt_result> { return on(m); }, message);
+attempt_driver::step attempt_driver::handle(const protocol::agent_message& message) {
+  return std::visit([this](const auto& m) { return on(m); }, message);
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::hello_msg&) { throw violation{"a second hello"}; }
+attempt_driver::step attempt_driver::on(const protocol::hello_msg&) {
+  throw violation{"a second hello"};
+  co_return std::nullopt;
+}
 
-std::optional<attempt_result> attempt_driver::on(const protocol::begin_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::begin_msg& m) {
   check_seq(m.seq, "begin");
   if (m.kind != protocol::step_kind::step && m.kind != protocol::step_kind::now &&
       m.kind != protocol::step_kind::random)
@@ -296,10 +333,10 @@ std::optional<attempt_result> attempt_driver::on(const protocol::begin_msg& m) {
   begun_at_ms_ = storage::now_ms();
   in_step_ = m;
   step_started_ = clock::now();
-  return std::nullopt;
+  co_return std::nullopt;
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::step_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
   check_seq(m.result.seq, "step");
   if (m.result.kind != protocol::step_kind::step && m.result.kind != protocol::step_kind::now &&
       m.result.kind != protocol::step_kind::random)
@@ -309,7 +346,7 @@ std::optional<attempt_result> attempt_driver::on(const protocol::step_msg& m) {
   if (protocol::nesting_depth(m.result.output) > protocol::max_output_depth)
     throw violation{fmt::format("the output of step {} nests deeper than {} levels, which a replay could not carry",
                                 m.result.seq, protocol::max_output_depth)};
-  if (!m.result.ok && retried(m)) return std::nullopt;
+  if (!m.result.ok && co_await retried(m)) co_return std::nullopt;
   storage::step_record record;
   record.run_id = run_.id;
   record.result = m.result;
@@ -317,41 +354,48 @@ std::optional<attempt_result> attempt_driver::on(const protocol::step_msg& m) {
   record.finished_at_ms = storage::now_ms();
   record.started_at_ms = begun_at_ms_.value_or(record.finished_at_ms - m.result.duration_us / 1000);
 #ifdef CAIRN_TEST_UNSAFE_EARLY_ACK  // a test-only build (CMake CAIRN_TEST_UNSAFE) that ack_order_test must fail
-  send(protocol::ack_msg{m.result.seq});
+  co_await send(protocol::ack_msg{m.result.seq});
 #endif
-  commit(record);
+  co_await commit(record);
   // Shutting down: the step is durable; stop the agent before an ack lets it begin the next one.
   if (stopping() && !cancel_sent_) {
     observer_.on_step(record);
-    end({kind::released, nullptr, {}, {}});
+    co_await end({kind::released, nullptr, {}, {}});
   }
 #ifndef CAIRN_TEST_UNSAFE_EARLY_ACK
-  send(protocol::ack_msg{m.result.seq});
+  co_await send(protocol::ack_msg{m.result.seq});
 #endif
   crash_point("after_ack");
   observer_.on_step(record);
-  return std::nullopt;
+  co_return std::nullopt;
 }
 
 // The host calls the tool, journals the outcome, then answers.
-std::optional<attempt_result> attempt_driver::on(const protocol::tool_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::tool_msg& m) {
   check_seq(m.seq, "tool");
   storage::step_record record;
   record.run_id = run_.id;
   record.started_at_ms = storage::now_ms();
-  record.result = tools_.call(m, journal_.tool_attempts(m.seq));
+  auto prepared = tools_.prepare(m);
+  if (auto* refused = std::get_if<protocol::step_result>(&prepared)) {
+    record.result = std::move(*refused);
+  } else {
+    const int previous = journal_.tool_attempts(m.seq);
+    co_await journal_.apply(std::get<effects::tool_started>(prepared));
+    record.result = co_await offload([&] { return tools_.perform(m, previous); });
+  }
   record.finished_at_ms = storage::now_ms();
-  commit(record);
-  send(protocol::result_msg{record.result});
+  co_await commit(record);
+  co_await send(protocol::result_msg{record.result});
   crash_point("after_ack");
   observer_.on_step(record);
-  return std::nullopt;
+  co_return std::nullopt;
 }
 
 // The answer to the agent goes out only after this returns: the row is durable.
-void attempt_driver::commit(const storage::step_record& record, std::optional<std::int64_t> signal_id) {
+task<void> attempt_driver::commit(const storage::step_record& record, std::optional<std::int64_t> signal_id) {
   crash_point("before_commit");
-  journal_.apply({effects::step_committed{record, signal_id}});
+  co_await journal_.apply(effects::step_committed{record, signal_id});
   crash_point("after_commit");
   ++expected_seq_;
   step_failures_ = 0;
@@ -359,61 +403,55 @@ void attempt_driver::commit(const storage::step_record& record, std::optional<st
   in_step_.reset();
 }
 
-bool attempt_driver::retried(const protocol::step_msg& m) {
+task<bool> attempt_driver::retried(const protocol::step_msg& m) {
   // Without a begin the agent asked for no retries.
   const auto asked = in_step_ ? in_step_->retry : protocol::retry_request{};
   const auto decision = decide_step_retry(policy_, asked, step_failures_, m.terminal, rng_);
-  if (!decision.retry) return false;
+  if (!decision.retry) co_return false;
   in_step_.reset();  // the agent waits out its backoff; the next begin restarts the clock
-  record_retry({m.result.seq, m.result.name, step_attempt(), m.result.error, decision.delay_ms});
-  send(protocol::retry_msg{m.result.seq, step_attempt(), decision.delay_ms});
-  return true;
+  co_await record_retry({m.result.seq, m.result.name, step_attempt(), m.result.error, decision.delay_ms});
+  co_await send(protocol::retry_msg{m.result.seq, step_attempt(), decision.delay_ms});
+  co_return true;
 }
 
 // Each journaled step goes to the agent once, in order (history_feed).
-std::optional<attempt_result> attempt_driver::on(const protocol::history_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::history_msg& m) {
   if (auto why = history_->refuse(m)) throw violation{*why};
-  send(history_->serve());
-  return std::nullopt;
+  co_await send(history_->serve());
+  co_return std::nullopt;
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::emit_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::emit_msg& m) {
   observer_.on_emit(m.data);
-  return std::nullopt;
+  co_return std::nullopt;
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::done_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::done_msg& m) {
   // A parent joins a child's output as a step of its own.
   if (!run_.parent_id.empty() && protocol::nesting_depth(m.output) > protocol::max_output_depth)
     throw violation{fmt::format("the run's output nests deeper than {} levels, which its parent's replay could not "
                                 "carry",
                                 protocol::max_output_depth)};
-  expect_clean_exit("done");
-  if (cancel_sent_) return cancelled_result();
-  return attempt_result{kind::completed, m.output, {}, {}};
+  co_await expect_clean_exit("done");
+  if (cancel_sent_) co_return cancelled_result();
+  co_return attempt_result{kind::completed, m.output, {}, {}};
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::fail_msg& m) {
-  expect_clean_exit("fail");
-  if (cancel_sent_) return cancelled_result();
-  return failed(m.error.message, m.error.type);
+attempt_driver::step attempt_driver::on(const protocol::fail_msg& m) {
+  co_await expect_clean_exit("fail");
+  if (cancel_sent_) co_return cancelled_result();
+  co_return failed(m.error.message, m.error.type);
 }
 
 // After done/fail the agent may only close its channel and exit.
-void attempt_driver::expect_clean_exit(std::string_view last) {
-  auto deadline = clock::now() + options_.exit_grace;
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-    if (left <= 0ms) break;
-    try {
-      auto extra = process_->io().receive(left);
-      if (extra) throw violation{"sent a frame after " + std::string(last)};
-    } catch (const runtime::channel_closed&) {
-      break;
-    }
+task<void> attempt_driver::expect_clean_exit(std::string_view last) {
+  try {
+    if (co_await receive(clock::now() + options_.exit_grace, false))
+      throw violation{"sent a frame after " + std::string(last)};
+  } catch (const runtime::channel_closed&) {
   }
   // The outcome is known; nothing the sandbox does now can change it.
-  process_->kill();
+  co_await kill();
 }
 
 void attempt_driver::check_seq(std::uint64_t seq, std::string_view what) {
@@ -425,21 +463,25 @@ void attempt_driver::check_seq(std::uint64_t seq, std::string_view what) {
                   std::to_string(expected_seq_) + ")"};
 }
 
-std::optional<protocol::agent_message> attempt_driver::receive(std::chrono::milliseconds timeout, int wake_fd) {
-  auto j = process_->io().receive(timeout, wake_fd);
-  if (!j) return std::nullopt;
-  return protocol::parse_agent_message(*j);
+task<std::optional<json>> attempt_driver::receive(clock::time_point until, bool or_wakeup) {
+  for (;;) {
+    if (auto frame = process_->io().try_receive()) co_return frame;
+    const auto woken = co_await wait_any(*channel_fd_, asio::posix::descriptor_base::wait_read,
+                                         or_wakeup ? &*events_fd_ : nullptr, until);
+    // An agent that wrote its last frame and exited wakes both at once: the frame comes first.
+    if (woken != woken_by::first) co_return process_->io().try_receive();
+  }
 }
 
 // The channel closed or the process ended without done/fail.
-attempt_result attempt_driver::died(const std::string& how) {
-  auto status = process_->wait_for(options_.exit_grace);
-  if (!status) status = process_->kill();
-  if (cancel_sent_) return cancelled_result();
-  if (auto breach = process_->check_limits()) return exceeded(breach->message, breach->limit);
+task<attempt_result> attempt_driver::died(std::string how) {
+  auto status = co_await offload([this] { return process_->wait_for(options_.exit_grace); });
+  if (!status) status = co_await offload([this] { return process_->kill(); });
+  if (cancel_sent_) co_return cancelled_result();
+  if (auto breach = process_->check_limits()) co_return co_await exceeded(breach->message, breach->limit);
   auto tail = process_->log_tail();
-  if (auto why = runtime::diagnose_bwrap_failure(tail)) return failed(*why, "sandbox");
-  return crashed("the agent " + how + " without finishing (" + status->describe() + ")" + log_excerpt());
+  if (auto why = runtime::diagnose_bwrap_failure(tail)) co_return failed(*why, "sandbox");
+  co_return crashed("the agent " + how + " without finishing (" + status->describe() + ")" + log_excerpt());
 }
 
 std::string attempt_driver::log_excerpt() const {
@@ -449,11 +491,11 @@ std::string attempt_driver::log_excerpt() const {
   return "; its last output: " + tail;
 }
 
-attempt_result run_attempt(attempt_journal& journal, attempt_wakeups& wakeups, runtime::sandbox_backend& backend,
-                           const storage::run_record& run, const policy& p, int attempt,
-                           const attempt_options& options, run_observer& observer) {
+task<attempt_result> run_attempt(attempt_journal& journal, attempt_wakeups& wakeups,
+                                 runtime::sandbox_backend& backend, const storage::run_record& run, const policy& p,
+                                 int attempt, const attempt_options& options, run_observer& observer) {
   attempt_driver driver(journal, wakeups, run, p, attempt, options, observer);
-  return driver.drive(backend);
+  co_return co_await driver.drive(backend);
 }
 
 int poll_timeout(std::chrono::steady_clock::time_point t) {

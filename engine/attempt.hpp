@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/effects.hpp"
+#include "engine/io.hpp"
 #include "engine/policy.hpp"
 #include "engine/tools/llm_chat.hpp"
 #include "runtime/sandbox.hpp"
@@ -41,14 +42,14 @@ class attempt_journal {
  public:
   virtual ~attempt_journal() = default;
 
-  // Makes the effects durable together (and nothing of them when it throws):
+  // Makes the effect durable (and nothing of it when it throws):
   // budget_exceeded (journal_budget.hpp) when they would take the run past
   // its journal limits, storage errors as the journal reports them.
-  virtual void apply(std::vector<effect> effects) = 0;
+  virtual task<void> apply(effect e) = 0;
   // Creates `child` (its workspace is filled in) unless the run's tree
   // refuses it; returns the refusal, for the agent, when it does. A child
   // created before (a replay) is found again.
-  virtual std::optional<std::string> start_child(storage::new_run child, const policy& p) = 0;
+  virtual task<std::optional<std::string>> start_child(storage::new_run child, const policy& p) = 0;
 
   // How many steps the run has journaled.
   virtual std::uint64_t step_count() = 0;
@@ -121,7 +122,7 @@ struct attempt_result {
   storage::wait_spec wait;  // when suspended
 };
 
-attempt_result run_attempt(attempt_journal& journal, attempt_wakeups& wakeups, runtime::sandbox_backend& backend,
+task<attempt_result> run_attempt(attempt_journal& journal, attempt_wakeups& wakeups, runtime::sandbox_backend& backend,
                            const storage::run_record& run, const policy& p, int attempt,
                            const attempt_options& options, run_observer& observer);
 

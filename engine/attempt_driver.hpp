@@ -13,6 +13,7 @@
 
 #include "engine/attempt.hpp"
 #include "engine/history_feed.hpp"
+#include "engine/io.hpp"
 #include "engine/step_retry.hpp"
 #include "engine/tool_broker.hpp"
 
@@ -34,32 +35,35 @@ class attempt_driver {
   attempt_driver(attempt_journal& journal, attempt_wakeups& events, const storage::run_record& run, const policy& p,
                  int attempt, const attempt_options& options, run_observer& observer);
 
-  attempt_result drive(runtime::sandbox_backend& backend);
+  task<attempt_result> drive(runtime::sandbox_backend& backend);
 
  private:
   using clock = std::chrono::steady_clock;
+  using step = task<std::optional<attempt_result>>;
 
-  attempt_result converse(const protocol::start_msg& start);
-  std::optional<attempt_result> handle(const protocol::agent_message& message);
+  // The conversation, with its endings turned into results.
+  task<attempt_result> converse_to_end(const protocol::start_msg& start);
+  task<attempt_result> converse(const protocol::start_msg& start);
+  step handle(const protocol::agent_message& message);
 
-  std::optional<attempt_result> on(const protocol::hello_msg&);
-  std::optional<attempt_result> on(const protocol::begin_msg& m);
-  std::optional<attempt_result> on(const protocol::step_msg& m);
-  std::optional<attempt_result> on(const protocol::tool_msg& m);
-  std::optional<attempt_result> on(const protocol::history_msg& m);
-  std::optional<attempt_result> on(const protocol::emit_msg& m);
-  std::optional<attempt_result> on(const protocol::done_msg& m);
-  std::optional<attempt_result> on(const protocol::fail_msg& m);
+  step on(const protocol::hello_msg&);
+  step on(const protocol::begin_msg& m);
+  step on(const protocol::step_msg& m);
+  step on(const protocol::tool_msg& m);
+  step on(const protocol::history_msg& m);
+  step on(const protocol::emit_msg& m);
+  step on(const protocol::done_msg& m);
+  step on(const protocol::fail_msg& m);
   // attempt_waits.cpp
-  std::optional<attempt_result> on(const protocol::sleep_msg& m);
-  std::optional<attempt_result> on(const protocol::wait_msg& m);
-  std::optional<attempt_result> on(const protocol::child_msg& m);
-  std::optional<attempt_result> on(const protocol::join_msg& m);
+  step on(const protocol::sleep_msg& m);
+  step on(const protocol::wait_msg& m);
+  step on(const protocol::child_msg& m);
+  step on(const protocol::join_msg& m);
 
   // Checks everything that can end the attempt from outside the
   // conversation; throws attempt_end when one does. Re-reads the run row
   // (for a cancel) only after a wake-up: a cancel comes as one.
-  void supervise();
+  task<void> supervise();
   // The earliest time supervise() has something to check: the limits, a
   // timeout, the run's deadline, the end of a cancel's grace period or of
   // the drain.
@@ -69,21 +73,25 @@ class attempt_driver {
   void take_wakes();
   // Ends the attempt if the sandbox ran into a limit; reads them at most
   // once a second (died() asks too, when the agent dies).
-  void check_limits();
-  void start_cancel(std::string reason, bool timed_out);
-  [[noreturn]] void step_timed_out();
+  task<void> check_limits();
+  task<void> start_cancel(std::string reason, bool timed_out);
+  // Ends the attempt (throws attempt_end).
+  task<void> step_timed_out();
   // Sends `message`, supervising while the agent is slow to read it (a
   // cancel that comes meanwhile is sent after it).
-  void send(const protocol::host_message& message);
+  task<void> send(const protocol::host_message& message);
   // The attempt of the step at expected_seq_, as the host counts it.
   int step_attempt() const { return step_failures_ + 1; }
-  void record_retry(effects::retry_due retry);
+  task<void> record_retry(effects::retry_due retry);
   // Whether the host retries the failed attempt `m`; if so, journals the retry and answers the agent with it.
-  bool retried(const protocol::step_msg& m);
+  task<bool> retried(const protocol::step_msg& m);
   // Journals the step at expected_seq_ as failed for good, with the host's attempt count.
-  void commit_failure(const std::string& name, protocol::step_kind kind, const protocol::error_info& error,
-                      std::int64_t duration_us);
-  [[noreturn]] void end(attempt_result result);
+  task<void> commit_failure(const std::string& name, protocol::step_kind kind, const protocol::error_info& error,
+                            std::int64_t duration_us);
+  // Kills the sandbox and ends the attempt with `result` (throws attempt_end).
+  task<void> end(attempt_result result);
+  // Kills every process of the sandbox, off the event loop.
+  task<void> kill();
   attempt_result cancelled_result() const;
   bool stopping() const { return options_.stopping && options_.stopping->load(); }
 
@@ -91,19 +99,22 @@ class attempt_driver {
   // can) at first and after each wake-up of the run or at wait.wake_at_ms;
   // suspends the run as `wait` once it has waited `max_hold`. Returns when
   // `finish` did, or when a cancel was sent.
-  void hold(const storage::wait_spec& wait, std::chrono::milliseconds max_hold, const std::function<bool()>& finish);
+  task<void> hold(const storage::wait_spec& wait, std::chrono::milliseconds max_hold,
+                  const std::function<task<bool>()>& finish);
   // Journals a step the host decided (sleep, signal, child, join, timeout)
   // and sends it to the agent as the result of its request.
-  void record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id = std::nullopt);
+  task<void> record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id = std::nullopt);
 
   // Makes the step durable (over the run's journal budget: budget_exceeded,
   // nothing written) and moves on to the next seq.
-  void commit(const storage::step_record& record, std::optional<std::int64_t> signal_id = std::nullopt);
-  void expect_clean_exit(std::string_view last);
+  task<void> commit(const storage::step_record& record, std::optional<std::int64_t> signal_id = std::nullopt);
+  task<void> expect_clean_exit(std::string_view last);
   void check_seq(std::uint64_t seq, std::string_view what);
-  std::optional<protocol::agent_message> receive(std::chrono::milliseconds timeout, int wake_fd = -1);
-  attempt_result died(const std::string& how);
-  attempt_result exceeded(const std::string& message, const std::string& limit);
+  // The next frame, or nullopt when `until` came first or (with
+  // `or_wakeup`) a wake-up of the run did.
+  task<std::optional<json>> receive(clock::time_point until, bool or_wakeup);
+  task<attempt_result> died(std::string how);
+  task<attempt_result> exceeded(std::string message, std::string limit);
   std::string log_excerpt() const;
 
   attempt_journal& journal_;
@@ -114,6 +125,8 @@ class attempt_driver {
   run_observer& observer_;
   tool_broker tools_;
   std::unique_ptr<runtime::agent_process> process_;
+  // The agent's channel and the run's wake-ups, as the event loop watches them.
+  std::optional<watched_fd> channel_fd_, events_fd_;
   std::optional<history_feed> history_;
   std::mt19937_64 rng_{std::random_device{}()};  // jitters retry delays
   attempt_wakeups& events_;

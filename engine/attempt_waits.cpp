@@ -4,7 +4,6 @@
 //
 // A timer's wake time and a signal wait's deadline are recorded on first
 // sight (timer_set, wait_started) so that a replayed request keeps them.
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,44 +34,48 @@ std::string format_ms(std::int64_t ms) {
 
 }  // namespace
 
-void attempt_driver::record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id) {
+task<void> attempt_driver::record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id) {
   storage::step_record record;
   record.run_id = run_.id;
   record.started_at_ms = storage::now_ms();
   record.finished_at_ms = record.started_at_ms;
   record.result = std::move(r);
-  commit(record, signal_id);
-  send(protocol::result_msg{record.result});
+  co_await commit(record, signal_id);
+  co_await send(protocol::result_msg{record.result});
   crash_point("after_ack");
   observer_.on_step(record);
 }
 
-void attempt_driver::hold(const storage::wait_spec& wait, std::chrono::milliseconds max_hold,
-                          const std::function<bool()>& finish) {
+task<void> attempt_driver::hold(const storage::wait_spec& wait, std::chrono::milliseconds max_hold,
+                                const std::function<task<bool>()>& finish) {
   const auto give_up = clock::now() + max_hold;
+  // The agent sends nothing while it waits: its channel is watched for its
+  // closing, unless bytes the agent had no reason to send sit in it.
+  bool channel_quiet = true;
   for (;;) {
     take_wakes();
-    if (finish()) return;
+    if (co_await finish()) co_return;
     // Before supervise(), which hands back a run that is between steps: a waiting one is suspended.
-    if (stopping()) end({kind::suspended, nullptr, {}, wait});
-    supervise();
-    if (cancel_sent_) return;  // the agent hears cancel instead of an answer
+    if (stopping()) co_await end({kind::suspended, nullptr, {}, wait});
+    co_await supervise();
+    if (cancel_sent_) co_return;  // the agent hears cancel instead of an answer
     if (process_->poll_exit()) throw runtime::channel_closed("the agent ended while it waited", false);
-    if (clock::now() >= give_up) end({kind::suspended, nullptr, {}, wait});
+    if (clock::now() >= give_up) co_await end({kind::suspended, nullptr, {}, wait});
     auto until = std::min(give_up, next_deadline());
     if (wait.wake_at_ms)
       until = std::min(until, clock::now() + std::chrono::milliseconds(*wait.wake_at_ms - storage::now_ms()));
-    // The agent sends nothing while it waits; its channel closing means it is gone.
-    std::array<pollfd, 2> fds{pollfd{events_.fd(), POLLIN, 0}, pollfd{process_->io().fd(), POLLRDHUP, 0}};
-    if (::poll(fds.data(), fds.size(), poll_timeout(until)) < 0 && errno != EINTR)
-      throw std::system_error(errno, std::generic_category(), "poll while a run waits");
-    if (fds[1].revents) throw runtime::channel_closed("the agent ended while it waited", false);
+    const auto woken = co_await wait_any(*events_fd_, asio::posix::descriptor_base::wait_read,
+                                         channel_quiet ? &*channel_fd_ : nullptr, until);
+    if (woken == woken_by::second) {
+      if (process_->io().peer_closed()) throw runtime::channel_closed("the agent ended while it waited", false);
+      channel_quiet = false;
+    }
   }
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::sleep_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::sleep_msg& m) {
   check_seq(m.seq, "sleep");
-  if (cancel_sent_) return std::nullopt;
+  if (cancel_sent_) co_return std::nullopt;
   std::int64_t until = 0;
   if (auto set = journal_.timer_at(m.seq)) {
     until = set->until_ms;
@@ -83,94 +86,95 @@ std::optional<attempt_result> attempt_driver::on(const protocol::sleep_msg& m) {
       throw violation{fmt::format("a sleep until {} ms since the epoch, more than 100 years ahead", *m.until_ms)};
     until = m.until_ms ? *m.until_ms : now + std::max<std::int64_t>(*m.duration_ms, 0);
     const bool in_past = m.until_ms ? *m.until_ms < now : *m.duration_ms < 0;
-    journal_.apply({effects::timer_set{m.seq, until, in_past}});
+    co_await journal_.apply(effects::timer_set{m.seq, until, in_past});
     if (in_past)
       observer_.on_warning(fmt::format("run {}: the timer at step {} was set for {}, which is in the past; it "
                                        "fires now",
                                        run_.id, m.seq, format_ms(until)));
   }
-  auto fire = [&] {
+  auto fire = [&]() -> task<bool> {
     const auto now = storage::now_ms();
-    if (now < until) return false;
+    if (now < until) co_return false;
     protocol::step_result r;
     r.seq = m.seq;
     r.name = "sleep";
     r.kind = protocol::step_kind::sleep;
     r.output = {{"until_ms", until}, {"fired_at_ms", now}};
-    record_and_answer(std::move(r));
-    return true;
+    co_await record_and_answer(std::move(r));
+    co_return true;
   };
   // A timer further off than suspend_after suspends the run at once.
   const bool long_wait = until - storage::now_ms() > options_.suspend_after.count();
-  hold({"timer", "", m.seq, until}, long_wait ? 0ms : std::chrono::milliseconds(std::chrono::hours(24 * 365)), fire);
-  return std::nullopt;
+  co_await hold({"timer", "", m.seq, until},
+                long_wait ? 0ms : std::chrono::milliseconds(std::chrono::hours(24 * 365)), fire);
+  co_return std::nullopt;
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::wait_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::wait_msg& m) {
   check_seq(m.seq, "wait");
   if (m.signal.empty() || m.signal.size() > protocol::max_name_size)
     throw violation{"a wait for a signal with an empty or over-long name"};
-  if (cancel_sent_) return std::nullopt;
+  if (cancel_sent_) co_return std::nullopt;
   std::optional<std::int64_t> deadline;
   if (auto started = journal_.wait_at(m.seq)) {
     deadline = started->deadline_ms;
   } else {
     if (m.timeout_ms) deadline = storage::now_ms() + std::max<std::int64_t>(*m.timeout_ms, 0);
-    journal_.apply({effects::wait_started{m.seq, m.signal, deadline}});
+    co_await journal_.apply(effects::wait_started{m.seq, m.signal, deadline});
   }
-  auto deliver = [&] {
+  auto deliver = [&]() -> task<bool> {
     protocol::step_result r;
     r.seq = m.seq;
     r.name = m.signal;
     r.kind = protocol::step_kind::signal;
     if (auto sig = journal_.pending_signal(m.signal)) {
       r.output = {{"signal", m.signal}, {"timed_out", false}, {"payload", sig->payload}};
-      record_and_answer(std::move(r), sig->id);
-      return true;
+      co_await record_and_answer(std::move(r), sig->id);
+      co_return true;
     }
     if (deadline && storage::now_ms() >= *deadline) {
       r.output = {{"signal", m.signal}, {"timed_out", true}};
-      record_and_answer(std::move(r));
-      return true;
+      co_await record_and_answer(std::move(r));
+      co_return true;
     }
-    return false;
+    co_return false;
   };
-  hold({"signal", m.signal, m.seq, deadline}, options_.suspend_after, deliver);
-  return std::nullopt;
+  co_await hold({"signal", m.signal, m.seq, deadline}, options_.suspend_after, deliver);
+  co_return std::nullopt;
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::child_msg& m) {
   check_seq(m.seq, "child");
-  if (cancel_sent_) return std::nullopt;
+  if (cancel_sent_) co_return std::nullopt;
   protocol::step_result r;
   r.seq = m.seq;
   r.name = m.agent;
   r.kind = protocol::step_kind::child;
-  auto refuse = [&](std::string type, std::string message) {
+  auto refuse = [&](std::string type, std::string message) -> step {
     r.ok = false;
     r.error = {std::move(message), std::move(type)};
-    record_and_answer(std::move(r));
-    return std::nullopt;
+    co_await record_and_answer(std::move(r));
+    co_return std::nullopt;
   };
 
   namespace fs = std::filesystem;
   const fs::path folder = fs::path(run_.agent).parent_path();
   fs::path program;
   if (m.agent.empty() || m.agent.size() > protocol::max_name_size)
-    return refuse("no_such_agent", "a child agent needs a name");
+    co_return co_await refuse("no_such_agent", "a child agent needs a name");
   if (m.agent.find('/') == std::string::npos) {
     program = folder / m.agent;
   } else {
     program = (folder / m.agent).lexically_normal();
     const auto& allowed = policy_.children.agents;
     if (std::find(allowed.begin(), allowed.end(), program.string()) == allowed.end())
-      return refuse("refused", fmt::format("child agent '{}' is neither in this agent's folder ({}) nor listed in "
+      co_return co_await refuse("refused", fmt::format("child agent '{}' is neither in this agent's folder ({}) nor listed in "
                                            "the policy's children.agents",
                                            m.agent, folder.string()));
   }
   std::error_code ec;
   if (!fs::is_regular_file(program, ec) || ::access(program.c_str(), X_OK) != 0)
-    return refuse("no_such_agent", fmt::format("there is no agent program '{}' ({} is not an executable file)",
+    co_return co_await refuse("no_such_agent", fmt::format("there is no agent program '{}' ({} is not an executable file)",
                                                m.agent, program.string()));
   storage::new_run child;
   child.id = fmt::format("{}.{}", run_.id, m.seq);
@@ -185,16 +189,17 @@ std::optional<attempt_result> attempt_driver::on(const protocol::child_msg& m) {
     child.deadline_ms = storage::now_ms() + std::chrono::milliseconds(policy_.run_bound()).count();
   const std::string id = child.id;
   // A replay after a crash finds the same id: created once.
-  if (auto refused = journal_.start_child(std::move(child), policy_)) return refuse("refused", *refused);
+  if (auto refused = co_await journal_.start_child(std::move(child), policy_))
+    co_return co_await refuse("refused", *refused);
   crash_point("child_created");
   r.output = {{"run_id", id}};
-  record_and_answer(std::move(r));
-  return std::nullopt;
+  co_await record_and_answer(std::move(r));
+  co_return std::nullopt;
 }
 
-std::optional<attempt_result> attempt_driver::on(const protocol::join_msg& m) {
+attempt_driver::step attempt_driver::on(const protocol::join_msg& m) {
   check_seq(m.seq, "join");
-  if (cancel_sent_) return std::nullopt;
+  if (cancel_sent_) co_return std::nullopt;
   protocol::step_result r;
   r.seq = m.seq;
   r.name = m.run_id;
@@ -203,9 +208,9 @@ std::optional<attempt_result> attempt_driver::on(const protocol::join_msg& m) {
   // Another run's outcome is not this agent's to wait for or read.
   if (!child || child->parent_id != run_.id)
     throw violation{fmt::format("a join of run '{}', which is not a child of run {}", m.run_id, run_.id)};
-  auto joined = [&] {
+  auto joined = [&]() -> task<bool> {
     auto c = journal_.find_run(m.run_id);
-    if (!c || !ended(c->status)) return false;
+    if (!c || !ended(c->status)) co_return false;
     if (c->status == storage::run_status::completed) {
       r.output = c->output;
     } else {
@@ -215,11 +220,11 @@ std::optional<attempt_result> attempt_driver::on(const protocol::join_msg& m) {
                     ? protocol::error_info{why, "child_cancelled"}
                     : protocol::error_info{why, "child_failed"};
     }
-    record_and_answer(std::move(r));
-    return true;
+    co_await record_and_answer(std::move(r));
+    co_return true;
   };
-  hold({"child", m.run_id, m.seq, std::nullopt}, options_.suspend_after, joined);
-  return std::nullopt;
+  co_await hold({"child", m.run_id, m.seq, std::nullopt}, options_.suspend_after, joined);
+  co_return std::nullopt;
 }
 
 }  // namespace cairn::engine

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include <boost/asio/this_coro.hpp>
 #include <fmt/format.h>
 
 #include "engine/attempt.hpp"
@@ -25,8 +26,8 @@ bool ended(storage::run_status s) {
          s == storage::run_status::cancelled;
 }
 
-// Takes the run for this process, or explains who has it.
-void claim(ledger& journal, const storage::run_record& run) {
+// Throws unless this process may take the run: nobody alive holds it.
+void check_claimable(const storage::run_record& run) {
   const std::string me = current_owner().str();
   if (!run.owner.empty() && run.owner != me) {
     switch (check_owner(run.owner)) {
@@ -42,8 +43,21 @@ void claim(ledger& journal, const storage::run_record& run) {
         break;
     }
   }
-  if (!journal.claim_run(run.id, run.owner, me))
-    throw engine_error(errc::busy, fmt::format("run {} was taken by another process just now", run.id));
+}
+
+engine_error taken_just_now(const std::string& run_id) {
+  return engine_error(errc::busy, fmt::format("run {} was taken by another process just now", run_id));
+}
+
+// Takes the run for this process, or explains who has it.
+void claim(ledger& journal, const storage::run_record& run) {
+  check_claimable(run);
+  if (!journal.claim_run(run.id, run.owner, current_owner().str())) throw taken_just_now(run.id);
+}
+
+task<void> claim_async(ledger& journal, const storage::run_record& run) {
+  check_claimable(run);
+  if (!co_await journal.claim_run_async(run.id, run.owner, current_owner().str())) throw taken_just_now(run.id);
 }
 
 std::int64_t whole_ms(std::chrono::nanoseconds d) {
@@ -98,8 +112,12 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
 }
 
 storage::run_record engine::execute(const std::string& run_id, run_observer* observer, bool revive_failed) {
+  return run_here(execute_async(run_id, observer, revive_failed));
+}
+
+task<storage::run_record> engine::execute_async(std::string run_id, run_observer* observer, bool revive_failed) {
   try {
-    return drive_run(run_id, observer, revive_failed);
+    co_return co_await drive_run(run_id, observer, revive_failed);
   } catch (const storage::storage_error& e) {
     // Another process took the run over: the attempt's sandbox died as the
     // error unwound it; stop here and never write again (the new owner has it).
@@ -108,62 +126,68 @@ storage::run_record engine::execute(const std::string& run_id, run_observer* obs
   }
 }
 
-storage::run_record engine::drive_run(const std::string& run_id, run_observer* observer, bool revive_failed) {
+task<storage::run_record> engine::drive_run(const std::string& run_id, run_observer* observer, bool revive_failed) {
   null_observer quiet;
   run_observer& watch = observer ? *observer : quiet;
+  std::string unreadable;
   try {
-    return execute_run(run_id, watch, revive_failed);
+    co_return co_await execute_run(run_id, watch, revive_failed);
   } catch (const storage::storage_error& e) {
     if (e.code() != storage::errc::unreadable) throw;
-    return end_run(run_id, storage::run_status::failed, nullptr,
-                   protocol::error_info{fmt::format("run {} cannot go on: {}", run_id, e.what()), "journal"}, watch);
+    unreadable = e.what();
   }
+  co_return co_await end_run(run_id, storage::run_status::failed, nullptr,
+                             protocol::error_info{fmt::format("run {} cannot go on: {}", run_id, unreadable), "journal"},
+                             watch);
 }
 
-storage::run_record engine::execute_run(const std::string& run_id, run_observer& watch, bool revive_failed) {
+task<storage::run_record> engine::execute_run(const std::string& run_id, run_observer& watch, bool revive_failed) {
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
-  if (run->status == storage::run_status::completed || run->status == storage::run_status::cancelled) return *run;
+  if (run->status == storage::run_status::completed || run->status == storage::run_status::cancelled) co_return *run;
   if (!revive_failed && (run->status == storage::run_status::failed || run->status == storage::run_status::in_doubt))
-    return *run;
+    co_return *run;
   // A wait that is not over is left to whoever polls for it: no sandbox for nothing.
-  if (run->status == storage::run_status::waiting && !wait_is_over(journal_, *run)) return *run;
+  if (run->status == storage::run_status::waiting && !wait_is_over(journal_, *run)) co_return *run;
 
   if (run->status == storage::run_status::failed) {
-    ledger_->apply(run_id, {effects::attempts_reset{}});
+    co_await ledger_->apply_async(run_id, effects::attempts_reset{});
     run = journal_.find_run(run_id);
   }
-  claim(*ledger_, *run);
+  co_await claim_async(*ledger_, *run);
   if (!run->unreadable.empty()) throw storage::storage_error(storage::errc::unreadable, run->unreadable);
 
   auto& sandboxes = backend(run->sandbox);
   make_home_folders(home());
   policy rules;
+  std::optional<std::string> invalid_policy;
   try {
     rules = parse_policy(run->policy);
   } catch (const policy_error& e) {
-    return end_run(run_id, storage::run_status::failed, nullptr,
-                   protocol::error_info{std::string("the run's stored policy is no longer valid here: ") + e.what(),
-                                        "policy"},
-                   watch);
+    invalid_policy = e.what();
   }
+  if (invalid_policy)
+    co_return co_await end_run(
+        run_id, storage::run_status::failed, nullptr,
+        protocol::error_info{"the run's stored policy is no longer valid here: " + *invalid_policy, "policy"}, watch);
   // Crashes counted in this process: a dead host does not use up the agent's attempts.
   int crashes = 0;
   for (;;) {
     run = journal_.find_run(run_id);
     if (run->cancel_requested_at_ms)
-      return end_run(run_id, storage::run_status::cancelled, nullptr,
-                     protocol::error_info{cancel_reason(journal_, run_id), "cancelled"}, watch);
+      co_return co_await end_run(run_id, storage::run_status::cancelled, nullptr,
+                                 protocol::error_info{cancel_reason(journal_, run_id), "cancelled"}, watch);
     if (run->deadline_ms && storage::now_ms() >= *run->deadline_ms) {
       auto [message, type] = rules.deadline_passed();
-      return end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{message, type}, watch);
+      co_return co_await end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{message, type},
+                                 watch);
     }
     if (auto doubt = find_in_doubt(journal_, run_id)) {
-      ledger_->apply(run_id, {effects::run_ended{storage::run_status::in_doubt, nullptr,
-                                                 protocol::error_info{doubt->message, "in_doubt"}}});
-      return *journal_.find_run(run_id);
+      co_await ledger_->apply_async(run_id, effects::run_ended{storage::run_status::in_doubt, nullptr,
+                                                                protocol::error_info{doubt->message, "in_doubt"}});
+      co_return *journal_.find_run(run_id);
     }
-    const int attempt = ledger_->begin_attempt(run_id);
+    const int attempt = co_await ledger_->begin_attempt_async(run_id);
     if (run->sandbox == "none")
       watch.on_warning("run " + run_id + " executes WITHOUT a sandbox (--sandbox none): the agent can read and "
                                          "write everything this user can");
@@ -174,7 +198,8 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
     try {
       run_journal journal(*ledger_, journal_, home(), run_id, rules.journal);
       attempt_events events(run_id, journal_.path());
-      result = run_attempt(journal, events, sandboxes, *run, rules, attempt, attempt_options_of(run_id), watch);
+      result =
+          co_await run_attempt(journal, events, sandboxes, *run, rules, attempt, attempt_options_of(run_id), watch);
     } catch (const runtime::sandbox_error& e) {
       result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
     }
@@ -182,7 +207,7 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
     using kind = attempt_result::kind;
     switch (result.outcome) {
       case kind::suspended: {
-        ledger_->confirm_held(run_id);
+        co_await ledger_->confirm_held_async(run_id);
         // The workspace stays in its image until the run ends. What the
         // suspension cost (this attempt's mount and unmount) is the run's, and
         // the agent, which chooses how long it waits, may only suspend so often.
@@ -194,61 +219,63 @@ storage::run_record engine::execute_run(const std::string& run_id, run_observer&
               "(limits.suspensions_per_hour): each suspension unmounts its workspace and each resumption "
               "mounts it again; raise the limit, or wait longer at a time",
               rules.suspensions_per_hour);
-          ledger_->apply(run_id, {effects::limit_exceeded{"suspensions", message}});
-          return end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{message, "limit_exceeded"},
-                         watch);
+          co_await ledger_->apply_async(run_id, effects::limit_exceeded{"suspensions", message});
+          co_return co_await end_run(run_id, storage::run_status::failed, nullptr,
+                                     protocol::error_info{message, "limit_exceeded"}, watch);
         }
-        ledger_->apply(run_id, {effects::suspended{result.wait, count, upkeep.bytes_written - upkeep_before.bytes_written,
-                                                   whole_ms(upkeep.cpu - upkeep_before.cpu),
-                                                   whole_ms(upkeep.wall - upkeep_before.wall)}});
+        co_await ledger_->apply_async(
+            run_id, effects::suspended{result.wait, count, upkeep.bytes_written - upkeep_before.bytes_written,
+                                       whole_ms(upkeep.cpu - upkeep_before.cpu),
+                                       whole_ms(upkeep.wall - upkeep_before.wall)});
         run = journal_.find_run(run_id);
         watch.on_wait(*run, result.wait);
-        return *run;
+        co_return *run;
       }
       case kind::released:
-        ledger_->apply(run_id, {effects::released{"the host process is shutting down"}});
-        return *journal_.find_run(run_id);
+        co_await ledger_->apply_async(run_id, effects::released{"the host process is shutting down"});
+        co_return *journal_.find_run(run_id);
       case kind::restart:  // counted like a crash: an agent must not restart its sandbox for free
       case kind::crashed: {
         ++crashes;
         bool retry = crashes < run->max_attempts;
-        ledger_->apply(run_id, {effects::attempt_crashed{attempt, result.error.message, retry}});
+        co_await ledger_->apply_async(run_id, effects::attempt_crashed{attempt, result.error.message, retry});
         watch.on_attempt_failed(attempt, result.error.message, retry);
         if (retry) {
           auto delay = options_.retry_backoff ? run_retry{*options_.retry_backoff}.delay_after(crashes)
                                               : rules.retry.delay_after(crashes);
-          if (!pause(delay, run_id)) {
-            ledger_->apply(run_id, {effects::released{"the host process is shutting down"}});
-            return *journal_.find_run(run_id);
+          if (!co_await pause(delay, run_id)) {
+            co_await ledger_->apply_async(run_id, effects::released{"the host process is shutting down"});
+            co_return *journal_.find_run(run_id);
           }
           continue;
         }
         result.error.message = fmt::format("gave up after {} crashed attempt{}; last: {}", crashes,
                                            crashes == 1 ? "" : "s", result.error.message);
-        return end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
+        co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
       }
       case kind::completed:
-        return end_run(run_id, storage::run_status::completed, result.output, std::nullopt, watch);
+        co_return co_await end_run(run_id, storage::run_status::completed, result.output, std::nullopt, watch);
       case kind::cancelled:
-        return end_run(run_id, storage::run_status::cancelled, nullptr, result.error, watch);
+        co_return co_await end_run(run_id, storage::run_status::cancelled, nullptr, result.error, watch);
       case kind::failed:
-        return end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
+        co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
     }
   }
 }
 
-storage::run_record engine::end_run(const std::string& run_id, storage::run_status status, const json& output,
-                                    const std::optional<protocol::error_info>& error, run_observer& watch) {
+task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, const json& output,
+                                          const std::optional<protocol::error_info>& error, run_observer& watch) {
   crash_point("before_finish");
   // Files first: once the journal says the run ended, nothing releases its
   // workspace again. A crash in between only replays the run.
   auto run = *journal_.find_run(run_id);
-  ledger_->confirm_held(run_id);  // the workspace of a run taken over is the new owner's
-  release_workspace(backend(run.sandbox), run, watch);
-  ledger_->apply(run_id, {effects::run_ended{status, output, error}});
+  co_await ledger_->confirm_held_async(run_id);  // the workspace of a run taken over is the new owner's
+  auto& sandboxes = backend(run.sandbox);
+  co_await offload([&] { release_workspace(sandboxes, run, watch); });
+  co_await ledger_->apply_async(run_id, effects::run_ended{status, output, error});
   run = *journal_.find_run(run_id);
   cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
-  return run;
+  co_return run;
 }
 
 void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run,
@@ -260,14 +287,18 @@ void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storag
   }
 }
 
-bool engine::pause(std::chrono::milliseconds delay, const std::string& run_id) {
+task<bool> engine::pause(std::chrono::milliseconds delay, const std::string& run_id) {
   // Whoever sets options_.stopping wakes every waiter (wake_all).
   wake_event woken;
   wake_registration watching(run_id, woken);
+  watched_fd event(co_await asio::this_coro::executor, woken.fd());
   const auto until = std::chrono::steady_clock::now() + delay;
-  while (!(options_.stopping && options_.stopping->load()))
-    if (!woken.wait_until(until)) return true;
-  return false;
+  while (!(options_.stopping && options_.stopping->load())) {
+    if (co_await wait_any(event, asio::posix::descriptor_base::wait_read, nullptr, until) == woken_by::deadline)
+      co_return true;
+    woken.take();
+  }
+  co_return false;
 }
 
 // Children of an ended run: idle ones are cancelled now (with theirs), running
@@ -328,7 +359,7 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
   if (run->owner.empty() || check_owner(run->owner) == owner_state::dead) {
     claim(*ledger_, *run);
     null_observer quiet;
-    end_run(run_id, storage::run_status::cancelled, nullptr, protocol::error_info{reason, "cancelled"}, quiet);
+    run_here(end_run(run_id, storage::run_status::cancelled, nullptr, protocol::error_info{reason, "cancelled"}, quiet));
     return cancel_outcome::cancelled;
   }
   return cancel_outcome::requested;

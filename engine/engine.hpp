@@ -118,6 +118,10 @@ class engine {
   // A run whose journal holds a value cairn cannot load (storage's
   // errc::unreadable) fails with error type "journal"; other runs go on.
   storage::run_record execute(const std::string& run_id, run_observer* observer = nullptr, bool revive_failed = true);
+  // The same as a coroutine, for an event loop that carries many runs: it
+  // suspends where execute() would block. The engine is not thread-safe:
+  // the runs of one engine share one thread.
+  task<storage::run_record> execute_async(std::string run_id, run_observer* observer, bool revive_failed);
 
   // Records the outcome of the in-doubt call at `seq` (or that it is to be
   // made again) and makes the run pending, ready for execute. Refused
@@ -156,22 +160,22 @@ class engine {
 
  private:
   // drive_run() but for a run whose stored data cannot be read (storage_error(unreadable)).
-  storage::run_record execute_run(const std::string& run_id, run_observer& watch, bool revive_failed);
+  task<storage::run_record> execute_run(const std::string& run_id, run_observer& watch, bool revive_failed);
   // Backends are made once per engine: making one checks the bwrap version
   // and sweeps orphaned sandboxes.
   runtime::sandbox_backend& backend(const std::string& name);
   // execute() but for a run taken over meanwhile, which throws
   // storage_error(fenced); a run whose stored data cannot be read ends failed.
-  storage::run_record drive_run(const std::string& run_id, run_observer* observer, bool revive_failed);
+  task<storage::run_record> drive_run(const std::string& run_id, run_observer* observer, bool revive_failed);
   const std::filesystem::path& home() const;
   attempt_options attempt_options_of(const std::string& run_id) const;
   // Records the end, releases the workspace, cancels unfinished children.
-  storage::run_record end_run(const std::string& run_id, storage::run_status status, const json& output,
-                              const std::optional<protocol::error_info>& error, run_observer& watch);
+  task<storage::run_record> end_run(const std::string& run_id, storage::run_status status, const json& output,
+                                    const std::optional<protocol::error_info>& error, run_observer& watch);
   void release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run, run_observer& watch);
   void cancel_children(const std::string& run_id, const std::string& reason);
   // Sleeps `delay` unless the host starts shutting down (then false).
-  bool pause(std::chrono::milliseconds delay, const std::string& run_id);
+  task<bool> pause(std::chrono::milliseconds delay, const std::string& run_id);
 
   storage::journal& journal_;
   engine_options options_;

@@ -1,5 +1,7 @@
 #include "engine/ledger.hpp"
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <fmt/format.h>
 
 #include "engine/crash_point.hpp"
@@ -114,47 +116,123 @@ int count_at(storage::journal& journal, const std::string& run_id, std::uint64_t
 }  // namespace
 
 ledger::ledger(const std::filesystem::path& db, storage::journal_options options)
-    : path_(db), journal_(db, options) {}
+    : path_(db), journal_(db, options), committer_([this] { commit_loop(); }) {}
 
-void ledger::write(std::function<void(storage::journal&)> body) {
-  writer me;
-  me.body = std::move(body);
-  std::unique_lock lock(mutex_);
-  queue_.push_back(&me);
-  me.turn.wait(lock, [&] { return me.done || queue_.front() == &me; });
-  if (!me.done) {
-    // At the front: commit everyone waiting, this write first.
-    std::vector<writer*> group(queue_.begin(), queue_.begin() + std::min(queue_.size(), max_group));
-    lock.unlock();
-    std::vector<std::function<void(storage::journal&)>> bodies;
-    bodies.reserve(group.size());
-    for (auto* w : group) bodies.push_back(std::move(w->body));
-    crash_point("before_group_commit");
-    auto errors = journal_.write_together(bodies);
-    // Durable, and nobody has been answered yet.
-    crash_point(group.size() > 1 ? "after_group_commit.many" : "after_group_commit.one");
-    lock.lock();
-    for (std::size_t i = 0; i < group.size(); ++i) {
-      group[i]->error = errors[i];
-      group[i]->done = true;
-      queue_.pop_front();
-      if (group[i] != &me) group[i]->turn.notify_one();
-    }
-    if (!queue_.empty()) queue_.front()->turn.notify_one();
+ledger::~ledger() {
+  {
+    std::lock_guard lock(mutex_);
+    closing_ = true;
   }
-  if (me.error) std::rethrow_exception(me.error);
+  queued_.notify_one();
+  committer_.join();
 }
 
-void ledger::apply(const std::string& run_id, const std::vector<effect>& effects) {
-  std::string parent;
-  write([&](storage::journal& j) {
+void ledger::enqueue(body write, done_fn done) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back({std::move(write), std::move(done)});
+  }
+  queued_.notify_one();
+}
+
+void ledger::commit_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    queued_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    std::vector<writer> group;
+    const std::size_t n = std::min(queue_.size(), max_group);
+    group.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      group.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    lock.unlock();
+    std::vector<body> bodies;
+    bodies.reserve(group.size());
+    for (auto& w : group) bodies.push_back(std::move(w.write));
+    crash_point("before_group_commit");
+    std::vector<std::exception_ptr> errors;
+    try {
+      errors = journal_.write_together(bodies);
+    } catch (...) {
+      errors.assign(group.size(), std::current_exception());  // the committer goes on; every writer hears why
+    }
+    // Durable, and nobody has been answered yet.
+    crash_point(group.size() > 1 ? "after_group_commit.many" : "after_group_commit.one");
+    for (std::size_t i = 0; i < group.size(); ++i) group[i].done(errors[i]);
+    lock.lock();
+  }
+}
+
+void ledger::write(body write) {
+  std::mutex m;
+  std::condition_variable committed;
+  bool done = false;
+  std::exception_ptr error;
+  enqueue(std::move(write), [&](std::exception_ptr e) {
+    std::lock_guard lock(m);
+    error = e;
+    done = true;
+    committed.notify_one();
+  });
+  std::unique_lock lock(m);
+  committed.wait(lock, [&] { return done; });
+  if (error) std::rethrow_exception(error);
+}
+
+task<void> ledger::write_async(body write) {
+  auto executor = co_await asio::this_coro::executor;
+  co_await asio::async_initiate<decltype(asio::use_awaitable), void(std::exception_ptr)>(
+      [&](auto handler) {
+        // The handler moves only; the queue's callbacks are copied.
+        auto resume = std::make_shared<decltype(handler)>(std::move(handler));
+        enqueue(std::move(write), [resume, executor](std::exception_ptr e) {
+          asio::post(executor, [resume, e]() mutable { (*resume)(e); });
+        });
+      },
+      asio::use_awaitable);
+}
+
+ledger::body ledger::effects_body(const std::string& run_id, const std::vector<effect>& effects,
+                                  std::string& parent) {
+  return [&run_id, &effects, &parent](storage::journal& j) {
     for (const auto& e : effects) {
       store(j, run_id, e);
       if (std::holds_alternative<effects::run_ended>(e))
         if (auto run = j.find_run(run_id)) parent = run->parent_id;
     }
+  };
+}
+
+void ledger::apply(const std::string& run_id, const std::vector<effect>& effects) {
+  std::string parent;
+  write(effects_body(run_id, effects, parent));
+  announce_applied(run_id, effects, parent);
+}
+
+task<void> ledger::apply_async(std::string run_id, effect e) {
+  std::vector<effect> effects;
+  effects.push_back(std::move(e));
+  std::string parent;
+  co_await write_async(effects_body(run_id, effects, parent));
+  announce_applied(run_id, effects, parent);
+}
+
+task<std::optional<std::string>> ledger::start_child_async(
+    std::string run_id, storage::new_run child, std::function<std::optional<std::string>(storage::journal&)> refusal) {
+  std::optional<std::string> refused;
+  co_await write_async([&](storage::journal& j) {
+    if (!j.find_run(child.id)) refused = refusal(j);
+    if (!refused) store(j, run_id, effects::child_started{child});
   });
-  // Committed: whoever waits on these runs, here or in another process, looks again.
+  if (!refused) announce(path_, child.id, storage::change::submitted);
+  co_return refused;
+}
+
+// Committed: whoever waits on these runs, here or in another process, looks again.
+void ledger::announce_applied(const std::string& run_id, const std::vector<effect>& effects,
+                              const std::string& parent) {
   for (const auto& e : effects) {
     if (std::holds_alternative<effects::suspended>(e)) announce(path_, run_id, storage::change::waiting);
     else if (std::holds_alternative<effects::released>(e) || std::holds_alternative<effects::attempts_reset>(e))
@@ -185,14 +263,30 @@ bool ledger::claim_run(const std::string& id, const std::string& expected_owner,
   return claimed;
 }
 
+task<bool> ledger::claim_run_async(std::string id, std::string expected_owner, std::string new_owner) {
+  bool claimed = false;
+  co_await write_async([&](storage::journal& j) { claimed = j.claim_run(id, expected_owner, new_owner); });
+  co_return claimed;
+}
+
 void ledger::confirm_held(const std::string& id) {
   write([&](storage::journal& j) { j.confirm_held(id); });
+}
+
+task<void> ledger::confirm_held_async(std::string id) {
+  co_await write_async([&](storage::journal& j) { j.confirm_held(id); });
 }
 
 int ledger::begin_attempt(const std::string& id) {
   int attempt = 0;
   write([&](storage::journal& j) { attempt = j.begin_attempt(id); });
   return attempt;
+}
+
+task<int> ledger::begin_attempt_async(std::string id) {
+  int attempt = 0;
+  co_await write_async([&](storage::journal& j) { attempt = j.begin_attempt(id); });
+  co_return attempt;
 }
 
 storage::signal_record ledger::enqueue_signal(const std::string& run_id, const std::string& name, const json& payload,

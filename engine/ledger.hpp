@@ -5,12 +5,13 @@
 // readers below that find it again. After each commit it announces what
 // another thread or process may wait for (wakeups.hpp).
 //
-// Group commit, as LevelDB's writer queue: a thread that writes joins a
-// queue; the one at its front commits, in one transaction with one sync, the
-// writes of everyone waiting behind it, then wakes them. Each write returns
-// (and its caller may answer the agent) only after that commit: the
-// acknowledgement still follows the durable row, and a second run's steps
-// cost no second sync.
+// Group commit, as LevelDB's writer queue: a write joins a queue, and the
+// ledger's committer thread commits, in one transaction with one sync,
+// everything queued, then tells each writer. A write returns (a blocking
+// call) or resumes its coroutine (the _async calls, on the coroutine's own
+// executor) only after that commit: the acknowledgement still follows the
+// durable row, a second run's steps cost no second sync, and no thread of
+// the event loop ever waits for an fsync.
 #pragma once
 
 #include <condition_variable>
@@ -20,10 +21,12 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "engine/effects.hpp"
+#include "engine/io.hpp"
 #include "storage/journal.hpp"
 
 namespace cairn::engine {
@@ -41,6 +44,8 @@ class ledger {
  public:
   // Opens a connection of its own to the journal at `db`.
   explicit ledger(const std::filesystem::path& db, storage::journal_options options = {});
+  // Commits what is queued, then stops the committer.
+  ~ledger();
   ledger(const ledger&) = delete;
   ledger& operator=(const ledger&) = delete;
 
@@ -49,6 +54,14 @@ class ledger {
   // Applies the effects of run `run_id` together: all of them or (when it
   // throws, as storage would) none. Durable when it returns.
   void apply(const std::string& run_id, const std::vector<effect>& effects);
+  task<void> apply_async(std::string run_id, effect e);
+  // Creates `child`, a child of run `run_id`, unless `refusal` (called in
+  // the same transaction, so that runs of one tree started together cannot
+  // all take the last place) gives a reason not to; returns that reason. A
+  // child that exists already (a replay) is found, not refused.
+  task<std::optional<std::string>> start_child_async(
+      std::string run_id, storage::new_run child,
+      std::function<std::optional<std::string>(storage::journal&)> refusal);
 
   // The event an effect adds to the journal, if it adds one (a step adds a
   // step row; a child, a run). For the run's journal budget.
@@ -58,30 +71,43 @@ class ledger {
   // call of the same name (journal.hpp), group-committed like apply.
   std::pair<storage::run_record, bool> create_run(const storage::new_run& run);
   bool claim_run(const std::string& id, const std::string& expected_owner, const std::string& new_owner);
+  task<bool> claim_run_async(std::string id, std::string expected_owner, std::string new_owner);
   void confirm_held(const std::string& id);
+  task<void> confirm_held_async(std::string id);
   int begin_attempt(const std::string& id);
+  task<int> begin_attempt_async(std::string id);
   storage::signal_record enqueue_signal(const std::string& run_id, const std::string& name, const json& payload,
                                         std::uint64_t max_signals);
   bool request_cancel(const std::string& id, const std::string& reason);
   bool cancel_idle_run(const std::string& id, const std::string& message);
 
  private:
+  using body = std::function<void(storage::journal&)>;
+  // Told once the write committed (null) or failed (why).
+  using done_fn = std::function<void(std::exception_ptr)>;
   struct writer {
-    std::function<void(storage::journal&)> body;
-    std::exception_ptr error;
-    bool done = false;
-    std::condition_variable turn;
+    body write;
+    done_fn done;
   };
-  // Runs `body` on the writing connection within the next group commit.
-  void write(std::function<void(storage::journal&)> body);
+  // Runs `write` on the writing connection within the next group commit.
+  void write(body write);
+  task<void> write_async(body write);
+  void enqueue(body write, done_fn done);
+  void commit_loop();
+  // The writes of apply(), and what to announce once they committed.
+  static body effects_body(const std::string& run_id, const std::vector<effect>& effects, std::string& parent);
+  void announce_applied(const std::string& run_id, const std::vector<effect>& effects, const std::string& parent);
   // The run ended: whoever waits for it (its parent's join, a `cairn run`
   // following it) hears so, here and in other processes.
   void announce_end(const std::string& run_id, const std::string& parent_id);
 
   std::filesystem::path path_;
-  storage::journal journal_;  // touched only by the writer at the queue's front
+  storage::journal journal_;  // touched only by the committer
   std::mutex mutex_;
-  std::deque<writer*> queue_;
+  std::condition_variable queued_;
+  std::deque<writer> queue_;
+  bool closing_ = false;
+  std::thread committer_;
 };
 
 // What the ledger wrote, read back.

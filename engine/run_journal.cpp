@@ -1,7 +1,5 @@
 #include "engine/run_journal.hpp"
 
-#include <mutex>
-
 #include <fmt/format.h>
 
 #include "engine/run_id.hpp"
@@ -50,36 +48,30 @@ run_journal::run_journal(ledger& writes, storage::journal& reads, const std::fil
                          const std::string& run_id, const journal_limits& limits)
     : writes_(writes), reads_(reads), home_(home), run_id_(run_id), budget_(reads, run_id, limits) {}
 
-void run_journal::apply(std::vector<effect> effects) {
-  for (const auto& e : effects) {
-    if (const auto* step = std::get_if<effects::step_committed>(&e)) budget_.charge_step(step->record.result);
-    else if (charged(e))
-      if (auto row = ledger::event_of(e)) budget_.charge_event(row->kind, row->data);
-  }
-  writes_.apply(run_id_, effects);
+task<void> run_journal::apply(effect e) {
+  if (const auto* step = std::get_if<effects::step_committed>(&e)) budget_.charge_step(step->record.result);
+  else if (charged(e))
+    if (auto row = ledger::event_of(e)) budget_.charge_event(row->kind, row->data);
+  co_await writes_.apply_async(run_id_, std::move(e));
 }
 
-std::optional<std::string> run_journal::start_child(storage::new_run child, const policy& p) {
+task<std::optional<std::string>> run_journal::start_child(storage::new_run child, const policy& p) {
   if (auto problem = run_id_problem(child.id))
-    return fmt::format("a child of run {} cannot be named: {}; start the root run with a shorter id", run_id_,
-                       *problem);
+    co_return fmt::format("a child of run {} cannot be named: {}; start the root run with a shorter id", run_id_,
+                          *problem);
   child.workspace = default_workspace(home_, child.id).string();
-  // One check-and-create at a time in this process, so that runs of one tree
-  // started together cannot all take the last place.
-  static std::mutex tree_mutex;
-  std::lock_guard tree_lock(tree_mutex);
-  if (!reads_.find_run(child.id)) {
-    const auto tree = tree_of(reads_, run_id_);
-    if (tree.depth + 1 > p.children.max_depth)
-      return fmt::format("this run is at depth {} of the tree of run {}, and a child would be deeper than its policy "
-                         "allows (children.max_depth {})",
-                         tree.depth, tree.root, p.children.max_depth);
-    if (tree.size - 1 >= p.children.max)
-      return fmt::format("the tree of run {} holds {} child runs, the most its policy allows (children.max)",
-                         tree.root, tree.size - 1);
-  }
-  writes_.apply(run_id_, {effects::child_started{std::move(child)}});
-  return std::nullopt;
+  co_return co_await writes_.start_child_async(
+      run_id_, std::move(child), [&](storage::journal& j) -> std::optional<std::string> {
+        const auto tree = tree_of(j, run_id_);
+        if (tree.depth + 1 > p.children.max_depth)
+          return fmt::format("this run is at depth {} of the tree of run {}, and a child would be deeper than its "
+                             "policy allows (children.max_depth {})",
+                             tree.depth, tree.root, p.children.max_depth);
+        if (tree.size - 1 >= p.children.max)
+          return fmt::format("the tree of run {} holds {} child runs, the most its policy allows (children.max)",
+                             tree.root, tree.size - 1);
+        return std::nullopt;
+      });
 }
 
 std::uint64_t run_journal::step_count() { return reads_.step_count(run_id_); }

@@ -19,8 +19,8 @@ class run_journal : public attempt_journal {
   run_journal(ledger& writes, storage::journal& reads, const std::filesystem::path& home, const std::string& run_id,
               const journal_limits& limits);
 
-  void apply(std::vector<effect> effects) override;
-  std::optional<std::string> start_child(storage::new_run child, const policy& p) override;
+  task<void> apply(effect e) override;
+  task<std::optional<std::string>> start_child(storage::new_run child, const policy& p) override;
   std::uint64_t step_count() override;
   std::vector<protocol::step_result> history(std::uint64_t from, std::uint64_t until, std::uint64_t max_bytes) override;
   int step_failures(std::uint64_t seq) override;

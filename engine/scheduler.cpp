@@ -2,10 +2,14 @@
 
 #include <poll.h>
 
+#include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <condition_variable>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -13,79 +17,88 @@
 #include <vector>
 
 #include "engine/owner.hpp"
+#include "engine/io.hpp"
 
 namespace cairn::engine {
 namespace {
 
 using clock = std::chrono::steady_clock;
 constexpr auto error_pause = std::chrono::seconds(5);
+// Event loops, one thread each, however many runs are live.
+constexpr int max_lanes = 4;
 
 }  // namespace
 
-// Worker threads, each with its own journal connection (to read) and engine
-// (an engine makes its sandbox backends once); all write through one ledger.
+// Lanes: each an event loop on one thread with its own journal connection
+// (to read) and engine (an engine makes its sandbox backends once), carrying
+// any number of runs as coroutines; all write through one ledger.
 struct scheduler::pool {
-  mutable std::mutex mutex;
-  std::condition_variable work, returned;
-  std::deque<std::string> queue;
-  std::set<std::string> in_flight;
-  std::map<std::string, clock::time_point> resting;  // run -> not before
-  bool closing = false;
-  std::vector<std::thread> threads;
-  wake_event loop;  // the scheduling thread's: an execution returned, or a run changed
-
-  void worker(const scheduler_options& options) {
+  struct lane {
+    asio::io_context io;
+    asio::executor_work_guard<asio::io_context::executor_type> open{io.get_executor()};
     std::unique_ptr<storage::journal> journal;
     std::unique_ptr<engine> eng;
-    for (;;) {
-      std::string id;
-      {
-        std::unique_lock lock(mutex);
-        work.wait(lock, [&] { return closing || !queue.empty(); });
-        if (queue.empty()) return;
-        id = std::move(queue.front());
-        queue.pop_front();
+    std::size_t live = 0;  // under the pool's mutex
+    std::thread thread;
+  };
+
+  mutable std::mutex mutex;
+  std::condition_variable returned;
+  std::set<std::string> in_flight;
+  std::map<std::string, clock::time_point> resting;  // run -> not before
+  std::vector<std::unique_ptr<lane>> lanes;
+  wake_event loop;  // the scheduling thread's: an execution returned, or a run changed
+
+  // Starts run `id` on the lane that carries the fewest. Under `mutex`.
+  void start(const std::string& id, const scheduler_options& options) {
+    auto& l = **std::min_element(lanes.begin(), lanes.end(), [](auto& a, auto& b) { return a->live < b->live; });
+    ++l.live;
+    in_flight.insert(id);
+    asio::co_spawn(l.io, execute(l, id, options), asio::detached);
+  }
+
+  task<void> execute(lane& l, std::string id, const scheduler_options& options) {
+    std::string error;
+    try {
+      if (!l.journal) {
+        l.journal = std::make_unique<storage::journal>(options.db, options.journal);
+        l.eng = std::make_unique<engine>(*l.journal, options.engine);
       }
-      std::string error;
-      try {
-        if (!journal) {
-          journal = std::make_unique<storage::journal>(options.db, options.journal);
-          eng = std::make_unique<engine>(*journal, options.engine);
-        }
-        auto* observer = options.observer_for ? options.observer_for(id) : nullptr;
-        auto end = eng->execute(id, observer, /*revive_failed=*/false);
-        if (options.on_return) options.on_return(end);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      if (!error.empty() && options.on_error) options.on_error(id, error);
-      std::lock_guard lock(mutex);
-      in_flight.erase(id);
-      if (!error.empty()) resting[id] = clock::now() + error_pause;
-      returned.notify_all();
-      loop.signal();
+      auto* observer = options.observer_for ? options.observer_for(id) : nullptr;
+      auto end = co_await l.eng->execute_async(id, observer, /*revive_failed=*/false);
+      if (options.on_return) options.on_return(end);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
+    if (!error.empty() && options.on_error) options.on_error(id, error);
+    std::lock_guard lock(mutex);
+    --l.live;
+    in_flight.erase(id);
+    if (!error.empty()) resting[id] = clock::now() + error_pause;
+    returned.notify_all();
+    loop.signal();
   }
 };
 
 scheduler::scheduler(scheduler_options options) : options_(std::move(options)), pool_(std::make_unique<pool>()) {
   options_.engine.stopping = &stopping_;
-  // One writer for all workers: their runs' steps share group commits.
+  // One writer for all lanes: their runs' steps share group commits.
   if (!options_.engine.ledger) options_.engine.ledger = std::make_shared<ledger>(options_.db, options_.journal);
   if (options_.max_concurrent < 1) options_.max_concurrent = 1;
-  for (int i = 0; i < options_.max_concurrent; ++i) pool_->threads.emplace_back([this] { pool_->worker(options_); });
+  const int lanes = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, max_lanes);
+  for (int i = 0; i < std::min(lanes, options_.max_concurrent); ++i) {
+    auto l = std::make_unique<pool::lane>();
+    l->thread = std::thread([io = &l->io] { io->run(); });
+    pool_->lanes.push_back(std::move(l));
+  }
 }
 
 scheduler::~scheduler() {
   stopping_ = true;
   wake_all();
-  {
-    std::lock_guard lock(pool_->mutex);
-    pool_->closing = true;
-    pool_->queue.clear();
-  }
-  pool_->work.notify_all();
-  for (auto& t : pool_->threads) t.join();
+  // Runs in flight see stopping_ and hand their runs back; then each loop runs dry.
+  for (auto& l : pool_->lanes) l->open.reset();
+  for (auto& l : pool_->lanes) l->thread.join();
 }
 
 std::size_t scheduler::busy() const {
@@ -117,9 +130,7 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
       if (options_.accept && !options_.accept(brief)) continue;
       const bool held = brief.status != storage::run_status::waiting && !brief.owner.empty() && brief.owner != me;
       if (held && check_owner(brief.owner) != owner_state::dead) continue;
-      pool_->in_flight.insert(brief.id);
-      pool_->queue.push_back(brief.id);
-      pool_->work.notify_one();
+      pool_->start(brief.id, options_);
     }
     // Until something happens, the next timer or deadline comes due, a run
     // that failed to execute may be tried again, or the idle check.
@@ -138,8 +149,6 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
   stopping_ = true;
   wake_all();  // attempts that wait see stopping_ now
   std::unique_lock lock(pool_->mutex);
-  for (const auto& id : pool_->queue) pool_->in_flight.erase(id);
-  pool_->queue.clear();
   pool_->returned.wait(lock, [&] { return pool_->in_flight.empty(); });
 }
 

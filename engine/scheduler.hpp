@@ -1,4 +1,5 @@
-// Takes runs from the journal and executes them on a pool of threads: new
+// Takes runs from the journal and executes them on a few event loops (one
+// thread each, however many runs are live; engine/io.hpp): new
 // runs, runs whose wait is over (a timer is due, a signal came, a child
 // ended), and runs a dead host process left behind. `cairn serve` runs one
 // over the whole journal; `cairn run` runs one over its own run and its

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "engine/effects.hpp"
 #include "engine/policy.hpp"
@@ -22,26 +23,27 @@ namespace cairn::engine {
 
 class tool_broker {
  public:
-  // Makes a tool_started effect durable before the call; throws
-  // budget_exceeded when the run's journal limits refuse it.
-  using recorder = std::function<void(const effects::tool_started&)>;
-
   // `run_id` and `p` must outlive the broker. `llm_tokens_spent`: what the
   // run's journaled llm.chat calls counted against its token budget. `emit`
-  // receives live events (e.g. LLM tokens); it is not journaled.
+  // receives live events (e.g. LLM tokens), on the thread that performs the
+  // call; it is not journaled.
   tool_broker(const std::string& run_id, const policy& p, const std::optional<llm_endpoint>& llm,
-              std::uint64_t llm_tokens_spent, recorder record, std::function<void(const json&)> emit);
+              std::uint64_t llm_tokens_spent, std::function<void(const json&)> emit);
 
-  // The outcome of the call, ready to journal: kind tool, name the tool's,
-  // `attempt` one more than `previous_attempts` (the times the host started
-  // this call before). Throws budget_exceeded, before calling anything, when
-  // the started record would take the run past its journal_mb.
-  protocol::step_result call(const protocol::tool_msg& m, int previous_attempts);
+  // Checks the call against the policy: its refusal, an outcome ready to
+  // journal, or the tool_started effect to make durable before perform()
+  // (after a crash, an at-most-once call with that record and no result is
+  // in doubt, never silently repeated).
+  std::variant<protocol::step_result, effects::tool_started> prepare(const protocol::tool_msg& m) const;
+  // Calls the tool that prepare() let through, for as long as it runs (off
+  // the event loop), and returns the outcome, ready to journal: kind tool,
+  // name the tool's, attempt one more than `previous_attempts` (the times
+  // the host started this call before).
+  protocol::step_result perform(const protocol::tool_msg& m, int previous_attempts);
 
  private:
   const std::string& run_id_;
   const policy& policy_;
-  recorder record_;
   std::function<void(const json&)> emit_;
   std::map<std::string, std::unique_ptr<tool>> tools_;
 };

@@ -60,60 +60,53 @@ channel::~channel() {
 
 void channel::send(const json& message, std::chrono::milliseconds timeout, const waiting_fn& waiting, int wake_fd) {
   // One limit for both directions: the agent enforces the same default.
-  std::string frame = protocol::encode_frame(message, decoder_.max_frame());
+  const std::string frame = frame_of(message);
   // One deadline for the whole frame, not renewed by progress.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   // When `waiting` wants to be called next; now: as soon as the peer stops reading.
   auto call_waiting = std::chrono::steady_clock::now();
-  std::size_t sent = 0;
-  while (sent < frame.size()) {
-    ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<std::size_t>(n);
-    } else if (errno == EINTR) {
-      continue;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (waiting && std::chrono::steady_clock::now() >= call_waiting) call_waiting = waiting();
-      if (std::chrono::steady_clock::now() >= deadline)
-        throw channel_closed("the agent did not read a frame of " + std::to_string(frame.size()) + " bytes within " +
-                                 std::to_string(timeout.count()) + " ms",
-                             false);
-      const auto until = waiting ? std::min(deadline, call_waiting) : deadline;
-      // A wake-up is the caller's to look at, also when the peer read a little meanwhile.
-      if (wait_for_fd(fd_, POLLOUT, ms_until(until), waiting ? wake_fd : -1)) call_waiting = {};
-    } else if (errno == EPIPE || errno == ECONNRESET) {
-      throw channel_closed("the agent closed its channel", false);
-    } else {
-      throw_errno("writing to the agent channel");
-    }
+  for (std::size_t sent = send_some(frame, 0); sent < frame.size(); sent = send_some(frame, sent)) {
+    if (waiting && std::chrono::steady_clock::now() >= call_waiting) call_waiting = waiting();
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw channel_closed("the agent did not read a frame of " + std::to_string(frame.size()) + " bytes within " +
+                               std::to_string(timeout.count()) + " ms",
+                           false);
+    const auto until = waiting ? std::min(deadline, call_waiting) : deadline;
+    // A wake-up is the caller's to look at, also when the peer read a little meanwhile.
+    if (wait_for_fd(fd_, POLLOUT, ms_until(until), waiting ? wake_fd : -1)) call_waiting = {};
   }
 }
 
 std::optional<json> channel::receive(std::chrono::milliseconds timeout, int wake_fd) {
-  if (auto message = decoder_.next()) return message;
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
-  std::array<char, read_chunk> buffer;
   if (++receives_ % 64 == 0) spin_ = spin_before_sleep;
   bool slept = false;
   for (;;) {
-    ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);  // the fd is non-blocking
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      auto now = std::chrono::steady_clock::now();
-      if (!slept && now - start < spin_) continue;
-      slept = true;
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
-      if (left.count() <= 0) return std::nullopt;
-      if (wait_for_fd(fd_, POLLIN, static_cast<int>(left.count()), wake_fd)) return std::nullopt;
-      continue;
+    if (auto message = try_receive()) {
+      if (slept) spin_ /= 2;
+      else if (spin_.count() > 0) spin_ = spin_before_sleep;
+      return message;
     }
+    auto now = std::chrono::steady_clock::now();
+    if (!slept && now - start < spin_) continue;
+    slept = true;
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+    if (left.count() <= 0) return std::nullopt;
+    if (wait_for_fd(fd_, POLLIN, static_cast<int>(left.count()), wake_fd)) return std::nullopt;
+  }
+}
+
+std::optional<json> channel::try_receive() {
+  if (auto message = decoder_.next()) return message;
+  std::array<char, read_chunk> buffer;
+  for (;;) {
+    ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);
     if (n > 0) {
       decoder_.feed(std::string_view(buffer.data(), static_cast<std::size_t>(n)));
-      if (auto message = decoder_.next()) {
-        if (slept) spin_ /= 2;
-        else if (spin_.count() > 0) spin_ = spin_before_sleep;
-        return message;
-      }
+      if (auto message = decoder_.next()) return message;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return std::nullopt;
     } else if (n == 0 || errno == ECONNRESET) {
       bool truncated = decoder_.has_partial();
       throw channel_closed(truncated ? "the agent closed its channel in the middle of a frame"
@@ -123,6 +116,28 @@ std::optional<json> channel::receive(std::chrono::milliseconds timeout, int wake
       throw_errno("reading the agent channel");
     }
   }
+}
+
+bool channel::peer_closed() const {
+  pollfd p{fd_, POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) < 0 && errno != EINTR) throw_errno("poll on the agent channel");
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+std::string channel::frame_of(const json& message) const {
+  return protocol::encode_frame(message, decoder_.max_frame());
+}
+
+std::size_t channel::send_some(std::string_view frame, std::size_t offset) {
+  while (offset < frame.size()) {
+    ssize_t n = ::send(fd_, frame.data() + offset, frame.size() - offset, MSG_NOSIGNAL);
+    if (n > 0) offset += static_cast<std::size_t>(n);
+    else if (errno == EINTR) continue;
+    else if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    else if (errno == EPIPE || errno == ECONNRESET) throw channel_closed("the agent closed its channel", false);
+    else throw_errno("writing to the agent channel");
+  }
+  return offset;
 }
 
 }  // namespace cairn::runtime

@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "protocol/frame.hpp"
 
@@ -55,6 +56,18 @@ class channel {
   // `wake_fd` (unless -1; it is not read) was readable first.
   // Throws protocol::protocol_error for a malformed frame, channel_closed at EOF.
   std::optional<json> receive(std::chrono::milliseconds timeout, int wake_fd = -1);
+
+  // The same without blocking, for an event loop that waits on fd() itself.
+  // The next message if one is complete in what can be read now; nullopt
+  // when more bytes must come first. Throws as receive() does.
+  std::optional<json> try_receive();
+  // `message` as one frame (protocol_error when it is too big).
+  std::string frame_of(const json& message) const;
+  // Writes what the socket takes now of `frame` from `offset`; returns the
+  // new offset. Throws channel_closed when the peer is gone.
+  std::size_t send_some(std::string_view frame, std::size_t offset);
+  // Whether the peer has shut its end (also with unread bytes before that).
+  bool peer_closed() const;
 
   int fd() const { return fd_; }
 

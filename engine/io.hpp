@@ -1,0 +1,73 @@
+// The engine's event loop vocabulary. An attempt is a C++20 coroutine on a
+// Boost.Asio io_context: where a thread per run used to sleep in poll(2), it
+// suspends on its agent's channel, its run's wake-ups and its deadlines, and a
+// few threads carry every live run. What must block (fork and exec, killing a
+// sandbox, a tool call, a commit's fsync) runs elsewhere: on the blocking
+// pool below, or on the ledger's committer.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+
+namespace cairn::engine {
+
+namespace asio = boost::asio;
+template <class T>
+using task = asio::awaitable<T>;
+
+// The process's threads for blocking work: a small, fixed number, however
+// many runs are live. They live as long as the process, so that an agent
+// started from one (PR_SET_PDEATHSIG follows the thread) lives as long as
+// the host. A forked child gets a pool of its own.
+asio::thread_pool& blocking_pool();
+
+// Runs `fn` on the blocking pool; the coroutine resumes on its own executor
+// with what `fn` returned or threw.
+template <class F>
+auto offload(F fn) -> task<std::invoke_result_t<F&>> {
+  using T = std::invoke_result_t<F&>;
+  co_return co_await asio::co_spawn(
+      blocking_pool(), [fn = std::move(fn)]() mutable -> task<T> { co_return fn(); }, asio::use_awaitable);
+}
+
+// A descriptor the event loop watches without owning it: a dup of `fd`, so
+// that closing either leaves the other open.
+class watched_fd {
+ public:
+  watched_fd(const asio::any_io_executor& executor, int fd);
+  asio::posix::stream_descriptor& get() { return descriptor_; }
+
+ private:
+  asio::posix::stream_descriptor descriptor_;
+};
+
+// What ended a wait_any.
+enum class woken_by { first, second, deadline };
+
+// Waits until `first` is ready for `first_wait`, `second` (when given) is
+// readable, or `deadline` has come; says which came first.
+task<woken_by> wait_any(watched_fd& first, asio::posix::descriptor_base::wait_type first_wait, watched_fd* second,
+                        std::chrono::steady_clock::time_point deadline);
+
+// Runs `t` to its end on a private event loop on this thread, for a caller
+// that blocks; returns what it returned, throws what it threw.
+template <class T>
+T run_here(task<T> t) {
+  asio::io_context io;
+  auto done = asio::co_spawn(io, std::move(t), asio::use_future);
+  io.run();
+  return done.get();
+}
+
+}  // namespace cairn::engine
