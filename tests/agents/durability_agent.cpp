@@ -14,6 +14,11 @@
 // writes observed.PID.closed. Once that file exists, the .in log holds every
 // acknowledgement and result the host ever sent to this agent.
 //
+// The agent exits only after the relay has passed on everything the agent
+// wrote: the host takes an agent that ended before its `done` arrived for a
+// crash (PROTOCOL.md 2.3), and a relay that runs late (a loaded machine)
+// would otherwise deliver `done` after the agent's exit.
+//
 // input: {"steps": N, "tool": bool, "sleep_ms": T, "signal": NAME, "child": bool}
 // output: {"outputs": [every step's output, in order]}
 #include <fcntl.h>
@@ -60,7 +65,9 @@ bool pump(int from, int to, int log) {
   return true;
 }
 
-[[noreturn]] void relay(int host, int agent) {
+// `forwarded` is closed once the agent's side has ended and all it wrote is
+// with the host.
+[[noreturn]] void relay(int host, int agent, int forwarded) {
   ::setpgid(0, 0);
   const std::string base = "observed." + std::to_string(::getpid());
   std::ofstream(base + ".in");  // exists from the start: the test waits for its .closed
@@ -78,6 +85,7 @@ bool pump(int from, int to, int log) {
     if (agent_open && fds[1].revents && !pump(agent, host, out)) {
       agent_open = false;
       ::shutdown(host, SHUT_WR);  // the host sees the agent close its channel
+      ::close(forwarded);
     }
   }
   ::close(in);
@@ -86,27 +94,39 @@ bool pump(int from, int to, int log) {
   std::_Exit(0);
 }
 
-void start_observer() {
+// Returns the read end of the relay's `forwarded` pipe: EOF there means the
+// relay has passed on all the agent wrote.
+int start_observer() {
   const char* env = std::getenv("CAIRN_CHANNEL_FD");
   const int channel = env ? std::atoi(env) : 3;
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) < 0) std::_Exit(4);
+  int pair[2], forwarded[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) < 0 || ::pipe2(forwarded, O_CLOEXEC) < 0) std::_Exit(4);
   pid_t pid = ::fork();
   if (pid < 0) std::_Exit(4);
   if (pid == 0) {
     ::close(pair[0]);
-    relay(channel, pair[1]);
+    ::close(forwarded[0]);
+    relay(channel, pair[1], forwarded[1]);
   }
   ::close(pair[1]);
+  ::close(forwarded[1]);
   ::dup2(pair[0], channel);
   ::close(pair[0]);
+  return forwarded[0];
+}
+
+// The SDK has closed the channel by now; the relay then sees its end.
+void wait_until_forwarded(int forwarded) {
+  char byte;
+  while (::read(forwarded, &byte, 1) < 0 && errno == EINTR) {
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  start_observer();
-  return cairn::main(argc, argv, [](cairn::context& ctx, const json& input) -> json {
+  const int forwarded = start_observer();
+  const int code = cairn::main(argc, argv, [](cairn::context& ctx, const json& input) -> json {
     std::random_device rd;
     json outputs = json::array();
     auto step = [&](const std::string& name) {
@@ -122,4 +142,6 @@ int main(int argc, char** argv) {
     step("last");
     return json{{"outputs", outputs}};
   });
+  wait_until_forwarded(forwarded);
+  return code;
 }
