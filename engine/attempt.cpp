@@ -73,7 +73,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   // Made, and later taken down, off the event loop: mounts, cgroups, fork and exec.
   std::shared_ptr<runtime::sandbox> box = co_await offload([&] { return std::shared_ptr(backend.create(spec)); });
   for (const auto& warning : box->warnings()) {
-    co_await journal_.apply(effects::sandbox_warning{warning});
+    co_await apply_effect(effects::sandbox_warning{warning});
     observer_.on_warning(warning);
   }
   process_ = co_await offload([&] { return box->exec(run_.agent, {}); });
@@ -129,7 +129,7 @@ task<attempt_result> attempt_driver::converse(const protocol::start_msg& start) 
   if (hello->version != protocol::version) {
     std::string why = "the agent speaks protocol v" + std::to_string(hello->version) + " (" + hello->sdk +
                       "); this host speaks v" + std::to_string(protocol::version);
-    co_await send(protocol::reject_msg{why});
+    co_await send_one(protocol::reject_msg{why});
     co_await kill();
     co_return failed(why, "protocol");
   }
@@ -144,7 +144,9 @@ task<attempt_result> attempt_driver::converse(const protocol::start_msg& start) 
       if (process_->poll_exit()) co_return co_await died("ended");
       continue;
     }
-    if (auto result = co_await handle(protocol::parse_agent_message(*frame))) co_return *result;
+    const auto message = protocol::parse_agent_message(*frame);
+    auto result = co_await handle(message);
+    if (result) co_return *result;
   }
 }
 
@@ -170,7 +172,10 @@ task<void> attempt_driver::check_limits() {
   const auto now = clock::now();
   if (now - last_limits_check_ < limits_period) co_return;
   last_limits_check_ = now;
-  if (auto breach = process_->check_limits()) throw attempt_end{co_await exceeded(breach->message, breach->limit)};
+  auto breach = process_->check_limits();
+  if (!breach) co_return;
+  auto result = co_await exceeded(breach->message, breach->limit);
+  throw attempt_end{std::move(result)};
 }
 
 attempt_driver::clock::time_point attempt_driver::next_deadline() const {
@@ -190,11 +195,13 @@ attempt_driver::clock::time_point attempt_driver::next_deadline() const {
 task<void> attempt_driver::supervise() {
   co_await check_limits();
   const auto now = clock::now();
-  if (policy_.wall_time.count() > 0 && now - started_ > policy_.wall_time)
-    co_await end(co_await exceeded(fmt::format("wall-clock limit exceeded: the attempt ran longer than {} s (limits.wall_seconds in "
-                             "the policy)",
-                             policy_.wall_time.count()),
-                 "wall_time"));
+  if (policy_.wall_time.count() > 0 && now - started_ > policy_.wall_time) {
+    auto result = co_await exceeded(fmt::format("wall-clock limit exceeded: the attempt ran longer than {} s "
+                                                "(limits.wall_seconds in the policy)",
+                                                policy_.wall_time.count()),
+                                    "wall_time");
+    co_await end(std::move(result));
+  }
   if (in_step_) {
     auto timeout = timeout_of(*in_step_, policy_);
     if (timeout.count() > 0 && now - step_started_ > timeout) co_await step_timed_out();
@@ -205,7 +212,10 @@ task<void> attempt_driver::supervise() {
     if (reason) co_await start_cancel(*reason, false);
     else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms) {
       auto [message, type] = policy_.deadline_passed();
-      if (type == "limit_exceeded") co_await end(co_await exceeded(message, "run_wall_time"));
+      if (type == "limit_exceeded") {
+        auto result = co_await exceeded(message, "run_wall_time");
+        co_await end(std::move(result));
+      }
       co_await start_cancel(message, true);
     }
   }
@@ -222,7 +232,7 @@ task<void> attempt_driver::start_cancel(std::string reason, bool timed_out) {
   timed_out_ = timed_out;
   cancel_reason_ = std::move(reason);
   cancel_deadline_ = clock::now() + std::chrono::seconds(policy_.timeouts.cancel_grace);
-  co_await journal_.apply(effects::cancel_sent{cancel_reason_, policy_.timeouts.cancel_grace.count()});
+  co_await apply_effect(effects::cancel_sent{cancel_reason_, policy_.timeouts.cancel_grace.count()});
   // Frames must not interleave: send() sends the cancel once the frame in flight is out.
   if (sending_) {
     cancel_unsent_ = true;
@@ -230,7 +240,7 @@ task<void> attempt_driver::start_cancel(std::string reason, bool timed_out) {
   }
   bool gone = false;
   try {
-    co_await send(protocol::cancel_msg{cancel_reason_});
+    co_await send_one(protocol::cancel_msg{cancel_reason_});
   } catch (const attempt_end&) {
     throw;
   } catch (const std::exception&) {
@@ -282,13 +292,13 @@ task<void> attempt_driver::send(const protocol::host_message& message) {
   }
   if (cancel_unsent_) {
     cancel_unsent_ = false;
-    co_await send(protocol::cancel_msg{cancel_reason_});
+    co_await send_one(protocol::cancel_msg{cancel_reason_});
   }
 }
 
 task<void> attempt_driver::record_retry(effects::retry_due retry) {
   retry.attempt = step_attempt();
-  co_await journal_.apply(retry);
+  co_await apply_effect(retry);
   ++step_failures_;
   observer_.on_retry(retry);
 }
@@ -311,7 +321,7 @@ task<void> attempt_driver::commit_failure(const std::string& name, protocol::ste
 }
 
 task<attempt_result> attempt_driver::exceeded(std::string message, std::string limit) {
-  co_await journal_.apply(effects::limit_exceeded{limit, message});
+  co_await apply_effect(effects::limit_exceeded{limit, message});
   co_return failed(message, "limit_exceeded");
 }
 
@@ -346,7 +356,10 @@ attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
   if (protocol::nesting_depth(m.result.output) > protocol::max_output_depth)
     throw violation{fmt::format("the output of step {} nests deeper than {} levels, which a replay could not carry",
                                 m.result.seq, protocol::max_output_depth)};
-  if (!m.result.ok && co_await retried(m)) co_return std::nullopt;
+  if (!m.result.ok) {
+    const bool retry = co_await retried(m);
+    if (retry) co_return std::nullopt;
+  }
   storage::step_record record;
   record.run_id = run_.id;
   record.result = m.result;
@@ -354,7 +367,7 @@ attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
   record.finished_at_ms = storage::now_ms();
   record.started_at_ms = begun_at_ms_.value_or(record.finished_at_ms - m.result.duration_us / 1000);
 #ifdef CAIRN_TEST_UNSAFE_EARLY_ACK  // a test-only build (CMake CAIRN_TEST_UNSAFE) that ack_order_test must fail
-  co_await send(protocol::ack_msg{m.result.seq});
+  co_await send_one(protocol::ack_msg{m.result.seq});
 #endif
   co_await commit(record);
   // Shutting down: the step is durable; stop the agent before an ack lets it begin the next one.
@@ -363,7 +376,7 @@ attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
     co_await end({kind::released, nullptr, {}, {}});
   }
 #ifndef CAIRN_TEST_UNSAFE_EARLY_ACK
-  co_await send(protocol::ack_msg{m.result.seq});
+  co_await send_one(protocol::ack_msg{m.result.seq});
 #endif
   crash_point("after_ack");
   observer_.on_step(record);
@@ -381,12 +394,12 @@ attempt_driver::step attempt_driver::on(const protocol::tool_msg& m) {
     record.result = std::move(*refused);
   } else {
     const int previous = journal_.tool_attempts(m.seq);
-    co_await journal_.apply(std::get<effects::tool_started>(prepared));
+    co_await apply_effect(std::get<effects::tool_started>(prepared));
     record.result = co_await offload([&] { return tools_.perform(m, previous); });
   }
   record.finished_at_ms = storage::now_ms();
   co_await commit(record);
-  co_await send(protocol::result_msg{record.result});
+  co_await send_one(protocol::result_msg{record.result});
   crash_point("after_ack");
   observer_.on_step(record);
   co_return std::nullopt;
@@ -395,7 +408,7 @@ attempt_driver::step attempt_driver::on(const protocol::tool_msg& m) {
 // The answer to the agent goes out only after this returns: the row is durable.
 task<void> attempt_driver::commit(const storage::step_record& record, std::optional<std::int64_t> signal_id) {
   crash_point("before_commit");
-  co_await journal_.apply(effects::step_committed{record, signal_id});
+  co_await apply_effect(effects::step_committed{record, signal_id});
   crash_point("after_commit");
   ++expected_seq_;
   step_failures_ = 0;
@@ -410,14 +423,14 @@ task<bool> attempt_driver::retried(const protocol::step_msg& m) {
   if (!decision.retry) co_return false;
   in_step_.reset();  // the agent waits out its backoff; the next begin restarts the clock
   co_await record_retry({m.result.seq, m.result.name, step_attempt(), m.result.error, decision.delay_ms});
-  co_await send(protocol::retry_msg{m.result.seq, step_attempt(), decision.delay_ms});
+  co_await send_one(protocol::retry_msg{m.result.seq, step_attempt(), decision.delay_ms});
   co_return true;
 }
 
 // Each journaled step goes to the agent once, in order (history_feed).
 attempt_driver::step attempt_driver::on(const protocol::history_msg& m) {
   if (auto why = history_->refuse(m)) throw violation{*why};
-  co_await send(history_->serve());
+  co_await send_one(history_->serve());
   co_return std::nullopt;
 }
 
@@ -446,8 +459,8 @@ attempt_driver::step attempt_driver::on(const protocol::fail_msg& m) {
 // After done/fail the agent may only close its channel and exit.
 task<void> attempt_driver::expect_clean_exit(std::string_view last) {
   try {
-    if (co_await receive(clock::now() + options_.exit_grace, false))
-      throw violation{"sent a frame after " + std::string(last)};
+    const auto extra = co_await receive(clock::now() + options_.exit_grace, false);
+    if (extra) throw violation{"sent a frame after " + std::string(last)};
   } catch (const runtime::channel_closed&) {
   }
   // The outcome is known; nothing the sandbox does now can change it.

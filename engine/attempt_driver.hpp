@@ -80,6 +80,20 @@ class attempt_driver {
   // Sends `message`, supervising while the agent is slow to read it (a
   // cancel that comes meanwhile is sent after it).
   task<void> send(const protocol::host_message& message);
+  // send() and journal_.apply() for a message or an effect of one kind. GCC
+  // 12 destroys twice a temporary that a co_await expression converts into
+  // another one (a cancel_msg into a host_message): these take each kind as
+  // itself, and convert it where it is a named value.
+  template <class M>
+  task<void> send_one(M message) {
+    const protocol::host_message whole = std::move(message);
+    co_await send(whole);
+  }
+  template <class E>
+  task<void> apply_effect(E e) {
+    effect whole = std::move(e);
+    co_await journal_.apply(std::move(whole));
+  }
   // The attempt of the step at expected_seq_, as the host counts it.
   int step_attempt() const { return step_failures_ + 1; }
   task<void> record_retry(effects::retry_due retry);

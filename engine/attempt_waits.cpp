@@ -41,7 +41,7 @@ task<void> attempt_driver::record_and_answer(protocol::step_result r, std::optio
   record.finished_at_ms = record.started_at_ms;
   record.result = std::move(r);
   co_await commit(record, signal_id);
-  co_await send(protocol::result_msg{record.result});
+  co_await send_one(protocol::result_msg{record.result});
   crash_point("after_ack");
   observer_.on_step(record);
 }
@@ -54,7 +54,8 @@ task<void> attempt_driver::hold(const storage::wait_spec& wait, std::chrono::mil
   bool channel_quiet = true;
   for (;;) {
     take_wakes();
-    if (co_await finish()) co_return;
+    const bool finished = co_await finish();
+    if (finished) co_return;
     // Before supervise(), which hands back a run that is between steps: a waiting one is suspended.
     if (stopping()) co_await end({kind::suspended, nullptr, {}, wait});
     co_await supervise();
@@ -86,7 +87,7 @@ attempt_driver::step attempt_driver::on(const protocol::sleep_msg& m) {
       throw violation{fmt::format("a sleep until {} ms since the epoch, more than 100 years ahead", *m.until_ms)};
     until = m.until_ms ? *m.until_ms : now + std::max<std::int64_t>(*m.duration_ms, 0);
     const bool in_past = m.until_ms ? *m.until_ms < now : *m.duration_ms < 0;
-    co_await journal_.apply(effects::timer_set{m.seq, until, in_past});
+    co_await apply_effect(effects::timer_set{m.seq, until, in_past});
     if (in_past)
       observer_.on_warning(fmt::format("run {}: the timer at step {} was set for {}, which is in the past; it "
                                        "fires now",
@@ -120,7 +121,7 @@ attempt_driver::step attempt_driver::on(const protocol::wait_msg& m) {
     deadline = started->deadline_ms;
   } else {
     if (m.timeout_ms) deadline = storage::now_ms() + std::max<std::int64_t>(*m.timeout_ms, 0);
-    co_await journal_.apply(effects::wait_started{m.seq, m.signal, deadline});
+    co_await apply_effect(effects::wait_started{m.seq, m.signal, deadline});
   }
   auto deliver = [&]() -> task<bool> {
     protocol::step_result r;
@@ -189,8 +190,8 @@ attempt_driver::step attempt_driver::on(const protocol::child_msg& m) {
     child.deadline_ms = storage::now_ms() + std::chrono::milliseconds(policy_.run_bound()).count();
   const std::string id = child.id;
   // A replay after a crash finds the same id: created once.
-  if (auto refused = co_await journal_.start_child(std::move(child), policy_))
-    co_return co_await refuse("refused", *refused);
+  const auto refused = co_await journal_.start_child(std::move(child), policy_);
+  if (refused) co_return co_await refuse("refused", *refused);
   crash_point("child_created");
   r.output = {{"run_id", id}};
   co_await record_and_answer(std::move(r));

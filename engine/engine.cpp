@@ -57,7 +57,8 @@ void claim(ledger& journal, const storage::run_record& run) {
 
 task<void> claim_async(ledger& journal, const storage::run_record& run) {
   check_claimable(run);
-  if (!co_await journal.claim_run_async(run.id, run.owner, current_owner().str())) throw taken_just_now(run.id);
+  const bool claimed = co_await journal.claim_run_async(run.id, run.owner, current_owner().str());
+  if (!claimed) throw taken_just_now(run.id);
 }
 
 std::int64_t whole_ms(std::chrono::nanoseconds d) {
@@ -183,8 +184,9 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
                                  watch);
     }
     if (auto doubt = find_in_doubt(journal_, run_id)) {
-      co_await ledger_->apply_async(run_id, effects::run_ended{storage::run_status::in_doubt, nullptr,
-                                                                protocol::error_info{doubt->message, "in_doubt"}});
+      effects::run_ended stopped{storage::run_status::in_doubt, nullptr,
+                                 protocol::error_info{doubt->message, "in_doubt"}};
+      co_await ledger_->apply_async(run_id, std::move(stopped));
       co_return *journal_.find_run(run_id);
     }
     const int attempt = co_await ledger_->begin_attempt_async(run_id);
@@ -243,7 +245,8 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         if (retry) {
           auto delay = options_.retry_backoff ? run_retry{*options_.retry_backoff}.delay_after(crashes)
                                               : rules.retry.delay_after(crashes);
-          if (!co_await pause(delay, run_id)) {
+          const bool paused = co_await pause(delay, run_id);
+          if (!paused) {
             co_await ledger_->apply_async(run_id, effects::released{"the host process is shutting down"});
             co_return *journal_.find_run(run_id);
           }
@@ -254,7 +257,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
       }
       case kind::completed:
-        co_return co_await end_run(run_id, storage::run_status::completed, result.output, std::nullopt, watch);
+        co_return co_await end_run(run_id, storage::run_status::completed, result.output, {}, watch);
       case kind::cancelled:
         co_return co_await end_run(run_id, storage::run_status::cancelled, nullptr, result.error, watch);
       case kind::failed:
@@ -263,8 +266,8 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
   }
 }
 
-task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, const json& output,
-                                          const std::optional<protocol::error_info>& error, run_observer& watch) {
+task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, json output,
+                                          protocol::error_info error, run_observer& watch) {
   crash_point("before_finish");
   // Files first: once the journal says the run ended, nothing releases its
   // workspace again. A crash in between only replays the run.
@@ -272,7 +275,9 @@ task<storage::run_record> engine::end_run(const std::string& run_id, storage::ru
   co_await ledger_->confirm_held_async(run_id);  // the workspace of a run taken over is the new owner's
   auto& sandboxes = backend(run.sandbox);
   co_await offload([&] { release_workspace(sandboxes, run, watch); });
-  co_await ledger_->apply_async(run_id, effects::run_ended{status, output, error});
+  std::optional<protocol::error_info> why;
+  if (status != storage::run_status::completed) why = std::move(error);
+  co_await ledger_->apply_async(run_id, effects::run_ended{status, std::move(output), std::move(why)});
   run = *journal_.find_run(run_id);
   cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
   co_return run;
@@ -294,8 +299,8 @@ task<bool> engine::pause(std::chrono::milliseconds delay, const std::string& run
   watched_fd event(co_await asio::this_coro::executor, woken.fd());
   const auto until = std::chrono::steady_clock::now() + delay;
   while (!(options_.stopping && options_.stopping->load())) {
-    if (co_await wait_any(event, asio::posix::descriptor_base::wait_read, nullptr, until) == woken_by::deadline)
-      co_return true;
+    const auto why = co_await wait_any(event, asio::posix::descriptor_base::wait_read, nullptr, until);
+    if (why == woken_by::deadline) co_return true;
     woken.take();
   }
   co_return false;

@@ -170,8 +170,9 @@ class engine {
   const std::filesystem::path& home() const;
   attempt_options attempt_options_of(const std::string& run_id) const;
   // Records the end, releases the workspace, cancels unfinished children.
-  task<storage::run_record> end_run(const std::string& run_id, storage::run_status status, const json& output,
-                                    const std::optional<protocol::error_info>& error, run_observer& watch);
+  // `error` is why it did not complete (none when it did).
+  task<storage::run_record> end_run(const std::string& run_id, storage::run_status status, json output,
+                                    protocol::error_info error, run_observer& watch);
   void release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run, run_observer& watch);
   void cancel_children(const std::string& run_id, const std::string& reason);
   // Sleeps `delay` unless the host starts shutting down (then false).

@@ -185,10 +185,11 @@ task<void> ledger::write_async(body write) {
   auto executor = co_await asio::this_coro::executor;
   co_await asio::async_initiate<decltype(asio::use_awaitable), void(std::exception_ptr)>(
       [&](auto handler) {
-        // The handler moves only; the queue's callbacks are copied.
+        // The handler moves only (the queue's callbacks are copied), and is
+        // invoked as an rvalue: the coroutine it resumes is then no longer its.
         auto resume = std::make_shared<decltype(handler)>(std::move(handler));
         enqueue(std::move(write), [resume, executor](std::exception_ptr e) {
-          asio::post(executor, [resume, e]() mutable { (*resume)(e); });
+          asio::post(executor, [resume, e] { std::move(*resume)(e); });
         });
       },
       asio::use_awaitable);
@@ -211,7 +212,7 @@ void ledger::apply(const std::string& run_id, const std::vector<effect>& effects
   announce_applied(run_id, effects, parent);
 }
 
-task<void> ledger::apply_async(std::string run_id, effect e) {
+task<void> ledger::apply_effect_async(std::string run_id, effect e) {
   std::vector<effect> effects;
   effects.push_back(std::move(e));
   std::string parent;
@@ -222,10 +223,11 @@ task<void> ledger::apply_async(std::string run_id, effect e) {
 task<std::optional<std::string>> ledger::start_child_async(
     std::string run_id, storage::new_run child, std::function<std::optional<std::string>(storage::journal&)> refusal) {
   std::optional<std::string> refused;
-  co_await write_async([&](storage::journal& j) {
+  body write = [&](storage::journal& j) {
     if (!j.find_run(child.id)) refused = refusal(j);
     if (!refused) store(j, run_id, effects::child_started{child});
-  });
+  };
+  co_await write_async(std::move(write));
   if (!refused) announce(path_, child.id, storage::change::submitted);
   co_return refused;
 }
@@ -265,7 +267,8 @@ bool ledger::claim_run(const std::string& id, const std::string& expected_owner,
 
 task<bool> ledger::claim_run_async(std::string id, std::string expected_owner, std::string new_owner) {
   bool claimed = false;
-  co_await write_async([&](storage::journal& j) { claimed = j.claim_run(id, expected_owner, new_owner); });
+  body write = [&](storage::journal& j) { claimed = j.claim_run(id, expected_owner, new_owner); };
+  co_await write_async(std::move(write));
   co_return claimed;
 }
 
@@ -274,7 +277,8 @@ void ledger::confirm_held(const std::string& id) {
 }
 
 task<void> ledger::confirm_held_async(std::string id) {
-  co_await write_async([&](storage::journal& j) { j.confirm_held(id); });
+  body write = [&](storage::journal& j) { j.confirm_held(id); };
+  co_await write_async(std::move(write));
 }
 
 int ledger::begin_attempt(const std::string& id) {
@@ -285,7 +289,8 @@ int ledger::begin_attempt(const std::string& id) {
 
 task<int> ledger::begin_attempt_async(std::string id) {
   int attempt = 0;
-  co_await write_async([&](storage::journal& j) { attempt = j.begin_attempt(id); });
+  body write = [&](storage::journal& j) { attempt = j.begin_attempt(id); };
+  co_await write_async(std::move(write));
   co_return attempt;
 }
 

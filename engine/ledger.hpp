@@ -54,7 +54,12 @@ class ledger {
   // Applies the effects of run `run_id` together: all of them or (when it
   // throws, as storage would) none. Durable when it returns.
   void apply(const std::string& run_id, const std::vector<effect>& effects);
-  task<void> apply_async(std::string run_id, effect e);
+  // One effect, of any kind, taken as itself (see attempt_driver::record).
+  template <class E>
+  task<void> apply_async(std::string run_id, E e) {
+    effect whole = std::move(e);
+    co_await apply_effect_async(std::move(run_id), std::move(whole));
+  }
   // Creates `child`, a child of run `run_id`, unless `refusal` (called in
   // the same transaction, so that runs of one tree started together cannot
   // all take the last place) gives a reason not to; returns that reason. A
@@ -92,6 +97,7 @@ class ledger {
   // Runs `write` on the writing connection within the next group commit.
   void write(body write);
   task<void> write_async(body write);
+  task<void> apply_effect_async(std::string run_id, effect e);
   void enqueue(body write, done_fn done);
   void commit_loop();
   // The writes of apply(), and what to announce once they committed.

@@ -1,0 +1,20 @@
+#include <boost/asio.hpp>
+#include <iostream>
+#include <optional>
+namespace asio = boost::asio;
+struct S { std::string a = std::string(100, 'x'); };
+struct R { std::string id = std::string(60, 'r'); };
+asio::awaitable<R> end_run(const std::string& id, int st, SIG) {
+  auto ex = co_await asio::this_coro::executor; asio::steady_timer t(ex, std::chrono::milliseconds(1)); co_await t.async_wait(asio::use_awaitable);
+  co_return R{};
+}
+asio::awaitable<R> exec(const std::string& id) {
+  S result;
+  VARIANT
+}
+asio::awaitable<void> outer() {
+  std::string id = "x";
+  auto r = co_await exec(id);
+  std::cout << "outer done " << r.id.size() << "\n";
+}
+int main() { asio::io_context io; asio::co_spawn(io, outer(), asio::detached); io.run(); }
