@@ -1,6 +1,7 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "engine/daemon_lock.hpp"
 #include "engine/owner.hpp"
 #include "engine/scheduler.hpp"
+#include "engine/wakeups.hpp"
 #include "protocol/bounded_json.hpp"
 
 namespace cairn::cli {
@@ -166,6 +168,15 @@ int cancel_command(const paths& p, const std::string& run_id, const std::string&
   return guarded([&] {
     storage::journal journal(p.db);
     engine::engine eng(journal, options_for(p));
+    // Listening before the cancel: the run's end, announced by the process
+    // that executes it, cannot come before we hear.
+    std::optional<engine::wake_listening> listening;
+    engine::wake_event ended;
+    std::optional<engine::wake_registration> watching;
+    if (wait) {
+      listening.emplace(p.db);
+      watching.emplace(run_id, ended);
+    }
     auto outcome = eng.cancel(run_id, reason);
     auto run = *journal.find_run(run_id);
     if (outcome == engine::engine::cancel_outcome::requested) {
@@ -177,7 +188,8 @@ int cancel_command(const paths& p, const std::string& run_id, const std::string&
       if (!wait) return 0;
       while (run.status != storage::run_status::cancelled && run.status != storage::run_status::completed &&
              run.status != storage::run_status::failed) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        // A host that dies announces nothing: its death is looked for once a second.
+        ended.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(1));
         run = *journal.find_run(run_id);
         if (run.owner.empty() || engine::check_owner(run.owner) == engine::owner_state::dead) {
           if (run.status == storage::run_status::cancelled) break;
