@@ -21,6 +21,8 @@ template <class... F>
 struct overloaded : F... {
   using F::operator()...;
 };
+template <class... F>
+overloaded(F...) -> overloaded<F...>;
 
 // The event schema: every event the engine writes, its kind and its data.
 // (The journal adds its own for the transitions it makes: attempt_started,

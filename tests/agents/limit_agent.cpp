@@ -22,6 +22,7 @@ void memory_bomb() {
         char* p = static_cast<char*>(malloc(8 << 20));
         if (!p) pause();
         std::memset(p, 1, 8 << 20);
+        asm volatile("" ::"r"(p) : "memory");  // the memory is used: the compiler may not drop it
         blocks.push_back(p);
       }
     }

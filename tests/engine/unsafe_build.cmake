@@ -3,12 +3,13 @@
 # safeguards they guard removed (CAIRN_TEST_UNSAFE: synchronous=OFF, the ack
 # sent before the commit), and requires each proof to fail there, for the
 # reason it checks (a journal that lacks what an agent was told).
-#   cmake -DSOURCE=repo -DBINARY=dir [-DBUILD_TYPE=RelWithDebInfo] -P unsafe_build.cmake
+#   cmake -DSOURCE=repo -DBINARY=dir -DCXX_COMPILER=clang++-15 [-DBUILD_TYPE=RelWithDebInfo] -P unsafe_build.cmake
 if(NOT BUILD_TYPE)
   set(BUILD_TYPE RelWithDebInfo)
 endif()
 string(TIMESTAMP started "%s")
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${BINARY} -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
+                        -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
                         "-DCAIRN_TEST_UNSAFE=no-sync;early-ack"
                 RESULT_VARIABLE rc OUTPUT_QUIET)
 if(NOT rc EQUAL 0)

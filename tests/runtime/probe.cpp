@@ -362,6 +362,7 @@ json fill(const std::string& path) {
     if (::fork() != 0) continue;
     char* p = static_cast<char*>(std::malloc(bytes));
     for (std::size_t off = 0; p && off < bytes; off += 4096) p[off] = 1;
+    asm volatile("" ::"r"(p) : "memory");  // the memory is used: the compiler may not drop it
     for (;;) ::pause();
   }
   for (;;) ::pause();
@@ -503,6 +504,7 @@ int main(int argc, char** argv) {
     std::size_t bytes = std::strtoull(arg(1).c_str(), nullptr, 10);
     void* p = std::malloc(bytes);
     if (p) std::memset(p, 1, std::min<std::size_t>(bytes, 1 << 20));
+    asm volatile("" ::"r"(p) : "memory");  // the allocation is used: the compiler may not drop it
     report(action, p != nullptr, p ? "allocated" : error_text());
     std::free(p);
   } else if (action == "echo") {

@@ -694,7 +694,7 @@ TEST_CASE("enqueue_signal refuses an unknown or finished run and writes nothing"
 
   for (auto [id, status] : {std::pair{"done", "completed"}, {"bad", "failed"}, {"stopped", "cancelled"}}) {
     const auto events_before = j.events(id).size();
-    auto err = error_from([&] { j.enqueue_signal(id, "approval", {{"ok", true}}); });
+    auto err = error_from([&, id = id] { j.enqueue_signal(id, "approval", {{"ok", true}}); });
     REQUIRE(err);
     CHECK(err->code() == errc::finished);
     CHECK_THAT(err->what(), Catch::Contains(std::string("run ") + id + " already finished (" + status + ")") &&
