@@ -141,8 +141,11 @@ task<attempt_result> attempt_driver::converse(const protocol::start_msg& start) 
     take_wakes();
     co_await supervise();
     if (!frame) {
-      if (process_->poll_exit()) co_return co_await died("ended");
-      continue;
+      if (!process_->poll_exit()) continue;
+      // It ended: all it wrote is readable now, up to its channel's end (a
+      // frame cut short there throws channel_closed).
+      frame = process_->io().try_receive();
+      if (!frame) co_return co_await died("ended");
     }
     const auto message = protocol::parse_agent_message(*frame);
     auto result = co_await handle(message);

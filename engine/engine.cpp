@@ -353,11 +353,14 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
     return engine_error(errc::bad_request, fmt::format("run {} already ended ({}); there is nothing to cancel", r.id,
                                                        storage::to_string(r.status)));
   };
-  if (ended(run->status) || !ledger_->request_cancel(run_id, reason)) throw refuse(*journal_.find_run(run_id));
+  if (ended(run->status)) throw refuse(*run);
+  // An idle run is cancelled in one write. Asking first would wake a scheduler,
+  // which could take the run between the two writes.
   if (ledger_->cancel_idle_run(run_id, reason)) {
     cancel_children(run_id, fmt::format("its parent run {} was cancelled", run_id));
     return cancel_outcome::cancelled;
   }
+  if (!ledger_->request_cancel(run_id, reason)) throw refuse(*journal_.find_run(run_id));
   // Held by nobody alive (in doubt, or its process died): cancel it here.
   run = journal_.find_run(run_id);
   if (ended(run->status)) return cancel_outcome::cancelled;
