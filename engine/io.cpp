@@ -7,13 +7,12 @@
 #include <mutex>
 #include <system_error>
 
-#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/this_coro.hpp>
 
 namespace cairn::engine {
 namespace {
-
-using namespace asio::experimental::awaitable_operators;
 
 // Enough for the blocking moments of many runs at once (a sandbox being
 // made or killed, a tool running); more wait their turn.
@@ -46,16 +45,25 @@ watched_fd::watched_fd(const asio::any_io_executor& executor, int fd) : descript
 
 task<woken_by> wait_any(watched_fd& first, asio::posix::descriptor_base::wait_type first_wait, watched_fd* second,
                         std::chrono::steady_clock::time_point deadline) {
+  // One parallel group of plain waits: the first to complete cancels the
+  // others, whose operation_aborted is a value here, not an exception (this
+  // runs for every frame an agent sends).
+  namespace x = asio::experimental;
   asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
   if (second) {
-    auto which = co_await (first.get().async_wait(first_wait, asio::use_awaitable) ||
-                           second->get().async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable) ||
-                           timer.async_wait(asio::use_awaitable));
-    co_return static_cast<woken_by>(which.index());
+    auto [order, e1, e2, e3] =
+        co_await x::make_parallel_group(
+            first.get().async_wait(first_wait, asio::deferred),
+            second->get().async_wait(asio::posix::descriptor_base::wait_read, asio::deferred),
+            timer.async_wait(asio::deferred))
+            .async_wait(x::wait_for_one(), asio::use_awaitable);
+    co_return static_cast<woken_by>(order[0]);
   }
-  auto which = co_await (first.get().async_wait(first_wait, asio::use_awaitable) ||
-                         timer.async_wait(asio::use_awaitable));
-  co_return which.index() == 0 ? woken_by::first : woken_by::deadline;
+  auto [order, e1, e2] =
+      co_await x::make_parallel_group(first.get().async_wait(first_wait, asio::deferred),
+                                      timer.async_wait(asio::deferred))
+          .async_wait(x::wait_for_one(), asio::use_awaitable);
+  co_return order[0] == 0 ? woken_by::first : woken_by::deadline;
 }
 
 }  // namespace cairn::engine
