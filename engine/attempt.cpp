@@ -71,12 +71,14 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   spec.workspace_image = options_.workspace_image;
   spec.log_file = options_.log_file;
   // Made, and later taken down, off the event loop: mounts, cgroups, fork and exec.
-  std::shared_ptr<runtime::sandbox> box = co_await offload([&] { return std::shared_ptr(backend.create(spec)); });
+  starting_.emplace(co_await start_slot::take());
+  std::shared_ptr<runtime::sandbox> box =
+      co_await offload([&] { return std::shared_ptr(backend.create(spec)); }, pool::starts);
   for (const auto& warning : box->warnings()) {
     co_await apply_effect(effects::sandbox_warning{warning});
     observer_.on_warning(warning);
   }
-  process_ = co_await offload([&] { return box->exec(run_.agent, {}); });
+  process_ = co_await offload([&] { return box->exec(run_.agent, {}); }, pool::starts);
   events_.watch_process(process_->pid());
   const auto executor = co_await asio::this_coro::executor;
   channel_fd_.emplace(executor, process_->io().fd());
@@ -118,6 +120,7 @@ task<attempt_result> attempt_driver::converse_to_end(const protocol::start_msg& 
 
 task<attempt_result> attempt_driver::converse(const protocol::start_msg& start) {
   auto first = co_await receive(clock::now() + options_.hello_timeout, false);
+  starting_.reset();
   if (!first) {
     co_await kill();
     co_return crashed("the agent did not say hello within " + std::to_string(options_.hello_timeout.count()) +

@@ -138,6 +138,7 @@ class attempt_driver {
   const attempt_options& options_;
   run_observer& observer_;
   tool_broker tools_;
+  std::optional<start_slot> starting_;  // from the sandbox's making until the agent's hello
   std::unique_ptr<runtime::agent_process> process_;
   // The agent's channel and the run's wake-ups, as the event loop watches them.
   std::optional<watched_fd> channel_fd_, events_fd_;

@@ -14,34 +14,60 @@
 namespace cairn::engine {
 namespace {
 
-// Enough for the blocking moments of many runs at once (a sandbox being
-// made or killed, a tool running); more wait their turn.
-constexpr int blocking_threads = 8;
+// Enough for the blocking moments of many runs at once (sandboxes being made
+// or killed, tools running); more wait their turn.
+constexpr int start_threads = 8;
+// Sandboxes starting at once: as many as can be made at once.
+constexpr std::size_t starting_at_once = start_threads;
+constexpr int other_threads = 8;
 
-int dup_of(int fd) {
-  int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (copy < 0) throw std::system_error(errno, std::generic_category(), "dup of a descriptor the engine watches");
-  return copy;
+}  // namespace
+
+asio::thread_pool& blocking_pool(pool which) {
+  // Made again in a forked child, which has none of its parent's threads;
+  // never destroyed, so that no agent outlives them (and none is killed
+  // before the process ends).
+  static std::mutex mutex;
+  static asio::thread_pool* starts = nullptr;
+  static asio::thread_pool* other = nullptr;
+  static pid_t made_by = 0;
+  std::lock_guard lock(mutex);
+  if (made_by != ::getpid()) {
+    starts = new asio::thread_pool(start_threads);
+    other = new asio::thread_pool(other_threads);
+    made_by = ::getpid();
+  }
+  return which == pool::starts ? *starts : *other;
+}
+
+namespace {
+
+// A channel whose buffered messages are the taken places: a send waits
+// while all are taken, a receive frees one.
+using places = asio::experimental::concurrent_channel<void(boost::system::error_code)>;
+
+places& start_places() {
+  static std::mutex mutex;
+  static places* made = nullptr;
+  static pid_t made_by = 0;
+  std::lock_guard lock(mutex);
+  if (made_by != ::getpid()) {
+    made = new places(blocking_pool(pool::other).get_executor(), starting_at_once);
+    made_by = ::getpid();
+  }
+  return *made;
 }
 
 }  // namespace
 
-asio::thread_pool& blocking_pool() {
-  // Made again in a forked child, which has none of its parent's threads;
-  // never destroyed, so that no agent outlives it (and none is killed
-  // before the process ends).
-  static std::mutex mutex;
-  static asio::thread_pool* pool = nullptr;
-  static pid_t made_by = 0;
-  std::lock_guard lock(mutex);
-  if (!pool || made_by != ::getpid()) {
-    pool = new asio::thread_pool(blocking_threads);
-    made_by = ::getpid();
-  }
-  return *pool;
+task<start_slot> start_slot::take() {
+  co_await start_places().async_send(boost::system::error_code{}, asio::use_awaitable);
+  co_return start_slot{};
 }
 
-watched_fd::watched_fd(const asio::any_io_executor& executor, int fd) : descriptor_(executor, dup_of(fd)) {}
+start_slot::~start_slot() {
+  if (held_) start_places().try_receive([](boost::system::error_code) {});
+}
 
 task<woken_by> wait_any(watched_fd& first, asio::posix::descriptor_base::wait_type first_wait, watched_fd* second,
                         std::chrono::steady_clock::time_point deadline) {

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/experimental/concurrent_channel.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -29,23 +30,48 @@ using task = asio::awaitable<T>;
 // The process's threads for blocking work: a small, fixed number, however
 // many runs are live. They live as long as the process, so that an agent
 // started from one (PR_SET_PDEATHSIG follows the thread) lives as long as
-// the host. A forked child gets a pool of its own.
-asio::thread_pool& blocking_pool();
+// the host. A forked child gets pools of its own.
+//   starts: making sandboxes and starting agents in them;
+//   other:  everything else (killing and taking down sandboxes, tool calls).
+// Apart, so that a run that is ending never waits behind a thousand that
+// are starting (under load a start takes seconds).
+enum class pool { starts, other };
+asio::thread_pool& blocking_pool(pool which = pool::other);
 
-// Runs `fn` on the blocking pool; the coroutine resumes on its own executor
+// Runs `fn` on a blocking pool; the coroutine resumes on its own executor
 // with what `fn` returned or threw.
 template <class F>
-auto offload(F fn) -> task<std::invoke_result_t<F&>> {
+auto offload(F fn, pool which = pool::other) -> task<std::invoke_result_t<F&>> {
   using T = std::invoke_result_t<F&>;
   co_return co_await asio::co_spawn(
-      blocking_pool(), [fn = std::move(fn)]() mutable -> task<T> { co_return fn(); }, asio::use_awaitable);
+      blocking_pool(which), [fn = std::move(fn)]() mutable -> task<T> { co_return fn(); }, asio::use_awaitable);
 }
 
-// A descriptor the event loop watches without owning it: a dup of `fd`, so
-// that closing either leaves the other open.
+// A place among the sandboxes of this process that are starting (from their
+// making until their agent's hello). Few at once: a start under a thousand
+// others is slow for all of them (each new mount namespace copies every
+// mount of the host), and an agent must say hello within its deadline.
+// Released when destroyed; a forked child has places of its own.
+class start_slot {
+ public:
+  static task<start_slot> take();
+  start_slot(start_slot&& other) noexcept : held_(std::exchange(other.held_, false)) {}
+  start_slot& operator=(start_slot&&) = delete;
+  ~start_slot();
+
+ private:
+  start_slot() : held_(true) {}
+  bool held_;
+};
+
+// A descriptor the event loop watches without owning it: the owner closes
+// it, after this is gone.
 class watched_fd {
  public:
-  watched_fd(const asio::any_io_executor& executor, int fd);
+  watched_fd(const asio::any_io_executor& executor, int fd) : descriptor_(executor, fd) {}
+  ~watched_fd() { descriptor_.release(); }
+  watched_fd(const watched_fd&) = delete;
+  watched_fd& operator=(const watched_fd&) = delete;
   asio::posix::stream_descriptor& get() { return descriptor_; }
 
  private:

@@ -1,15 +1,17 @@
 #include "runtime/output_log.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
-#include <sys/eventfd.h>
+#include <sys/epoll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -70,6 +72,76 @@ std::pair<std::uint64_t, std::size_t> dropped_so_far(int fd) {
 
 }  // namespace
 
+// The one thread that copies the output of every live agent of this process:
+// it waits on all their pipes at once, so a live run costs no thread. Never
+// destroyed (an agent may write until the process ends); a forked child,
+// which has none of its parent's threads, makes its own.
+class output_pump {
+ public:
+  static output_pump& get() {
+    static std::mutex mutex;
+    static output_pump* pump = nullptr;
+    static pid_t made_by = 0;
+    std::lock_guard lock(mutex);
+    if (!pump || made_by != ::getpid()) {
+      pump = new output_pump;
+      made_by = ::getpid();
+    }
+    return *pump;
+  }
+
+  // Watches `log`'s pipe from now on; its key for remove().
+  std::uint64_t add(output_log& log) {
+    std::lock_guard lock(mutex_);
+    const std::uint64_t key = next_key_++;
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = key;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, log.reader_.get(), &e) < 0) failed("watching the agent's output");
+    logs_.emplace(key, &log);
+    return key;
+  }
+
+  // Stops watching; once it returns, the pump no longer touches the log.
+  void remove(std::uint64_t key) {
+    std::lock_guard lock(mutex_);
+    forget(key);
+  }
+
+ private:
+  output_pump() : epoll_(::epoll_create1(EPOLL_CLOEXEC)) {
+    if (!epoll_) failed("epoll for the agents' output");
+    std::thread([this] { run(); }).detach();
+  }
+
+  void run() {
+    std::array<epoll_event, 64> ready;
+    for (;;) {
+      const int n = ::epoll_wait(epoll_.get(), ready.data(), static_cast<int>(ready.size()), -1);
+      if (n < 0 && errno != EINTR) return;
+      std::lock_guard lock(mutex_);
+      for (int i = 0; i < n; ++i) {
+        // A log removed since epoll_wait returned is gone from the map.
+        auto it = logs_.find(ready[static_cast<std::size_t>(i)].data.u64);
+        if (it != logs_.end() && !it->second->copy_available()) forget(it->first);
+      }
+    }
+  }
+
+  // Under mutex_.
+  void forget(std::uint64_t key) {
+    auto it = logs_.find(key);
+    if (it == logs_.end()) return;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second->reader_.get(), nullptr);
+    logs_.erase(it);
+  }
+
+  unique_fd epoll_;
+  std::mutex mutex_;
+  std::unordered_map<std::uint64_t, output_log*> logs_;
+  std::uint64_t next_key_ = 1;
+};
+
 output_log::output_log(unique_fd file, std::filesystem::path path, std::uint64_t max_bytes)
     : path_(std::move(path)), max_bytes_(std::max<std::uint64_t>(max_bytes, 2 * buffer_bytes)), file_(std::move(file)) {
   int ends[2];
@@ -77,25 +149,12 @@ output_log::output_log(unique_fd file, std::filesystem::path path, std::uint64_t
   reader_.reset(ends[0]);
   writer_.reset(ends[1]);
   if (::fcntl(reader_.get(), F_SETFL, O_NONBLOCK) < 0) failed("pipe for the agent's output");
-  stop_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!stop_) failed("eventfd");
-  thread_ = std::thread([this] { pump(); });
+  pumped_as_ = output_pump::get().add(*this);
 }
 
 output_log::~output_log() {
-  std::uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(stop_.get(), &one, sizeof one);
-  thread_.join();
+  output_pump::get().remove(pumped_as_);
   copy_available();
-}
-
-void output_log::pump() {
-  for (;;) {
-    pollfd fds[2] = {{reader_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
-    if (fds[1].revents) return;
-    if (fds[0].revents && !copy_available()) return;
-  }
 }
 
 bool output_log::copy_available() {

@@ -1,6 +1,7 @@
 // The agent's stdout and stderr on their way to the run's log. The agent (and
-// bwrap, for its own errors) writes into a pipe; a thread of the host copies
-// what arrives into the log file, so no descriptor of a host file ever enters
+// bwrap, for its own errors) writes into a pipe; one thread of the host, which
+// waits on the pipes of every live agent at once, copies what arrives into the
+// log file, so no descriptor of a host file ever enters
 // the sandbox: the agent cannot truncate, fallocate or seek the log, only
 // write to a pipe the host reads at its own pace.
 //
@@ -14,18 +15,19 @@
 #include <cstdint>
 #include <filesystem>
 #include <mutex>
-#include <thread>
 
 #include "runtime/unique_fd.hpp"
 
 namespace cairn::runtime {
 
+class output_pump;
+
 class output_log {
  public:
-  // `file`: the log at `path`, opened for appending (open_log). Starts the
-  // thread. Throws sandbox_error(spawn_failed) when no pipe can be made.
+  // `file`: the log at `path`, opened for appending (open_log). Hands the
+  // pipe to the pump. Throws sandbox_error(spawn_failed) when no pipe can be made.
   output_log(unique_fd file, std::filesystem::path path, std::uint64_t max_bytes);
-  // Copies what the pipe holds at this moment, then stops the thread.
+  // Takes the pipe back from the pump, then copies what it holds at this moment.
   ~output_log();
   output_log(const output_log&) = delete;
   output_log& operator=(const output_log&) = delete;
@@ -40,7 +42,7 @@ class output_log {
   std::string tail(std::size_t max_bytes);
 
  private:
-  void pump();
+  friend class output_pump;
   // Copies what the pipe holds now; false once the pipe is at its end.
   bool copy_available();
   void append(const char* data, std::size_t size);
@@ -50,9 +52,9 @@ class output_log {
   std::uint64_t max_bytes_;
   std::mutex mutex_;  // guards file_ and the copying; held for one buffer at a time
   unique_fd file_;
-  unique_fd reader_, writer_, stop_;
+  unique_fd reader_, writer_;
   bool at_end_ = false;
-  std::thread thread_;
+  std::uint64_t pumped_as_ = 0;  // this log's key in the pump
 };
 
 }  // namespace cairn::runtime
