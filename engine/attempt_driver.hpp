@@ -127,6 +127,7 @@ class attempt_driver {
   // The next frame, or nullopt when `until` came first or (with
   // `or_wakeup`) a wake-up of the run did.
   task<std::optional<json>> receive(clock::time_point until, bool or_wakeup);
+  std::optional<json> spin_receive();
   task<attempt_result> died(std::string how);
   task<attempt_result> exceeded(std::string message, std::string limit);
   std::string log_excerpt() const;
@@ -148,6 +149,8 @@ class attempt_driver {
   bool recheck_run_ = true;  // at first too: a cancel may have come before events_ listened
   clock::time_point started_, last_limits_check_;
   std::uint64_t expected_seq_ = 0;
+  std::uint64_t receives_ = 0;
+  std::chrono::microseconds spin_{100};
   // Failed attempts of the step at expected_seq_: step_retry events, counted
   // by the host and capped by retry.step_attempts, whatever the agent says.
   int step_failures_ = 0;

@@ -23,6 +23,8 @@ constexpr int other_threads = 8;
 
 }  // namespace
 
+std::atomic<int> live_attempts{0};
+
 asio::thread_pool& blocking_pool(pool which) {
   // Made again in a forked child, which has none of its parent's threads;
   // never destroyed, so that no agent outlives them (and none is killed

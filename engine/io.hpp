@@ -6,6 +6,7 @@
 // pool below, or on the ledger's committer.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <type_traits>
@@ -36,6 +37,11 @@ using task = asio::awaitable<T>;
 // Apart, so that a run that is ending never waits behind a thousand that
 // are starting (under load a start takes seconds).
 enum class pool { starts, other };
+
+// Attempts of this process whose agent runs (engine/attempt.cpp counts them).
+// Alone, an attempt may spend its loop's time to answer sooner (look again
+// for a frame before sleeping, commit on its own thread).
+extern std::atomic<int> live_attempts;
 asio::thread_pool& blocking_pool(pool which = pool::other);
 
 // Runs `fn` on a blocking pool; the coroutine resumes on its own executor

@@ -137,11 +137,29 @@ void ledger::enqueue(body write, done_fn done) {
   queued_.notify_one();
 }
 
+bool ledger::lead(body& write, std::exception_ptr& error) {
+  {
+    std::lock_guard lock(mutex_);
+    if (committing_ || !queue_.empty()) return false;
+    committing_ = true;
+  }
+  std::vector<writer> group;
+  group.push_back({std::move(write), [&error](std::exception_ptr e) { error = e; }});
+  commit_group(group);
+  {
+    std::lock_guard lock(mutex_);
+    committing_ = false;
+  }
+  queued_.notify_one();  // writers that queued meanwhile
+  return true;
+}
+
 void ledger::commit_loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    queued_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+    queued_.wait(lock, [&] { return closing_ || (!queue_.empty() && !committing_); });
     if (queue_.empty()) return;
+    if (committing_) continue;  // closing, while a leading writer commits
     std::vector<writer> group;
     const std::size_t n = std::min(queue_.size(), max_group);
     group.reserve(n);
@@ -149,25 +167,35 @@ void ledger::commit_loop() {
       group.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
+    committing_ = true;
     lock.unlock();
-    std::vector<body> bodies;
-    bodies.reserve(group.size());
-    for (auto& w : group) bodies.push_back(std::move(w.write));
-    crash_point("before_group_commit");
-    std::vector<std::exception_ptr> errors;
-    try {
-      errors = journal_.write_together(bodies);
-    } catch (...) {
-      errors.assign(group.size(), std::current_exception());  // the committer goes on; every writer hears why
-    }
-    // Durable, and nobody has been answered yet.
-    crash_point(group.size() > 1 ? "after_group_commit.many" : "after_group_commit.one");
-    for (std::size_t i = 0; i < group.size(); ++i) group[i].done(errors[i]);
+    commit_group(group);
     lock.lock();
+    committing_ = false;
   }
 }
 
+void ledger::commit_group(std::vector<writer>& group) {
+  std::vector<body> bodies;
+  bodies.reserve(group.size());
+  for (auto& w : group) bodies.push_back(std::move(w.write));
+  crash_point("before_group_commit");
+  std::vector<std::exception_ptr> errors;
+  try {
+    errors = journal_.write_together(bodies);
+  } catch (...) {
+    errors.assign(group.size(), std::current_exception());  // the committer goes on; every writer hears why
+  }
+  // Durable, and nobody has been answered yet.
+  crash_point(group.size() > 1 ? "after_group_commit.many" : "after_group_commit.one");
+  for (std::size_t i = 0; i < group.size(); ++i) group[i].done(errors[i]);
+}
+
 void ledger::write(body write) {
+  if (std::exception_ptr error; lead(write, error)) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
   std::mutex m;
   std::condition_variable committed;
   bool done = false;
@@ -184,6 +212,11 @@ void ledger::write(body write) {
 }
 
 task<void> ledger::write_async(body write) {
+  // Leading blocks this event loop for a commit: only an attempt alone may.
+  if (std::exception_ptr error; live_attempts.load(std::memory_order_relaxed) <= 1 && lead(write, error)) {
+    if (error) std::rethrow_exception(error);
+    co_return;
+  }
   auto executor = co_await asio::this_coro::executor;
   co_await asio::async_initiate<decltype(asio::use_awaitable), void(std::exception_ptr)>(
       [&](auto handler) {

@@ -99,7 +99,14 @@ class ledger {
   task<void> write_async(body write);
   task<void> apply_effect_async(std::string run_id, effect e);
   void enqueue(body write, done_fn done);
+  // Commits `write` on this thread when nobody else is writing (the first
+  // writer leads, as in LevelDB's queue: an idle engine's step pays no hand-
+  // over to the committer and back); false when another commit is under way
+  // or queued, and `write` was left alone.
+  bool lead(body& write, std::exception_ptr& error);
   void commit_loop();
+  // Commits `group` together, then answers each writer. Without mutex_.
+  void commit_group(std::vector<writer>& group);
   // The writes of apply(), and what to announce once they committed.
   static body effects_body(const std::string& run_id, const std::vector<effect>& effects, std::string& parent);
   void announce_applied(const std::string& run_id, const std::vector<effect>& effects, const std::string& parent);
@@ -108,10 +115,11 @@ class ledger {
   void announce_end(const std::string& run_id, const std::string& parent_id);
 
   std::filesystem::path path_;
-  storage::journal journal_;  // touched only by the committer
+  storage::journal journal_;  // touched only by whoever commits (committing_)
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<writer> queue_;
+  bool committing_ = false;  // the committer, or a leading writer, is committing
   bool closing_ = false;
   std::thread committer_;
 };
