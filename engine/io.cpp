@@ -1,11 +1,8 @@
 #include "engine/io.hpp"
 
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <mutex>
-#include <system_error>
 
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
@@ -17,44 +14,31 @@ namespace {
 // Enough for the blocking moments of many runs at once (sandboxes being made
 // or killed, tools running); more wait their turn.
 constexpr int start_threads = 8;
+constexpr int other_threads = 8;
 // Sandboxes starting at once: as many as can be made at once.
 constexpr std::size_t starting_at_once = start_threads;
-constexpr int other_threads = 8;
-
-}  // namespace
-
-std::atomic<int> live_attempts{0};
-
-asio::thread_pool& blocking_pool(pool which) {
-  // Made again in a forked child, which has none of its parent's threads;
-  // never destroyed, so that no agent outlives them (and none is killed
-  // before the process ends).
-  static std::mutex mutex;
-  static asio::thread_pool* starts = nullptr;
-  static asio::thread_pool* other = nullptr;
-  static pid_t made_by = 0;
-  std::lock_guard lock(mutex);
-  if (made_by != ::getpid()) {
-    starts = new asio::thread_pool(start_threads);
-    other = new asio::thread_pool(other_threads);
-    made_by = ::getpid();
-  }
-  return which == pool::starts ? *starts : *other;
-}
-
-namespace {
 
 // A channel whose buffered messages are the taken places: a send waits
 // while all are taken, a receive frees one.
 using places = asio::experimental::concurrent_channel<void(boost::system::error_code)>;
 
-places& start_places() {
+// What the engine keeps once per process.
+struct per_process {
+  asio::thread_pool starts{start_threads};
+  asio::thread_pool other{other_threads};
+  places start_places{other.get_executor(), starting_at_once};
+};
+
+per_process& this_process() {
+  // Made again in a forked child, which has none of its parent's threads;
+  // never destroyed, so that no agent outlives its pools (and none is
+  // killed before the process ends).
   static std::mutex mutex;
-  static places* made = nullptr;
+  static per_process* made = nullptr;
   static pid_t made_by = 0;
   std::lock_guard lock(mutex);
   if (made_by != ::getpid()) {
-    made = new places(blocking_pool(pool::other).get_executor(), starting_at_once);
+    made = new per_process;
     made_by = ::getpid();
   }
   return *made;
@@ -62,13 +46,19 @@ places& start_places() {
 
 }  // namespace
 
+std::atomic<int> live_attempts{0};
+
+asio::thread_pool& blocking_pool(pool which) {
+  return which == pool::starts ? this_process().starts : this_process().other;
+}
+
 task<start_slot> start_slot::take() {
-  co_await start_places().async_send(boost::system::error_code{}, asio::use_awaitable);
+  co_await this_process().start_places.async_send(boost::system::error_code{}, asio::use_awaitable);
   co_return start_slot{};
 }
 
 start_slot::~start_slot() {
-  if (held_) start_places().try_receive([](boost::system::error_code) {});
+  if (held_) this_process().start_places.try_receive([](boost::system::error_code) {});
 }
 
 task<woken_by> wait_any(watched_fd& first, asio::posix::descriptor_base::wait_type first_wait, watched_fd* second,
