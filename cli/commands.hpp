@@ -40,6 +40,8 @@ struct serve_args {
   int max_concurrent = 8;
   int suspend_after_ms = 2000;
   bool verbose = false;  // every step, not only each run's start and end
+  int warm = 0;          // pooled sandboxes (runtime::warm_pool_options)
+  std::string warm_policy;  // whose limits they get; empty: the default policy
 };
 int submit_command(const paths& p, const run_args& args, bool as_json);
 int serve_command(const paths& p, const serve_args& args);

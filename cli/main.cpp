@@ -51,6 +51,13 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--suspend-after", serve.suspend_after_ms,
                         "ms a run may wait (timer, signal, child) before its sandbox is deleted (default 2000)")
       ->check(CLI::Range(0, 86'400'000));
+  serve_cmd->add_option("--warm", serve.warm,
+                        "sandboxes kept ready for runs to take (default 0); runs whose limits differ from the "
+                        "pool's start cold")
+      ->check(CLI::Range(0, 1024));
+  serve_cmd->add_option("--warm-policy", serve.warm_policy,
+                        "a policy file whose limits the pooled sandboxes get (default: the default policy's)")
+      ->check(CLI::ExistingFile);
   serve_cmd->add_flag("--verbose", serve.verbose, "log every step, not only each run's start and end");
 
   std::string signal_run, signal_name, signal_data = "null";

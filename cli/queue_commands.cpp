@@ -49,6 +49,9 @@ class serve_log : public engine::run_observer {
     log_line(fmt::format("attempt {} crashed: {}{}", attempt, reason, will_retry ? "; retrying" : ""));
   }
   void on_warning(const std::string& message) override { log_line("warning: " + message); }
+  void on_sandbox(const std::string& run_id, bool pooled, std::chrono::microseconds took) override {
+    if (pooled) log_line(fmt::format("run {}: warm sandbox from the pool, ready in {:.1f} ms", run_id, took.count() / 1000.0));
+  }
 
  private:
   bool verbose_;
@@ -97,6 +100,13 @@ int serve_command(const paths& p, const serve_args& args) {
     o.engine = options_for(p);
     o.engine.suspend_after = std::chrono::milliseconds(args.suspend_after_ms);
     o.max_concurrent = args.max_concurrent;
+    runtime::warm_pool_options warm;
+    warm.size = static_cast<std::size_t>(args.warm);
+    warm.folder = p.home / "warm";
+    warm.limits = (args.warm_policy.empty() ? engine::default_policy() : engine::load_policy_file(args.warm_policy)).limits;
+    // One backend for every lane, so one pool; made now, so it fills before the first run.
+    o.engine.backends = engine::shared_backends(engine::default_backends(warm));
+    if (warm.size > 0) o.engine.backends("bwrap");
     // For tests only: an idle check hours long proves that wake-ups, not the check, move runs.
     if (const char* ms = std::getenv("CAIRN_TEST_IDLE_CHECK_MS")) o.idle_check = std::chrono::milliseconds(std::atoll(ms));
     serve_log log(args.verbose);

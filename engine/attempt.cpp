@@ -81,12 +81,15 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   spec.run_id = run_.id;
   spec.workspace = run_.workspace;
   spec.limits = policy_.limits;
-  spec.workspace_image = options_.workspace_image;
+  // workspace_mb 0 asks for no quota: the plain folder, no image.
+  if (policy_.limits.max_workspace_bytes > 0) spec.workspace_image = options_.workspace_image;
   spec.log_file = options_.log_file;
   // Made, and later taken down, off the event loop: mounts, cgroups, fork and exec.
   starting_.emplace(co_await start_slot::take());
+  const auto asked = clock::now();
   std::shared_ptr<runtime::sandbox> box =
       co_await offload([&] { return std::shared_ptr(backend.create(spec)); }, pool::starts);
+  observer_.on_sandbox(run_.id, box->pooled(), std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - asked));
   for (const auto& warning : box->warnings()) {
     co_await apply_effect(effects::sandbox_warning{warning});
     observer_.on_warning(warning);

@@ -1,6 +1,8 @@
 #include "engine/engine.hpp"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <random>
 
 #include <boost/asio/this_coro.hpp>
@@ -77,11 +79,24 @@ journal_limits journal_limits_of(const storage::run_record& run) {
 
 }  // namespace
 
-backend_factory default_backends() {
-  return [](const std::string& name) -> std::unique_ptr<runtime::sandbox_backend> {
-    if (name == "bwrap") return runtime::make_bwrap_backend();
+backend_factory default_backends(runtime::warm_pool_options warm) {
+  return [warm](const std::string& name) -> std::shared_ptr<runtime::sandbox_backend> {
+    if (name == "bwrap") return runtime::make_bwrap_backend({.warm = warm});
     if (name == "none") return runtime::make_process_backend();
     throw engine_error(errc::bad_request, "unknown sandbox '" + name + "': use bwrap (default) or none");
+  };
+}
+
+backend_factory shared_backends(backend_factory make) {
+  struct made {
+    std::mutex mutex;
+    std::map<std::string, std::shared_ptr<runtime::sandbox_backend>> backends;
+  };
+  return [make = std::move(make), shared = std::make_shared<made>()](const std::string& name) {
+    std::lock_guard lock(shared->mutex);
+    auto& backend = shared->backends[name];
+    if (!backend) backend = make(name);
+    return backend;
   };
 }
 

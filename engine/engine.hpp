@@ -47,8 +47,12 @@ class engine_error : public std::runtime_error {
 };
 
 // Creates the sandbox backend a run asked for ("bwrap" or "none").
-using backend_factory = std::function<std::unique_ptr<runtime::sandbox_backend>(const std::string& name)>;
-backend_factory default_backends();
+using backend_factory = std::function<std::shared_ptr<runtime::sandbox_backend>(const std::string& name)>;
+// `warm`: the bwrap backend's pool of ready sandboxes (none by default).
+backend_factory default_backends(runtime::warm_pool_options warm = {});
+// Each backend made once by `make` and shared by every engine given the
+// result (the lanes of a scheduler share one warm pool).
+backend_factory shared_backends(backend_factory make);
 
 struct engine_options {
   // CAIRN_HOME: every host file of a run lives under it (run_paths.hpp). Required.
@@ -181,7 +185,7 @@ class engine {
   storage::journal& journal_;
   engine_options options_;
   std::shared_ptr<cairn::engine::ledger> ledger_;
-  std::map<std::string, std::unique_ptr<runtime::sandbox_backend>> backends_;
+  std::map<std::string, std::shared_ptr<runtime::sandbox_backend>> backends_;
 };
 
 // Can a waiting run move now (its timer is due, its signal is queued or timed

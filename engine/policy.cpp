@@ -131,7 +131,12 @@ void parse_limits(object_reader& r, policy& p) {
   p.run_wall_time = std::chrono::seconds(
       r.number("run_wall_seconds", default_policy().run_wall_time.count(), 0, 10 * 365ull * 24 * 3600, " s"));
   l.max_open_files = r.number("open_files", d.max_open_files, 16, 1 << 20);
-  l.max_workspace_bytes = r.number("workspace_mb", d.max_workspace_bytes / mib, 16, 1ull << 24, " MiB") * mib;
+  l.max_workspace_bytes = r.number("workspace_mb", d.max_workspace_bytes / mib, 0, 1ull << 24, " MiB") * mib;
+  if (l.max_workspace_bytes > 0 && l.max_workspace_bytes < 16 * mib)
+    throw policy_error(r.key_of("workspace_mb"),
+                       fmt::format("{} MiB is impossible: a quota is at least 16 MiB (0: no quota, files bounded "
+                                   "one by one by file_mb)",
+                                   l.max_workspace_bytes / mib));
   l.max_file_bytes = r.number("file_mb", d.max_file_bytes / mib, 1, 1ull << 24, " MiB") * mib;
   l.max_tmp_bytes = r.number("tmp_mb", d.max_tmp_bytes / mib, 1, 1ull << 24, " MiB") * mib;
   l.max_log_bytes = r.number("log_mb", d.max_log_bytes / mib, 1, 1ull << 20, " MiB") * mib;

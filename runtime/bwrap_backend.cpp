@@ -8,11 +8,15 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <atomic>
 #include <mutex>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -22,6 +26,9 @@
 #include "runtime/no_follow.hpp"
 #include "runtime/sandbox_resources.hpp"
 #include "runtime/seccomp_filter.hpp"
+#include "runtime/warm/launch.hpp"
+#include "runtime/warm/launcher_image.hpp"
+#include "runtime/warm_pool.hpp"
 
 namespace cairn::runtime {
 
@@ -79,18 +86,137 @@ std::optional<pid_t> read_sandbox_init_pid(int fd) {
   return std::nullopt;
 }
 
+// What every bwrap start of one backend shares.
+struct bwrap_context {
+  fs::path bwrap;
+  bwrap_features features;
+  std::optional<sandbox_user> user;
+  quota_support quota;
+};
+
+// bwrap, started with the isolation flags, `env` and `workspace` bound at
+// /workspace, running `agent` (a checked host path, bound or copied in) or,
+// when null, the pool's launcher. Returns once the sandbox's pid 1 is known.
+struct started_bwrap {
+  std::shared_ptr<child_handle> handle;
+  unique_fd channel;
+};
+started_bwrap start_bwrap(const bwrap_context& c, const resource_limits& limits,
+                          const std::map<std::string, std::string>& env, const fs::path& workspace,
+                          const fs::path* agent, const std::vector<std::string>& args, int log_writer,
+                          const std::shared_ptr<sandbox_cgroup>& cgroup) {
+  std::vector<std::string> options = bwrap_isolation_args(c.features, limits.max_tmp_bytes);
+  for (const auto& [name, value] : env) options.insert(options.end(), {"--setenv", name, value});
+  options.insert(options.end(), {"--bind", workspace.string(), "/workspace", "--chdir", "/workspace"});
+
+  unique_fd program_copy;
+  if (!agent) {
+    program_copy = memfd_with(std::string(reinterpret_cast<const char*>(warm::launcher_image),
+                                          warm::launcher_image_size));
+  } else if (c.user && (first_unsearchable_dir(*agent, c.user->uid, c.user->gid) ||
+                        !may_read_and_execute(*agent, c.user->uid, c.user->gid))) {
+    // The sandbox uid cannot reach the program: bwrap copies it in from an
+    // fd that the host opened.
+    program_copy.reset(::open(agent->c_str(), O_RDONLY | O_CLOEXEC));
+    if (!program_copy) spawn_failed("opening " + agent->string());
+  }
+  if (program_copy)
+    options.insert(options.end(),
+                   {"--perms", "0555", "--ro-bind-data", std::to_string(program_fd), sandbox_agent_path});
+  else
+    options.insert(options.end(), {"--ro-bind", agent->string(), sandbox_agent_path});
+  // Last among the mounts: everything but /workspace, /tmp, /dev/shm and /proc turns read-only.
+  options.insert(options.end(), {"--remount-ro", "/", "--info-fd", std::to_string(info_fd), "--seccomp",
+                                 std::to_string(seccomp_fd)});
+
+  std::string nul_separated;
+  for (const auto& option : options) nul_separated.append(option).push_back('\0');
+  unique_fd args_memfd = memfd_with(nul_separated);
+  unique_fd seccomp_memfd = memfd_with(seccomp_program());
+  int info_pipe[2];
+  if (::pipe2(info_pipe, O_CLOEXEC) < 0) spawn_failed("pipe");
+  unique_fd info_read(info_pipe[0]), info_write(info_pipe[1]);
+
+  spawn_request request;
+  request.argv = {c.bwrap.string(), "--args", std::to_string(bwrap_args_fd), "--", sandbox_agent_path};
+  request.argv.insert(request.argv.end(), args.begin(), args.end());
+  auto record = std::make_unique<own_record>(sandbox_record_kind, host_identity());
+  request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
+                 std::string(sandbox_record_env) + "=" + record->token()};
+  request.cwd = "/";
+  request.log_fd = log_writer;
+  request.extra_fds = {args_memfd.get(), info_write.get(), seccomp_memfd.get()};
+  if (program_copy) request.extra_fds.push_back(program_copy.get());
+  request.limits = limits;
+  if (c.user) request.run_as = spawn_identity{c.user->uid, c.user->gid};
+  std::vector<unique_fd> join = cgroup ? cgroup->join_fds() : std::vector<unique_fd>{};
+  for (const auto& fd : join) request.join_cgroups.push_back(fd.get());
+
+  started_bwrap started;
+  started.handle = std::make_shared<child_handle>();
+  spawned_child child = spawn_child(request);
+  started.handle->pid = child.pid;
+  started.handle->pidfd = std::move(child.pidfd);
+  started.handle->exit_codes_carry_signals = true;
+  started.handle->record = std::move(record);
+  started.channel = std::move(child.channel);
+
+  info_write.reset();
+  if (auto init = read_sandbox_init_pid(info_read.get())) {
+    std::lock_guard lock(started.handle->mutex);
+    started.handle->sandbox_init_pidfd = open_pidfd(*init);
+  }
+  return started;
+}
+
+// The agent's environment inside the sandbox: the run's over a minimal base.
+std::map<std::string, std::string> sandbox_environment(const sandbox_spec& spec) {
+  return agent_environment(spec, {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+                                  {"HOME", "/workspace"},
+                                  {"TMPDIR", "/tmp"},
+                                  {"LANG", "C.UTF-8"}});
+}
+
+// Whether a sandbox made with `pooled` enforces what `wanted` asks; the
+// workspace's and the log's sizes are the run's own either way.
+bool same_sandbox_limits(const resource_limits& pooled, const resource_limits& wanted) {
+  auto key = [](const resource_limits& l) {
+    return std::tie(l.max_processes, l.max_memory_bytes, l.max_file_bytes, l.max_open_files, l.max_cpu_seconds,
+                    l.max_tmp_bytes);
+  };
+  return key(pooled) == key(wanted);
+}
+
+// Waits for the launcher's ready byte: bwrap has built the whole sandbox.
+void wait_launcher_ready(warm_sandbox& w) {
+  pollfd p{w.channel.get(), POLLIN, 0};
+  int ready;
+  while ((ready = ::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(bwrap_start_timeout).count()))) < 0 &&
+         errno == EINTR) {
+  }
+  char byte = 0;
+  if (ready == 1 && ::read(w.channel.get(), &byte, 1) == 1 && byte == warm::launcher_ready) return;
+  std::string output(4096, '\0');
+  ssize_t n = ::read(w.own_output.get(), output.data(), output.size());
+  output.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  auto why = diagnose_bwrap_failure(output);
+  throw sandbox_error(sandbox_errc::spawn_failed,
+                      fmt::format("a pooled sandbox did not start: {}",
+                                  why ? *why : output.empty() ? std::string("bwrap said nothing") : output));
+}
+
 class bwrap_sandbox final : public sandbox {
  public:
-  bwrap_sandbox(fs::path bwrap, bwrap_features features, sandbox_spec spec, fs::path workspace,
-                std::optional<sandbox_user> user, std::unique_ptr<sandbox_resources> resources,
-                std::size_t max_frame)
-      : bwrap_(std::move(bwrap)),
-        features_(features),
+  bwrap_sandbox(bwrap_context context, sandbox_spec spec, fs::path workspace,
+                std::unique_ptr<sandbox_resources> resources, std::size_t max_frame,
+                std::unique_ptr<warm_sandbox> warm)
+      : context_(std::move(context)),
         spec_(std::move(spec)),
         workspace_(std::move(workspace)),
-        user_(std::move(user)),
         resources_(std::move(resources)),
-        max_frame_(max_frame) {}
+        max_frame_(max_frame),
+        warm_(std::move(warm)),
+        pooled_(warm_ != nullptr) {}
 
   ~bwrap_sandbox() override {
     try {
@@ -106,78 +232,36 @@ class bwrap_sandbox final : public sandbox {
     check_agent_args(args);
     auto log = std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file, spec_.limits.max_log_bytes);
     resources_->acquire();  // again, after a destroy()
-
-    std::vector<std::string> options = bwrap_isolation_args(features_, spec_.limits.max_tmp_bytes);
-    auto env = agent_environment(spec_, {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
-                                         {"HOME", "/workspace"},
-                                         {"TMPDIR", "/tmp"},
-                                         {"LANG", "C.UTF-8"}});
-    for (const auto& [name, value] : env) options.insert(options.end(), {"--setenv", name, value});
-    options.insert(options.end(), {"--bind", workspace_.string(), "/workspace", "--chdir", "/workspace"});
-
-    unique_fd program_copy;
-    if (!user_ || (!first_unsearchable_dir(agent, user_->uid, user_->gid) &&
-                   may_read_and_execute(agent, user_->uid, user_->gid))) {
-      options.insert(options.end(), {"--ro-bind", agent.string(), sandbox_agent_path});
-    } else {
-      // The sandbox uid cannot reach the program: bwrap copies it in from an
-      // fd that the host opened.
-      program_copy.reset(::open(agent.c_str(), O_RDONLY | O_CLOEXEC));
-      if (!program_copy) spawn_failed("opening " + agent.string());
-      options.insert(options.end(),
-                     {"--perms", "0555", "--ro-bind-data", std::to_string(program_fd), sandbox_agent_path});
-    }
-    // Last among the mounts: everything but /workspace, /tmp, /dev/shm and /proc turns read-only.
-    options.insert(options.end(), {"--remount-ro", "/", "--info-fd", std::to_string(info_fd), "--seccomp",
-                                   std::to_string(seccomp_fd)});
-
-    std::string nul_separated;
-    for (const auto& option : options) nul_separated.append(option).push_back('\0');
-    unique_fd args_memfd = memfd_with(nul_separated);
-    unique_fd seccomp_memfd = memfd_with(seccomp_program());
-    int info_pipe[2];
-    if (::pipe2(info_pipe, O_CLOEXEC) < 0) spawn_failed("pipe");
-    unique_fd info_read(info_pipe[0]), info_write(info_pipe[1]);
-
-    spawn_request request;
-    request.argv = {bwrap_.string(), "--args", std::to_string(bwrap_args_fd), "--", sandbox_agent_path};
-    request.argv.insert(request.argv.end(), args.begin(), args.end());
-    auto record = std::make_unique<own_record>(sandbox_record_kind, host_identity());
-    request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
-                   std::string(sandbox_record_env) + "=" + record->token()};
-    request.cwd = "/";
-    request.log_fd = log->writer();
-    request.extra_fds = {args_memfd.get(), info_write.get(), seccomp_memfd.get()};
-    if (program_copy) request.extra_fds.push_back(program_copy.get());
-    request.limits = spec_.limits;
-    if (user_) request.run_as = spawn_identity{user_->uid, user_->gid};
     auto cgroup = resources_->cgroup();
-    std::vector<unique_fd> join = cgroup ? cgroup->join_fds() : std::vector<unique_fd>{};
-    for (const auto& fd : join) request.join_cgroups.push_back(fd.get());
-    // Before the spawn: counters start from what the cgroup held until now.
+    // Before the start: counters count from what the cgroup held until now.
     auto watch = std::make_unique<limit_watch>(spec_.limits, cgroup, resources_->workspace());
+    const auto env = sandbox_environment(spec_);
 
-    auto handle = std::make_shared<child_handle>();
-    spawned_child child = spawn_child(request);
-    log->close_writer();
-    handle->pid = child.pid;
-    handle->pidfd = std::move(child.pidfd);
-    handle->exit_codes_carry_signals = true;
-    handle->record = std::move(record);
-    tracker_.track(handle);
-    auto process = std::make_unique<child_process>(handle, std::move(child.channel), max_frame_, std::move(log),
-                                                   std::move(watch));
-
-    info_write.reset();
-    if (auto init = read_sandbox_init_pid(info_read.get())) {
-      std::lock_guard lock(handle->mutex);
-      handle->sandbox_init_pidfd = open_pidfd(*init);
+    std::shared_ptr<child_handle> handle;
+    unique_fd channel;
+    if (warm_ && warm_->channel) {
+      unique_fd image = program_for_launcher(agent);
+      std::vector<std::string> argv = {sandbox_agent_path};
+      argv.insert(argv.end(), args.begin(), args.end());
+      std::vector<std::string> environ = {"PWD=/workspace"};  // as bwrap's --chdir sets it
+      for (const auto& [name, value] : env) environ.push_back(name + "=" + value);
+      warm_->launch(image.get(), log->writer(), argv, environ);
+      handle = warm_->handle;
+      channel = std::move(warm_->channel);
+    } else {
+      auto started = start_bwrap(context_, spec_.limits, env, workspace_, &agent, args, log->writer(), cgroup);
+      handle = std::move(started.handle);
+      channel = std::move(started.channel);
     }
-    return process;
+    log->close_writer();
+    tracker_.track(handle);
+    return std::make_unique<child_process>(handle, std::move(channel), max_frame_, std::move(log),
+                                           std::move(watch));
   }
 
   void destroy() override {
     tracker_.kill_all();
+    warm_.reset();  // its folder's mounts before the workspace's own
     resources_->release();
     strip_set_id_bits(workspace_);
     open_log(spec_.log_file);  // sets its mode back to 0600: the agent may have fchmod'ed its stdout
@@ -185,51 +269,80 @@ class bwrap_sandbox final : public sandbox {
 
   std::vector<std::string> warnings() const override {
     auto warnings = resources_->warnings();
-    if (!features_.tmpfs_size)
+    if (!context_.features.tmpfs_size)
       warnings.push_back(
           "/tmp and /dev/shm have no size of their own (bubblewrap is older than 0.7.0, or setuid): only "
           "the memory limit bounds them; install bubblewrap 0.7.0 or newer, not setuid");
     return warnings;
   }
 
+  bool pooled() const override { return pooled_; }
+
  private:
-  fs::path bwrap_;
-  bwrap_features features_;
+  // The agent as the launcher executes it: from the host's descriptor when
+  // the sandbox uid may read and execute the file, else from a copy in memory.
+  unique_fd program_for_launcher(const fs::path& agent) const {
+    unique_fd file(::open(agent.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!file) spawn_failed("opening " + agent.string());
+    const auto& user = context_.user;
+    if (!user || may_read_and_execute(agent, user->uid, user->gid)) return file;
+    unique_fd copy(::memfd_create("cairn-agent", MFD_CLOEXEC));
+    if (!copy) spawn_failed("memfd_create");
+    struct stat st {};
+    if (::fstat(file.get(), &st) < 0) spawn_failed("reading " + agent.string());
+    for (off_t offset = 0; offset < st.st_size;) {
+      ssize_t n = ::sendfile(copy.get(), file.get(), &offset, static_cast<std::size_t>(st.st_size - offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) spawn_failed("copying " + agent.string());
+    }
+    return copy;
+  }
+
+  bwrap_context context_;
   sandbox_spec spec_;
   fs::path workspace_;
-  std::optional<sandbox_user> user_;
   std::unique_ptr<sandbox_resources> resources_;
   std::size_t max_frame_;
+  std::unique_ptr<warm_sandbox> warm_;  // until its one attempt ends
+  bool pooled_;
   child_tracker tracker_;
 };
 
 class bwrap_backend final : public sandbox_backend {
  public:
-  explicit bwrap_backend(bwrap_options options) : options_(std::move(options)) {}
+  explicit bwrap_backend(bwrap_options options) : options_(std::move(options)) {
+    if (options_.warm.size > 0) {
+      if (options_.warm.folder.empty())
+        throw sandbox_error(sandbox_errc::bad_spec, "a warm pool needs a folder for its sandboxes' workspaces");
+      open_folder_no_follow(options_.warm.folder, 0711);
+      pool_ = std::make_unique<warm_pool>(options_.warm.size, [this] { return make_warm(); });
+    }
+  }
 
   std::string name() const override { return "bwrap"; }
 
   std::unique_ptr<sandbox> create(const sandbox_spec& spec) override {
-    auto bwrap = find_bwrap(options_.bwrap);
-    if (!bwrap) throw sandbox_error(sandbox_errc::bwrap_missing, bwrap_missing_message);
-    auto user = resolve_sandbox_user(options_);
+    bwrap_context context = context_of();
     if (spec.log_file.empty())
       throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
     fs::path workspace = prepare_workspace(spec.workspace);
-    bwrap_features features = features_of(*bwrap);  // first: sweeps what dead hosts left
-    if (user) {
-      if (auto blocked = first_unsearchable_dir(workspace, user->uid, user->gid))
+    if (context.user) {
+      if (auto blocked = first_unsearchable_dir(workspace, context.user->uid, context.user->gid))
         throw sandbox_error(
             sandbox_errc::bad_spec,
             fmt::format("workspace {} is out of reach of the sandbox uid {}: it may not enter {}; keep "
                         "workspaces under folders that others may enter (chmod o+x {})",
-                        workspace.string(), user->uid, blocked->string(), blocked->string()));
+                        workspace.string(), context.user->uid, blocked->string(), blocked->string()));
     }
-    auto resources = std::make_unique<sandbox_resources>(spec, workspace, user);
+    auto resources = std::make_unique<sandbox_resources>(spec, workspace, context.user, context.quota);
+    auto warm = take_warm(spec, workspace);
+    if (warm) resources->adopt(std::move(warm->cgroup));
     resources->acquire();
+    // The workspace as it is now, its image mounted: the sandbox sees it from here on.
+    if (warm && warm->folder->shared_mount()) warm->folder->show(workspace);
     std::size_t max_frame = options_.max_frame ? options_.max_frame : protocol::default_max_frame;
-    return std::make_unique<bwrap_sandbox>(*bwrap, features, spec, workspace, user, std::move(resources),
-                                           max_frame);
+    return std::make_unique<bwrap_sandbox>(std::move(context), spec, workspace, std::move(resources), max_frame,
+                                           std::move(warm));
   }
 
   std::vector<doctor_check> check() const override { return bwrap_checks(options_); }
@@ -240,23 +353,71 @@ class bwrap_backend final : public sandbox_backend {
   }
   workspace_upkeep upkeep(const fs::path& workspace) const override { return workspace_upkeep_of(workspace); }
 
+  bool wait_warm(std::size_t count, std::chrono::milliseconds timeout) override {
+    return pool_ && pool_->wait_ready(count, timeout);
+  }
+  std::optional<std::string> warm_error() const override { return pool_ ? pool_->last_error() : std::nullopt; }
+
  private:
-  // Once per backend: `bwrap --version` costs a process, the sweeps a scan
-  // of /proc, of the cgroup folders and of the mounts.
-  bwrap_features features_of(const fs::path& bwrap) {
+  // Once per backend, when bwrap is found: `bwrap --version` costs a
+  // process, the sweeps a scan of /proc, of the cgroup folders and of the
+  // mounts, the sandbox user a look into the user database.
+  bwrap_context context_of() {
     std::lock_guard lock(mutex_);
-    if (!features_) {
-      kill_orphaned_sandboxes();
-      sweep_orphaned_cgroups(detect_cgroups());
-      if (::geteuid() == 0) sweep_orphaned_workspace_mounts();
-      features_ = detect_bwrap_features(bwrap);
-    }
-    return *features_;
+    if (context_) return *context_;
+    auto bwrap = find_bwrap(options_.bwrap);
+    if (!bwrap) throw sandbox_error(sandbox_errc::bwrap_missing, bwrap_missing_message);
+    // First the sweeps: of what dead hosts left.
+    kill_orphaned_sandboxes();
+    sweep_orphaned_cgroups(detect_cgroups());
+    sweep_orphaned_warm_folders();
+    if (::geteuid() == 0) sweep_orphaned_workspace_mounts();
+    context_ = bwrap_context{*bwrap, detect_bwrap_features(*bwrap), resolve_sandbox_user(options_),
+                             detect_workspace_quota()};
+    return *context_;
+  }
+
+  // A pooled sandbox for this run, or null: none ready, other limits, or
+  // (without root) a workspace that is not a new, empty folder.
+  std::unique_ptr<warm_sandbox> take_warm(const sandbox_spec& spec, const fs::path& workspace) {
+    if (!pool_ || !same_sandbox_limits(options_.warm.limits, spec.limits)) return nullptr;
+    std::error_code ec;
+    if (::geteuid() != 0 && !fs::is_empty(workspace, ec)) return nullptr;
+    auto warm = pool_->take();
+    if (!warm || warm->folder->shared_mount() || warm->folder->become(workspace)) return warm;
+    return nullptr;
+  }
+
+  // Runs on the pool's threads.
+  std::unique_ptr<warm_sandbox> make_warm() {
+    bwrap_context context = context_of();
+    const auto& limits = options_.warm.limits;
+    auto warm = std::make_unique<warm_sandbox>();
+    const bool root = ::geteuid() == 0;
+    warm->folder = std::make_unique<warm_folder>(
+        options_.warm.folder / fmt::format("{}-{}", ::getpid(), made_.fetch_add(1)), root);
+    const auto& cgroups = detect_cgroups();
+    if (cgroups.mode != cgroup_mode::none)
+      warm->cgroup = std::make_shared<sandbox_cgroup>(cgroups, "warm", limits.max_memory_bytes,
+                                                      limits.max_processes + bwrap_own_processes);
+    int output[2];
+    if (::pipe2(output, O_CLOEXEC) < 0) spawn_failed("pipe");
+    warm->own_output.reset(output[0]);
+    unique_fd writer(output[1]);
+    ::fcntl(warm->own_output.get(), F_SETFL, O_NONBLOCK);
+    auto started = start_bwrap(context, limits, {}, warm->folder->path(), nullptr, {}, writer.get(), warm->cgroup);
+    warm->handle = std::move(started.handle);
+    warm->channel = std::move(started.channel);
+    writer.reset();
+    wait_launcher_ready(*warm);
+    return warm;
   }
 
   bwrap_options options_;
   std::mutex mutex_;
-  std::optional<bwrap_features> features_;
+  std::optional<bwrap_context> context_;
+  std::atomic<std::uint64_t> made_{0};
+  std::unique_ptr<warm_pool> pool_;  // last: its threads use the members above
 };
 
 }  // namespace

@@ -112,13 +112,6 @@ std::string record_token_of(pid_t pid) {
   return {};
 }
 
-bool host_alive(const std::string& identity) {
-  std::istringstream fields(identity);
-  pid_t pid = 0;
-  std::string start;
-  return fields >> pid >> start && pid > 0 && start_time(pid) == start;
-}
-
 bool is_orphaned_sandbox(pid_t pid) {
   if (!is_sandbox_bwrap(pid)) return false;
   proc_status st = read_status(pid);
@@ -129,6 +122,13 @@ bool is_orphaned_sandbox(pid_t pid) {
 }  // namespace
 
 std::string host_identity() { return fmt::format("{} {}", ::getpid(), start_time(::getpid())); }
+
+bool host_alive(const std::string& identity) {
+  std::istringstream fields(identity);
+  pid_t pid = 0;
+  std::string start;
+  return fields >> pid >> start && pid > 0 && start_time(pid) == start;
+}
 
 std::size_t kill_orphaned_sandboxes() {
   auto records = own_records(sandbox_record_kind);

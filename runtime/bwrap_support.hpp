@@ -35,6 +35,9 @@ inline constexpr const char* sandbox_record_env = "CAIRN_SANDBOX_RECORD";
 // "PID START" of this process (START: its start time in /proc/PID/stat), so a
 // recycled pid is never taken for it.
 std::string host_identity();
+// Whether the process a host_identity() names still runs (the same one: a
+// recycled pid has another start time).
+bool host_alive(const std::string& identity);
 
 // "0.8.0" from `bwrap --version`; nullopt when it does not answer.
 std::optional<std::string> bwrap_version(const std::filesystem::path& bwrap);

@@ -159,16 +159,18 @@ std::optional<exit_status> child_process::poll_exit() {
   return handle_->status;
 }
 
-exit_status child_process::kill() {
-  std::lock_guard lock(handle_->mutex);
-  handle_->kill_locked();
+exit_status end_child(child_handle& h) {
+  std::lock_guard lock(h.mutex);
+  h.kill_locked();
   // Before reaping: reaping bwrap is not enough, its pid 1 may still be
   // tearing down the namespace, and the reaped leader's group id could be
   // recycled.
-  handle_->wait_dead_locked(kill_grace);
-  reap_locked(*handle_, true);
-  return *handle_->status;
+  h.wait_dead_locked(kill_grace);
+  reap_locked(h, true);
+  return *h.status;
 }
+
+exit_status child_process::kill() { return end_child(*handle_); }
 
 std::optional<exit_status> child_process::wait_for(std::chrono::milliseconds timeout) {
   if (auto s = poll_exit()) return s;

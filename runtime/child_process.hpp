@@ -44,6 +44,10 @@ struct child_handle {
   void wait_dead_locked(std::chrono::milliseconds limit) const;
 };
 
+// Kills every process `h` stands for, waits (bounded by kill_grace) until
+// they are gone, reaps, and returns the status. Idempotent.
+exit_status end_child(child_handle& h);
+
 class child_process final : public agent_process {
  public:
   child_process(std::shared_ptr<child_handle> handle, unique_fd channel_fd, std::size_t max_frame,

@@ -72,16 +72,25 @@ bool attach(int device, int backing, const fs::path& image) {
 
 }  // namespace
 
-loop_mount::loop_mount(const fs::path& image, const fs::path& target) : target_(target) {
+fs::path attached_marker(const fs::path& image) { return fs::path(image) += ".attached"; }
+
+loop_mount::loop_mount(const fs::path& image, const fs::path& target) : image_(image), target_(target) {
   // Two live filesystems on one image would corrupt it: an earlier mount
-  // (detached while its sandbox was dying) must be gone, its writes flushed.
-  for (auto deadline = std::chrono::steady_clock::now() + attached_grace; image_attached(image);) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      errno = EBUSY;
-      failed(fmt::format("{} is still attached to a loop device by an earlier sandbox", image.string()));
+  // (detached while its sandbox was dying, or left by a host that died)
+  // must be gone, its writes flushed. Only an image whose marker says so
+  // may still be attached: the search costs a read per loop device.
+  const fs::path marker = attached_marker(image);
+  if (::access(marker.c_str(), F_OK) == 0) {
+    for (auto deadline = std::chrono::steady_clock::now() + attached_grace; image_attached(image);) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        errno = EBUSY;
+        failed(fmt::format("{} is still attached to a loop device by an earlier sandbox", image.string()));
+      }
+      std::this_thread::sleep_for(poll_interval);
     }
-    std::this_thread::sleep_for(poll_interval);
   }
+  unique_fd marked(::open(marker.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!marked) failed("marking " + image.string() + " attached");
   unique_fd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
   if (!backing) failed("opening " + image.string());
   unique_fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
@@ -110,21 +119,36 @@ loop_mount::loop_mount(const fs::path& image, const fs::path& target) : target_(
     failed(fmt::format("mounting {} ({}) at {}", image.string(), device_path, target.string()));
 }
 
-loop_mount::~loop_mount() { unmount_folder(target_); }
+namespace {
 
-bool unmount_folder(const fs::path& folder) {
-  // Busy while the killed sandbox's mount namespace is torn down: wait for it,
-  // so the unmount (and its flush) is done when this returns.
+// Busy while the killed sandbox's mount namespace is torn down: waits for
+// it, so the unmount (and its flush) is done when this returns true.
+bool unmount_when_free(const fs::path& folder) {
   for (auto deadline = std::chrono::steady_clock::now() + busy_grace;;) {
     if (::umount2(folder.c_str(), UMOUNT_NOFOLLOW) == 0) return true;
-    if (errno != EBUSY || std::chrono::steady_clock::now() > deadline) break;
+    if (errno != EBUSY || std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(poll_interval);
   }
-  // Still busy: detach it now; the kernel unmounts it, and frees the loop
-  // device, when its last user goes. loop_mount waits for that before it
-  // mounts the image again.
+}
+
+// Still busy: detach it now; the kernel unmounts it, and frees the loop
+// device, when its last user goes. loop_mount waits for that before it
+// mounts the image again.
+bool detach(const fs::path& folder) {
   return errno == EBUSY && ::umount2(folder.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0;
 }
+
+}  // namespace
+
+loop_mount::~loop_mount() {
+  // Detached, the image stays marked until a later mount finds it free.
+  if (unmount_when_free(target_))
+    ::unlink(attached_marker(image_).c_str());
+  else
+    detach(target_);
+}
+
+bool unmount_folder(const fs::path& folder) { return unmount_when_free(folder) || detach(folder); }
 
 std::optional<fs::path> loop_backing_file(const fs::path& folder) {
   struct stat here {}, parent {};

@@ -16,7 +16,9 @@ class loop_mount {
   // Attaches `image` to a free loop device (freed by the kernel once
   // unmounted: LO_FLAGS_AUTOCLEAR) and mounts it nosuid,nodev at `target`.
   // First waits (up to 10 s) until no earlier mount of `image` is left: one
-  // image never has two live filesystems. Requires root. Throws
+  // image never has two live filesystems. The file IMAGE.attached marks the
+  // image from before it is attached until a clean unmount, so only a marked
+  // image is searched for among the loop devices. Requires root. Throws
   // sandbox_error(spawn_failed) naming the step.
   loop_mount(const std::filesystem::path& image, const std::filesystem::path& target);
   // Unmounts; a mount still busy is detached and goes once its last user does.
@@ -25,8 +27,12 @@ class loop_mount {
   loop_mount& operator=(const loop_mount&) = delete;
 
  private:
+  std::filesystem::path image_;
   std::filesystem::path target_;
 };
+
+// IMAGE.attached: see loop_mount. Whoever deletes an image deletes it too.
+std::filesystem::path attached_marker(const std::filesystem::path& image);
 
 // Whether `folder` is the root of a mount of `image` through a loop device
 // (a mount left behind by a host that died).

@@ -52,7 +52,8 @@ struct resource_limits {
   std::uint64_t max_cpu_seconds = 0;
   // Size of /workspace: an ext4 image when cairn runs as root (its size is
   // fixed when the run's first sandbox makes it); else files are bounded one
-  // by one (RLIMIT_FSIZE) only.
+  // by one (RLIMIT_FSIZE) only. No image when the spec names none (the
+  // engine names none for a policy's workspace_mb 0).
   std::uint64_t max_workspace_bytes = 1ull << 30;
   std::uint64_t max_tmp_bytes = 64ull << 20;     // size of /tmp and /dev/shm (tmpfs) each
   // What the run's log keeps of the agent's output, over all its attempts:
@@ -148,6 +149,8 @@ class sandbox {
   // "workspace ... has no size quota: ...", a kept image of another size.
   // Known from create() on; empty when every limit holds as asked.
   virtual std::vector<std::string> warnings() const = 0;
+  // Whether it came ready from the warm pool (bwrap_options::warm).
+  virtual bool pooled() const { return false; }
 };
 
 // What keeping a workspace's files between attempts has cost the host in
@@ -192,6 +195,29 @@ class sandbox_backend {
   virtual void release_workspace(const std::filesystem::path& workspace, const std::filesystem::path& image) = 0;
   // Cumulative; subtract two readings for the cost of what ran between them.
   virtual workspace_upkeep upkeep(const std::filesystem::path& workspace) const = 0;
+  // The warm pool (bwrap_options::warm): waits up to `timeout` until
+  // `count` sandboxes are ready; true if they are. False without a pool.
+  virtual bool wait_warm(std::size_t /*count*/, std::chrono::milliseconds /*timeout*/) { return false; }
+  // Why the pool could not make its last sandbox, if it could not.
+  virtual std::optional<std::string> warm_error() const { return std::nullopt; }
+};
+
+// Sandboxes made ahead of the runs that will use them: namespaces, seccomp,
+// cgroup and mounts ready, a launcher (the sandbox's first program) waiting
+// for the agent. A run takes one at create(), its workspace joins it (as
+// root, mounted over the sandbox's /workspace; otherwise only for a new
+// run's empty workspace, whose folder the pooled one becomes) and the
+// launcher becomes the agent; the pool makes a replacement in the
+// background. A pooled sandbox serves one attempt and is destroyed with it:
+// nothing of one run is ever seen by another. A run whose limits differ
+// from the pool's, or whose workspace cannot join, starts cold.
+struct warm_pool_options {
+  std::size_t size = 0;  // sandboxes kept ready; 0: no pool
+  // Holds the pooled sandboxes' /workspace folders (one each, removed with
+  // it); must be enterable by the sandbox uid, like workspaces. Required
+  // when size > 0.
+  std::filesystem::path folder;
+  resource_limits limits;  // every pooled sandbox is made with these
 };
 
 struct bwrap_options {
@@ -199,6 +225,7 @@ struct bwrap_options {
   // When cairn runs as root, the sandbox runs under this unprivileged uid/gid.
   uid_t sandbox_uid = 0;  // 0: take it from the environment/default, see bwrap_backend.cpp
   std::size_t max_frame = 0;  // 0: protocol default
+  warm_pool_options warm;
 };
 
 // Namespaces + read-only system + private /workspace and /tmp + no network.

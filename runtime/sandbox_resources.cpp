@@ -10,12 +10,12 @@
 namespace cairn::runtime {
 
 sandbox_resources::sandbox_resources(sandbox_spec spec, std::filesystem::path workspace,
-                                     std::optional<sandbox_user> user)
+                                     std::optional<sandbox_user> user, quota_support quota)
     : spec_(std::move(spec)),
       workspace_(std::move(workspace)),
       user_(std::move(user)),
       cgroups_(detect_cgroups()),
-      quota_(detect_workspace_quota()) {
+      quota_(std::move(quota)) {
   if (cgroups_.mode == cgroup_mode::none)
     warnings_.push_back(fmt::format("resource totals are per process only, {}: to bound the sandbox as a whole, {}",
                                     cgroups_.detail, cgroups_.fix));
@@ -23,6 +23,11 @@ sandbox_resources::sandbox_resources(sandbox_spec spec, std::filesystem::path wo
     warnings_.push_back(fmt::format("workspace {} has no size quota ({}): files are bounded one by one "
                                     "(limits.file_mb); {}",
                                     workspace_.string(), quota_.detail, quota_.fix));
+}
+
+void sandbox_resources::adopt(std::shared_ptr<sandbox_cgroup> cgroup) {
+  std::lock_guard lock(mutex_);
+  cgroup_ = std::move(cgroup);
 }
 
 void sandbox_resources::acquire() {

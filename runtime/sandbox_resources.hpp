@@ -21,10 +21,14 @@ inline constexpr std::uint64_t bwrap_own_processes = 2;
 class sandbox_resources {
  public:
   // `workspace`: canonical. `user`: the sandbox uid when cairn runs as root;
-  // the quota image needs it (and root).
-  sandbox_resources(sandbox_spec spec, std::filesystem::path workspace, std::optional<sandbox_user> user);
+  // the quota image needs it (and root). `quota`: detect_workspace_quota().
+  sandbox_resources(sandbox_spec spec, std::filesystem::path workspace, std::optional<sandbox_user> user,
+                    quota_support quota);
   ~sandbox_resources() { release(); }
 
+  // Before the first acquire(): the sandbox's processes are in `cgroup`
+  // already (a pooled sandbox's, made with the same limits).
+  void adopt(std::shared_ptr<sandbox_cgroup> cgroup);
   // Makes the cgroup, mounts the workspace image and gives the workspace's
   // files to the sandbox uid; nothing when held already. Throws sandbox_error.
   void acquire();

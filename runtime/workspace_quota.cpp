@@ -325,6 +325,7 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
   } catch (const sandbox_error& e) {
     if (!fresh) throw;
     ::unlink(image.c_str());  // it holds nothing yet
+    ::unlink(attached_marker(image).c_str());
     if (e.code() != sandbox_errc::workspace_failed) throw;
     // A bad template would spoil every later image too; the next run makes another.
     ::unlink(workspace_template_path(image.parent_path(), image_bytes, uid, gid).c_str());
@@ -407,6 +408,7 @@ void release_workspace_image(const fs::path& given, const fs::path& image) {
   sync_folder(workspace.parent_path());
   fs::remove_all(staging, ec);  // the folder the image was mounted on
   if (::unlink(image.c_str()) < 0) failed(sandbox_errc::workspace_failed, "deleting " + image.string());
+  ::unlink(attached_marker(image).c_str());
   sync_folder(workspace.parent_path());
   std::lock_guard lock(registry_mutex);
   upkeeps.erase(workspace);  // the run is over

@@ -276,7 +276,8 @@ TEST_CASE("quota: where the image cannot be mounted, its workspace is refused, n
   fs::create_directories(spec.workspace);
   fs::create_directories(spec.workspace_image.parent_path());
   std::ofstream(spec.workspace_image) << "an image from a run started as root";
-  sandbox_resources resources(spec, fs::canonical(spec.workspace), std::nullopt);  // as without root
+  sandbox_resources resources(spec, fs::canonical(spec.workspace), std::nullopt,
+                              detect_workspace_quota());  // as without root
   try {
     resources.acquire();
     FAIL("no sandbox_error");

@@ -1,0 +1,204 @@
+#include "runtime/warm_pool.hpp"
+
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/bwrap_support.hpp"
+#include "runtime/warm/launch.hpp"
+
+namespace cairn::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* warm_record_kind = "warm";
+// Each maker thread runs a bwrap start at a time; two keep a pool of a few
+// dozen full while runs take from it, without crowding the cold starts.
+constexpr std::size_t max_makers = 2;
+
+[[noreturn]] void failed(const std::string& what) {
+  throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+// Every mount stacked on `path` (the folder's own, a run's workspace on it).
+void unmount_all(const fs::path& path) {
+  for (int i = 0; i < 8 && ::umount2(path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0; ++i) {
+  }
+}
+
+void send_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) failed("handing the agent to its pooled sandbox");
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+warm_folder::warm_folder(fs::path path, bool shared_mount) : path_(std::move(path)), shared_mount_(shared_mount) {
+  record_ = std::make_unique<own_record>(warm_record_kind, host_identity() + "\n" + path_.string());
+  // Root's is read-only to the sandbox uid until a workspace is mounted on it.
+  const mode_t mode = shared_mount_ ? 0755 : 0700;
+  if (::mkdir(path_.c_str(), mode) < 0 || ::chmod(path_.c_str(), mode) < 0) failed("making " + path_.string());
+  if (!shared_mount_) return;
+  // Private first, so that it leaves the peer group of the mount it sits on.
+  if (::mount(path_.c_str(), path_.c_str(), nullptr, MS_BIND, nullptr) < 0 ||
+      ::mount(nullptr, path_.c_str(), nullptr, MS_PRIVATE, nullptr) < 0 ||
+      ::mount(nullptr, path_.c_str(), nullptr, MS_SHARED, nullptr) < 0) {
+    int saved = errno;
+    unmount_all(path_);
+    ::rmdir(path_.c_str());
+    errno = saved;
+    failed("making " + path_.string() + " a shared mount");
+  }
+}
+
+warm_folder::~warm_folder() {
+  if (given_away_) return;
+  if (shared_mount_) unmount_all(path_);
+  ::rmdir(path_.c_str());
+}
+
+void warm_folder::show(const fs::path& workspace) {
+  if (::mount(workspace.c_str(), path_.c_str(), nullptr, MS_BIND, nullptr) < 0)
+    failed(fmt::format("mounting workspace {} into its pooled sandbox", workspace.string()));
+}
+
+bool warm_folder::become(const fs::path& workspace) {
+  if (shared_mount_ || ::rename(path_.c_str(), workspace.c_str()) < 0) return false;
+  given_away_ = true;
+  record_.reset();
+  return true;
+}
+
+warm_sandbox::~warm_sandbox() {
+  if (handle) end_child(*handle);
+  channel.reset();
+  if (cgroup) cgroup->remove();
+  folder.reset();  // after its processes: nothing holds the mounts any more
+}
+
+void warm_sandbox::launch(int program, int log_writer, const std::vector<std::string>& argv,
+                          const std::vector<std::string>& env) {
+  std::string body;
+  for (const auto* list : {&argv, &env}) {
+    for (const auto& s : *list) body.append(s).push_back('\0');
+    body.push_back('\0');
+  }
+  if (body.size() > warm::max_launch_bytes)
+    throw sandbox_error(sandbox_errc::bad_spec, fmt::format("the agent's arguments and environment take {} bytes, "
+                                                            "more than the {} a pooled sandbox accepts",
+                                                            body.size(), warm::max_launch_bytes));
+  const auto length = static_cast<std::uint32_t>(body.size());
+  int fds[2] = {program, log_writer};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+  iovec iov{const_cast<std::uint32_t*>(&length), sizeof length};
+  msghdr message{};
+  message.msg_iov = &iov;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(header), fds, sizeof fds);
+  ssize_t sent;
+  while ((sent = ::sendmsg(channel.get(), &message, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+  }
+  if (sent < 0) failed("handing the agent to its pooled sandbox");
+  // A socket takes 4 bytes whole: sendmsg sent the length or nothing.
+  send_all(channel.get(), body.data(), body.size());
+}
+
+warm_pool::warm_pool(std::size_t size, maker make) : size_(size), make_(std::move(make)) {
+  for (std::size_t i = 0; i < std::min(size_, max_makers); ++i) threads_.emplace_back([this] { fill(); });
+}
+
+warm_pool::~warm_pool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  for (auto& t : threads_) t.join();
+  ready_.clear();
+}
+
+std::unique_ptr<warm_sandbox> warm_pool::take() {
+  std::lock_guard lock(mutex_);
+  if (ready_.empty()) return nullptr;
+  auto taken = std::move(ready_.front());
+  ready_.pop_front();
+  changed_.notify_all();
+  return taken;
+}
+
+bool warm_pool::wait_ready(std::size_t count, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  return changed_.wait_for(lock, timeout, [&] { return ready_.size() >= count; });
+}
+
+std::optional<std::string> warm_pool::last_error() const {
+  std::lock_guard lock(mutex_);
+  return last_error_;
+}
+
+void warm_pool::fill() {
+  std::unique_lock lock(mutex_);
+  auto pause = std::chrono::seconds(1);
+  while (!stopping_) {
+    if (ready_.size() + making_ >= size_) {
+      changed_.wait(lock);
+      continue;
+    }
+    ++making_;
+    lock.unlock();
+    std::unique_ptr<warm_sandbox> made;
+    std::string error;
+    try {
+      made = make_();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    lock.lock();
+    --making_;
+    if (made) {
+      ready_.push_back(std::move(made));
+      last_error_.reset();
+      pause = std::chrono::seconds(1);
+      changed_.notify_all();
+      continue;
+    }
+    // A machine that cannot make one now (bwrap broken, no memory) is not
+    // asked again at once: runs start cold meanwhile.
+    last_error_ = error;
+    changed_.wait_for(lock, pause, [&] { return stopping_; });
+    pause = std::min(pause * 2, std::chrono::seconds(30));
+  }
+}
+
+std::size_t sweep_orphaned_warm_folders() {
+  std::size_t swept = 0;
+  for (const auto& record : own_records(warm_record_kind)) {
+    auto newline = record.subject.find('\n');
+    if (newline == std::string::npos || host_alive(record.subject.substr(0, newline))) continue;
+    const fs::path folder = record.subject.substr(newline + 1);
+    unmount_all(folder);
+    if (::rmdir(folder.c_str()) == 0) ++swept;
+    forget_record(record);
+  }
+  return swept;
+}
+
+}  // namespace cairn::runtime

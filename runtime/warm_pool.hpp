@@ -1,0 +1,118 @@
+// The warm pool behind bwrap_options::warm (sandbox.hpp): sandboxes made in
+// the background until `size` are ready, each handed out once. Internal to
+// runtime/.
+//
+// A pooled sandbox's /workspace is a folder of its own under the pool's
+// folder. As root that folder is a shared mount of itself, so a workspace
+// the host later mounts onto it appears inside the sandbox (which holds it
+// as a slave: nothing propagates back); otherwise it is a plain folder that
+// a new run's empty workspace is replaced by (a rename keeps the sandbox's
+// bind). Each folder is written down (own_records.hpp) before it is made,
+// so a later host sweeps what a killed one left: its mounts, the folder.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/cgroup.hpp"
+#include "runtime/child_process.hpp"
+#include "runtime/own_records.hpp"
+#include "runtime/sandbox.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace cairn::runtime {
+
+// The folder a pooled sandbox binds at /workspace, made on construction and
+// unmounted and removed on destruction (unless given away).
+class warm_folder {
+ public:
+  // `shared_mount`: as root, the folder becomes a shared mount of its own.
+  // Throws sandbox_error(spawn_failed).
+  warm_folder(std::filesystem::path path, bool shared_mount);
+  ~warm_folder();
+  warm_folder(const warm_folder&) = delete;
+  warm_folder& operator=(const warm_folder&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  bool shared_mount() const { return shared_mount_; }
+  // Mounts `workspace` (a canonical folder, or the mount of its image) onto
+  // the folder: the sandbox's /workspace shows it. Throws sandbox_error(spawn_failed).
+  void show(const std::filesystem::path& workspace);
+  // Renames the (plain) folder to `workspace`, an empty folder it replaces:
+  // the sandbox's /workspace is now the run's. False when the rename is
+  // refused (another filesystem, the workspace not empty); nothing changed.
+  bool become(const std::filesystem::path& workspace);
+
+ private:
+  std::filesystem::path path_;
+  bool shared_mount_;
+  bool given_away_ = false;
+  std::unique_ptr<own_record> record_;
+};
+
+// One sandbox of the pool: bwrap has built it and its launcher waits on the
+// channel. Destroying it unused kills and reaps it, then its folder goes.
+struct warm_sandbox {
+  std::shared_ptr<child_handle> handle;
+  unique_fd channel;  // the host's end
+  std::shared_ptr<sandbox_cgroup> cgroup;
+  // The read end of bwrap's and the launcher's own stdout and stderr (their
+  // errors, before the launch gives the agent the run's log).
+  unique_fd own_output;
+  std::unique_ptr<warm_folder> folder;
+
+  ~warm_sandbox();
+  // Hands the launcher the agent: `program` (open for reading and
+  // executable by the sandbox uid), `log_writer` as its stdout and stderr,
+  // its argv and environment ("NAME=value"). Then the agent owns the channel.
+  // Throws sandbox_error(spawn_failed) when the launcher cannot be told.
+  void launch(int program, int log_writer, const std::vector<std::string>& argv,
+              const std::vector<std::string>& env);
+};
+
+class warm_pool {
+ public:
+  using maker = std::function<std::unique_ptr<warm_sandbox>()>;
+  // Starts filling at once, on threads of its own (the pooled sandboxes
+  // die with the thread that made them: see sandbox::exec).
+  warm_pool(std::size_t size, maker make);
+  // Stops filling; the sandboxes still pooled are destroyed.
+  ~warm_pool();
+  warm_pool(const warm_pool&) = delete;
+  warm_pool& operator=(const warm_pool&) = delete;
+
+  // A ready sandbox, or null when none is; a replacement is made.
+  std::unique_ptr<warm_sandbox> take();
+  // Waits until `count` are ready or `timeout` passes; true if they are.
+  bool wait_ready(std::size_t count, std::chrono::milliseconds timeout);
+  // Why the last attempt to make one failed (pooling pauses, then tries
+  // again), if it did.
+  std::optional<std::string> last_error() const;
+
+ private:
+  void fill();
+
+  std::size_t size_;
+  maker make_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::unique_ptr<warm_sandbox>> ready_;
+  std::size_t making_ = 0;
+  bool stopping_ = false;
+  std::optional<std::string> last_error_;
+  std::vector<std::thread> threads_;
+};
+
+// Unmounts and removes the pooled folders that dead hosts left; returns how many.
+std::size_t sweep_orphaned_warm_folders();
+
+}  // namespace cairn::runtime

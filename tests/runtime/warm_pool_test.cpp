@@ -1,0 +1,177 @@
+// The warm pool: a run takes a sandbox made before it asked, and sees what
+// a cold sandbox would show it, and nothing of any run before it.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "runtime/cgroup.hpp"
+#include "tests/runtime/sandbox_fixture.hpp"
+
+namespace cairn::runtime::test {
+namespace {
+
+std::unique_ptr<sandbox_backend> warm_backend(const temp_dir& dir, const resource_limits& limits, std::size_t size) {
+  bwrap_options options;
+  options.warm.size = size;
+  options.warm.folder = dir.path / "warm";
+  options.warm.limits = limits;
+  auto backend = make_bwrap_backend(options);
+  if (!backend->wait_warm(size, patience))
+    FAIL("the pool made no sandbox: " << backend->warm_error().value_or("(no error)"));
+  return backend;
+}
+
+sandbox_spec spec_for(const temp_dir& dir, const std::string& run) {
+  sandbox_spec spec = make_spec(dir);
+  spec.run_id = run;
+  spec.workspace = dir.path / "ws" / run;
+  spec.workspace_image = dir.path / "images" / (run + ".img");
+  spec.log_file = dir.path / (run + ".log");
+  return spec;
+}
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::string file_text(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("warm pool: a pooled sandbox shows the agent what a cold one would") {
+  temp_dir dir;
+  auto cold_spec = spec_for(dir, "run-cold");
+  auto cold_backend = make_bwrap_backend();
+  auto cold = cold_backend->create(cold_spec);
+  CHECK_FALSE(cold->pooled());
+  json cold_status = run_probe(*cold, {"status"})["detail"];
+
+  auto warm_spec = spec_for(dir, "run-warm");
+  auto backend = warm_backend(dir, warm_spec.limits, 1);
+  auto warm = backend->create(warm_spec);
+  REQUIRE(warm->pooled());
+  json warm_status = run_probe(*warm, {"status"})["detail"];
+
+  CHECK(warm_status["cwd"] == "/workspace");
+  CHECK(warm_status["hostname"] == cold_status["hostname"]);
+  std::vector<std::string> env = warm_status["env"];
+  CHECK(std::find(env.begin(), env.end(), "CAIRN_RUN_ID=run-warm") != env.end());
+  std::erase(env, "CAIRN_RUN_ID=run-warm");
+  std::vector<std::string> cold_env = cold_status["env"];
+  std::erase(cold_env, "CAIRN_RUN_ID=run-cold");
+  CHECK(sorted(env) == sorted(cold_env));
+  CHECK(sorted(warm_status["fds"]) == std::vector<std::string>{"0", "1", "2", "3"});
+
+  // Its workspace is the run's: what the agent writes, the host finds there.
+  CHECK(run_probe(*warm, {"write", "/workspace/out.txt", "from a pooled sandbox"})["ok"] == true);
+  CHECK(file_text(warm_spec.workspace / "out.txt") == "from a pooled sandbox");
+  // The agent's output reaches the run's log: here a shell's complaint
+  // that the probe's child cannot open the script "status".
+  run_probe(*warm, {"exec", "/bin/sh"});
+  CHECK(file_text(warm_spec.log_file).find("status") != std::string::npos);
+}
+
+TEST_CASE("warm pool: a run's files already in its workspace are there in a pooled sandbox, or it starts cold") {
+  temp_dir dir;
+  auto spec = spec_for(dir, "run-files");
+  fs::create_directories(spec.workspace);
+  std::ofstream(spec.workspace / "input.txt") << "given by the host";
+  auto backend = warm_backend(dir, spec.limits, 1);
+  auto box = backend->create(spec);
+  // As root the workspace is mounted into a pooled sandbox; a normal user's
+  // pooled sandbox only takes a new, empty workspace.
+  CHECK(box->pooled() == (::geteuid() == 0));
+  json read = run_probe(*box, {"read", "/workspace/input.txt"});
+  CHECK(read["detail"] == "given by the host");
+}
+
+TEST_CASE("warm pool: nothing of one run reaches the next, through the pool's next sandbox") {
+  temp_dir dir;
+  auto first_spec = spec_for(dir, "run-first");
+  auto backend = warm_backend(dir, first_spec.limits, 1);
+  const std::string token = unique_token("cairn-warm-leftover");
+  {
+    auto first = backend->create(first_spec);
+    REQUIRE(first->pooled());
+    CHECK(run_probe(*first, {"write", "/tmp/left-in-tmp", "first"})["ok"] == true);
+    CHECK(run_probe(*first, {"write", "/dev/shm/left-in-shm", "first"})["ok"] == true);
+    CHECK(run_probe(*first, {"write", "/workspace/left-in-workspace", "first"})["ok"] == true);
+    auto lingering = first->exec(SANDBOX_PROBE, {"grandchild", token});
+    REQUIRE(next_report(*lingering)["ok"] == true);
+    REQUIRE(count_processes_with(token) > 0);
+  }  // destroyed with its processes
+  CHECK(count_processes_with(token) == 0);
+
+  auto second_spec = spec_for(dir, "run-second");
+  REQUIRE(backend->wait_warm(1, patience));
+  auto second = backend->create(second_spec);
+  REQUIRE(second->pooled());
+  for (const char* path : {"/tmp/left-in-tmp", "/dev/shm/left-in-shm", "/workspace/left-in-workspace"})
+    CHECK(run_probe(*second, {"read", path})["ok"] == false);
+  // Its pid namespace holds bwrap's pid 1 and the probe: nobody else.
+  CHECK(run_probe(*second, {"pids"})["detail"].size() == 2);
+  json env = run_probe(*second, {"status"})["detail"]["env"];
+  CHECK(std::find(env.begin(), env.end(), "CAIRN_RUN_ID=run-second") != env.end());
+  CHECK(std::find(env.begin(), env.end(), "CAIRN_RUN_ID=run-first") == env.end());
+}
+
+TEST_CASE("warm pool: a run whose limits differ from the pool's starts cold, with its own limits") {
+  temp_dir dir;
+  auto spec = spec_for(dir, "run-other-limits");
+  auto backend = warm_backend(dir, spec.limits, 1);
+  spec.limits.max_open_files = 64;
+  auto box = backend->create(spec);
+  CHECK_FALSE(box->pooled());
+  CHECK(run_probe(*box, {"status"})["ok"] == true);
+}
+
+TEST_CASE("warm pool: a host killed with a full pool leaves nothing the next start does not sweep", "[serial]") {
+  temp_dir dir;
+  const fs::path pool = dir.path / "warm";
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  pid_t host = ::fork();
+  REQUIRE(host >= 0);
+  if (host == 0) {
+    ::close(ready[0]);
+    bwrap_options options;
+    options.warm.size = 2;
+    options.warm.folder = pool;
+    options.warm.limits = make_spec(dir).limits;
+    auto backend = make_bwrap_backend(options);
+    char ok = backend->wait_warm(2, patience) ? '1' : '0';
+    (void)!::write(ready[1], &ok, 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char ok = 0;
+  REQUIRE(::read(ready[0], &ok, 1) == 1);
+  ::close(ready[0]);
+  REQUIRE(ok == '1');
+  auto left = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(pool)) names.push_back(entry.path().filename());
+    return names;
+  };
+  const std::string prefix = std::to_string(host) + "-";
+  REQUIRE(left().size() == 2);
+  ::kill(host, SIGKILL);
+  ::waitpid(host, nullptr, 0);
+
+  // The next host's first start sweeps: the folders, their mounts, the cgroups.
+  bwrap_fixture next;
+  CHECK(run_probe(*next.box, {"status"})["ok"] == true);
+  CHECK(left().empty());
+  CHECK(file_text("/proc/self/mountinfo").find(pool.string()) == std::string::npos);
+  for (const auto& parent : detect_cgroups().parents)
+    for (const auto& entry : fs::directory_iterator(parent))
+      CHECK(entry.path().filename().string().find("warm-" + prefix) == std::string::npos);
+}
+
+}  // namespace cairn::runtime::test
