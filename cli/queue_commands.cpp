@@ -127,8 +127,10 @@ int serve_command(const paths& p, const serve_args& args) {
     o.on_error = [](const std::string& id, const std::string& error) {
       log_line(fmt::format("run {}: not executed: {}", id, error));
     };
-    log_line(fmt::format("cairn serve: journal {}, up to {} runs at once, pid {} (SIGTERM stops it gracefully)",
-                         p.db.string(), args.max_concurrent, engine::current_owner().pid));
+    log_line(fmt::format("cairn serve: journal {}, up to {} runs at once{}, pid {} (SIGTERM stops it gracefully)",
+                         p.db.string(), args.max_concurrent,
+                         warm.size > 0 ? fmt::format(", {} sandboxes kept warm", warm.size) : "",
+                         engine::current_owner().pid));
     engine::scheduler runs(std::move(o));
     std::thread announce([&runs] {
       stop_requested.wait();

@@ -151,8 +151,8 @@ ls_runs() {
 }
 
 step "The daemon: cairn serve runs what is submitted, fires timers, delivers signals"
-echo "\$ cairn serve --max-concurrent 4 >serve.log &"
-"$cairn" serve --max-concurrent 4 >"$scratch/serve.log" 2>&1 &
+echo "\$ cairn serve --max-concurrent 4 --warm 2 >serve.log &"
+"$cairn" serve --max-concurrent 4 --warm 2 >"$scratch/serve.log" 2>&1 &
 serve_pid=$!
 for _ in $(seq 1 100); do [ -s "$scratch/serve.log" ] && break; sleep 0.1; done
 cat "$scratch/serve.log"
