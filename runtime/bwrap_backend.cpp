@@ -29,6 +29,8 @@
 #include "runtime/warm/launch.hpp"
 #include "runtime/warm/launcher_image.hpp"
 #include "runtime/warm_pool.hpp"
+#include "runtime/workspace_quota.hpp"
+#include "runtime/workspace_template.hpp"
 
 namespace cairn::runtime {
 
@@ -336,10 +338,19 @@ class bwrap_backend final : public sandbox_backend {
     }
     auto resources = std::make_unique<sandbox_resources>(spec, workspace, context.user, context.quota);
     auto warm = take_warm(spec, workspace);
-    if (warm) resources->adopt(std::move(warm->cgroup));
+    fs::path premounted;
+    if (warm && warm->image && !spec.workspace_image.empty() && !fs::exists(spec.workspace_image) &&
+        spec.limits.max_workspace_bytes == options_.warm.limits.max_workspace_bytes) {
+      // A run without an image yet takes the pooled one, mounted already.
+      open_folder_no_follow(spec.workspace_image.parent_path(), 0700);
+      warm->image->give_away(spec.workspace_image);
+      warm->image_path.clear();
+      premounted = warm->folder->path();
+    }
+    if (warm) resources->adopt(std::move(warm->cgroup), premounted);
     resources->acquire();
     // The workspace as it is now, its image mounted: the sandbox sees it from here on.
-    if (warm && warm->folder->shared_mount()) warm->folder->show(workspace);
+    if (warm && warm->folder->shared_mount() && premounted.empty()) warm->folder->show(workspace);
     std::size_t max_frame = options_.max_frame ? options_.max_frame : protocol::default_max_frame;
     return std::make_unique<bwrap_sandbox>(std::move(context), spec, workspace, std::move(resources), max_frame,
                                            std::move(warm));
@@ -396,6 +407,12 @@ class bwrap_backend final : public sandbox_backend {
     const bool root = ::geteuid() == 0;
     warm->folder = std::make_unique<warm_folder>(
         options_.warm.folder / fmt::format("{}-{}", ::getpid(), made_.fetch_add(1)), root);
+    if (root && context.user && context.quota.available && limits.max_workspace_bytes > 0) {
+      warm->image_path = fs::path(warm->folder->path()) += ".img";
+      make_workspace_image(context.quota.tools, warm->image_path, workspace_image_size(limits.max_workspace_bytes),
+                           context.user->uid, context.user->gid);
+      warm->image.emplace(warm->image_path, warm->folder->path());
+    }
     const auto& cgroups = detect_cgroups();
     if (cgroups.mode != cgroup_mode::none)
       warm->cgroup = std::make_shared<sandbox_cgroup>(cgroups, "warm", limits.max_memory_bytes,

@@ -140,7 +140,20 @@ bool detach(const fs::path& folder) {
 
 }  // namespace
 
+loop_mount::loop_mount(const fs::path& image, const fs::path& target, const fs::path& source)
+    : image_(image), target_(target) {
+  if (::mount(source.c_str(), target.c_str(), nullptr, MS_BIND, nullptr) < 0)
+    failed(fmt::format("mounting {} (mounted at {}) at {}", image.string(), source.string(), target.string()));
+}
+
+void loop_mount::give_away(const fs::path& image) {
+  if (::rename(image_.c_str(), image.c_str()) < 0) failed(fmt::format("renaming {} to {}", image_.string(), image.string()));
+  ::rename(attached_marker(image_).c_str(), attached_marker(image).c_str());
+  target_.clear();
+}
+
 loop_mount::~loop_mount() {
+  if (target_.empty()) return;  // given away
   // Detached, the image stays marked until a later mount finds it free.
   if (unmount_when_free(target_))
     ::unlink(attached_marker(image_).c_str());

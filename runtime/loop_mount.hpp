@@ -21,8 +21,15 @@ class loop_mount {
   // image is searched for among the loop devices. Requires root. Throws
   // sandbox_error(spawn_failed) naming the step.
   loop_mount(const std::filesystem::path& image, const std::filesystem::path& target);
+  // `image` is mounted already, through a loop device, at `source` (a pooled
+  // sandbox's folder): `target` becomes another mount of that filesystem.
+  loop_mount(const std::filesystem::path& image, const std::filesystem::path& target,
+             const std::filesystem::path& source);
   // Unmounts; a mount still busy is detached and goes once its last user does.
   ~loop_mount();
+  // The image (renamed to `image`, with its marker) and its mount belong to
+  // someone else now: the destructor leaves them.
+  void give_away(const std::filesystem::path& image);
   loop_mount(const loop_mount&) = delete;
   loop_mount& operator=(const loop_mount&) = delete;
 

@@ -1,6 +1,7 @@
 #include "runtime/sandbox_resources.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -25,9 +26,10 @@ sandbox_resources::sandbox_resources(sandbox_spec spec, std::filesystem::path wo
                                     workspace_.string(), quota_.detail, quota_.fix));
 }
 
-void sandbox_resources::adopt(std::shared_ptr<sandbox_cgroup> cgroup) {
+void sandbox_resources::adopt(std::shared_ptr<sandbox_cgroup> cgroup, std::filesystem::path premounted) {
   std::lock_guard lock(mutex_);
   cgroup_ = std::move(cgroup);
+  premounted_ = std::move(premounted);
 }
 
 void sandbox_resources::acquire() {
@@ -53,8 +55,8 @@ void sandbox_resources::acquire() {
                                     workspace_.string(), image.string(), quota_.detail));
   if (!lease_ && quota) {
     open_folder_no_follow(image.parent_path(), 0700);
-    auto mounted =
-        mount_workspace_image(quota_, workspace_, image, spec_.limits.max_workspace_bytes, user_->uid, user_->gid);
+    auto mounted = mount_workspace_image(quota_, workspace_, image, spec_.limits.max_workspace_bytes, user_->uid,
+                                         user_->gid, std::exchange(premounted_, {}));
     lease_ = std::move(mounted.lease);
     for (auto& warning : mounted.warnings)
       if (std::find(warnings_.begin(), warnings_.end(), warning) == warnings_.end())

@@ -26,9 +26,10 @@ class sandbox_resources {
                     quota_support quota);
   ~sandbox_resources() { release(); }
 
-  // Before the first acquire(): the sandbox's processes are in `cgroup`
-  // already (a pooled sandbox's, made with the same limits).
-  void adopt(std::shared_ptr<sandbox_cgroup> cgroup);
+  // Before the first acquire(), for a pooled sandbox: its processes are in
+  // `cgroup` already (made with the same limits); `premounted`, when not
+  // empty, is where the workspace's image is mounted already.
+  void adopt(std::shared_ptr<sandbox_cgroup> cgroup, std::filesystem::path premounted);
   // Makes the cgroup, mounts the workspace image and gives the workspace's
   // files to the sandbox uid; nothing when held already. Throws sandbox_error.
   void acquire();
@@ -50,6 +51,7 @@ class sandbox_resources {
   quota_support quota_;
   std::shared_ptr<sandbox_cgroup> cgroup_;
   workspace_lease lease_;
+  std::filesystem::path premounted_;  // for the first acquire() only
   bool held_ = false;
   std::vector<std::string> warnings_;
 };

@@ -85,7 +85,13 @@ warm_sandbox::~warm_sandbox() {
   if (handle) end_child(*handle);
   channel.reset();
   if (cgroup) cgroup->remove();
-  folder.reset();  // after its processes: nothing holds the mounts any more
+  // After its processes: nothing holds the mounts any more.
+  image.reset();
+  if (!image_path.empty()) {
+    ::unlink(image_path.c_str());
+    ::unlink(attached_marker(image_path).c_str());
+  }
+  folder.reset();
 }
 
 void warm_sandbox::launch(int program, int log_writer, const std::vector<std::string>& argv,
@@ -195,6 +201,9 @@ std::size_t sweep_orphaned_warm_folders() {
     if (newline == std::string::npos || host_alive(record.subject.substr(0, newline))) continue;
     const fs::path folder = record.subject.substr(newline + 1);
     unmount_all(folder);
+    const fs::path image = fs::path(folder) += ".img";
+    ::unlink(image.c_str());
+    ::unlink(attached_marker(image).c_str());
     if (::rmdir(folder.c_str()) == 0) ++swept;
     forget_record(record);
   }

@@ -25,6 +25,7 @@
 
 #include "runtime/cgroup.hpp"
 #include "runtime/child_process.hpp"
+#include "runtime/loop_mount.hpp"
 #include "runtime/own_records.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/unique_fd.hpp"
@@ -69,6 +70,10 @@ struct warm_sandbox {
   // errors, before the launch gives the agent the run's log).
   unique_fd own_output;
   std::unique_ptr<warm_folder> folder;
+  // As root with a quota: an image made ahead (FOLDER.img), mounted at the
+  // folder; a run that has no image yet takes it as its own (give_away).
+  std::optional<loop_mount> image;
+  std::filesystem::path image_path;  // empty once a run took it
 
   ~warm_sandbox();
   // Hands the launcher the agent: `program` (open for reading and

@@ -189,7 +189,8 @@ quota_support detect_workspace_quota() {
   return s;
 }
 
-mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& image, std::uint64_t quota_bytes)
+mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& image, std::uint64_t quota_bytes,
+                                     const fs::path& premounted)
     : folder_(folder), quota_bytes_(quota_bytes) {
   const auto cpu = thread_cpu();
   const auto wall = std::chrono::steady_clock::now();
@@ -214,7 +215,10 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   unique_fd plain = open_folder(folder);  // the folder beneath, once the image covers it
   record_.emplace(mount_record_kind, folder.string() + "\n" + image.string());
   try {
-    mount_.emplace(image, folder);
+    if (premounted.empty())
+      mount_.emplace(image, folder);
+    else
+      mount_.emplace(image, folder, premounted);
   } catch (const sandbox_error& e) {
     throw sandbox_error(sandbox_errc::workspace_failed, e.what());
   }
@@ -303,7 +307,8 @@ workspace_lease& workspace_lease::operator=(workspace_lease&& other) noexcept {
 }
 
 workspace_mount_result mount_workspace_image(const quota_support& support, const fs::path& workspace,
-                                             const fs::path& image, std::uint64_t bytes, uid_t uid, gid_t gid) {
+                                             const fs::path& image, std::uint64_t bytes, uid_t uid, gid_t gid,
+                                             const fs::path& premounted) {
   folder_guard busy(workspace);
   workspace_mount_result result;
   {
@@ -321,7 +326,7 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
   std::shared_ptr<mounted_workspace> mount;
   try {
     if (fresh) make_workspace_image(support.tools, image, image_bytes, uid, gid);
-    mount = std::make_shared<mounted_workspace>(workspace, image, bytes);
+    mount = std::make_shared<mounted_workspace>(workspace, image, bytes, premounted);
   } catch (const sandbox_error& e) {
     if (!fresh) throw;
     ::unlink(image.c_str());  // it holds nothing yet

@@ -47,8 +47,10 @@ class mounted_workspace {
   // Throws sandbox_error: bad_spec (another process holds the image, the
   // folder's files do not fit), workspace_failed (another filesystem is
   // mounted at the folder, no loop device, mount(2) failed).
+  // `premounted`: the image is mounted there already (a pooled sandbox's
+  // folder); the folder becomes another mount of it, no loop device taken.
   mounted_workspace(const std::filesystem::path& folder, const std::filesystem::path& image,
-                    std::uint64_t quota_bytes);
+                    std::uint64_t quota_bytes, const std::filesystem::path& premounted = {});
   mounted_workspace(const mounted_workspace&) = delete;
   mounted_workspace& operator=(const mounted_workspace&) = delete;
 
@@ -109,7 +111,7 @@ struct workspace_mount_result {
 // image always: its files are in there.
 workspace_mount_result mount_workspace_image(const quota_support& support, const std::filesystem::path& workspace,
                                              const std::filesystem::path& image, std::uint64_t bytes, uid_t uid,
-                                             gid_t gid);
+                                             gid_t gid, const std::filesystem::path& premounted = {});
 
 // Leaves `workspace` a plain folder holding the image's files, then deletes
 // the image. Nothing to do without an image. A crash at any point leaves
