@@ -20,6 +20,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -75,6 +76,9 @@ class ledger {
   // The journal's typed writes that answer something; each as storage's
   // call of the same name (journal.hpp), group-committed like apply.
   std::pair<storage::run_record, bool> create_run(const storage::new_run& run);
+  // create_run of each run, in order, all in one transaction: all of them
+  // or (when it throws) none. Announced once, however many were created.
+  std::vector<std::pair<storage::run_record, bool>> create_runs(std::span<const storage::new_run> runs);
   bool claim_run(const std::string& id, const std::string& expected_owner, const std::string& new_owner);
   task<bool> claim_run_async(std::string id, std::string expected_owner, std::string new_owner);
   void confirm_held(const std::string& id);
