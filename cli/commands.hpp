@@ -18,6 +18,7 @@ struct run_args {
   std::string sandbox = "bwrap";
   int max_attempts = 3;
   std::string policy;  // file; empty: the default policy
+  std::string from;    // submit only: a batch file (cli/batch_file.hpp), "-" stdin; empty: one run
 };
 
 struct settle_args {
@@ -42,6 +43,8 @@ struct serve_args {
   bool verbose = false;  // every step, not only each run's start and end
 };
 int submit_command(const paths& p, const run_args& args, bool as_json);
+// `cairn submit --from`: every run of the batch file args.from, queued in one transaction.
+int submit_batch_command(const paths& p, const run_args& args, bool as_json);
 int serve_command(const paths& p, const serve_args& args);
 int signal_command(const paths& p, const std::string& run_id, const std::string& name, const std::string& data,
                    bool as_json);
