@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
                    "queue many runs of AGENT in one transaction, all or none: one per line of this JSON Lines file "
                    "(- for stdin). A line is the run's input, or {\"input\": ..., \"id\": \"...\"} when it has "
                    "the key \"input\" (id optional, as --id); blank lines are skipped. Prints one run id per line. "
-                   "At most 100,000 runs and 256 MiB per file")
+                   "At most 10,000 runs and 64 MiB per file")
       ->excludes(submit_cmd->get_option("--input"))
       ->excludes(submit_cmd->get_option("--id"))
       ->excludes(submit_cmd->get_option("--workspace"));

@@ -116,25 +116,29 @@ int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
     requests.reserve(lines.size());
     for (auto& line : lines) {
       auto& r = requests.emplace_back(*request);
-      r.id = line.id;
+      r.id = std::move(line.id);
       r.input = std::move(line.input);
     }
-    lines.clear();
+    lines = {};
     storage::journal journal(p.db);
     engine::engine eng(journal, options_for(p));
-    const auto runs = eng.submit_many(requests);
-    json listed = json::array();
+    const auto runs = eng.submit_many(std::move(requests));
+    // One line per run, printed as it is read: a batch is never all in memory twice.
+    if (as_json) std::cout << "[\n";
     std::vector<std::string> existing;
-    for (const auto& [run, created] : runs) {
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const auto& [id, created] = runs[i];
       if (as_json) {
-        listed.push_back(to_json(run));
-        listed.back()["created"] = created;
+        auto listed = to_json(*journal.find_run(id));
+        listed["created"] = created;
+        std::cout << "  " << listed.dump(-1, ' ', false, json::error_handler_t::replace)
+                  << (i + 1 < runs.size() ? ",\n" : "\n");
       } else {
-        std::cout << run.id << '\n';
+        std::cout << id << '\n';
       }
-      if (!created) existing.push_back(run.id);
+      if (!created) existing.push_back(id);
     }
-    if (as_json) std::cout << listed.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
+    if (as_json) std::cout << "]\n";
     std::cout << std::flush;
     if (!existing.empty()) {
       constexpr std::size_t shown = 10;

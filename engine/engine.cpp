@@ -94,7 +94,7 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   return ledger_->create_run(new_run_of(request));
 }
 
-storage::new_run engine::new_run_of(const run_request& request) {
+storage::new_run engine::new_run_of(run_request request) {
   if (request.max_attempts < 1) throw engine_error(errc::bad_request, "--max-attempts must be at least 1");
   if (protocol::nesting_depth(request.input) > protocol::max_input_depth)
     throw engine_error(errc::bad_request, fmt::format("the input nests deeper than {} levels, more than a run can be "
@@ -105,7 +105,7 @@ storage::new_run engine::new_run_of(const run_request& request) {
   run.id = request.id.empty() ? new_run_id() : request.id;
   if (auto problem = run_id_problem(run.id)) throw engine_error(errc::bad_request, *problem);
   run.agent = std::filesystem::absolute(request.agent).lexically_normal().string();
-  run.input = request.input;
+  run.input = std::move(request.input);
   run.max_attempts = request.max_attempts;
   run.sandbox = request.sandbox;
   run.workspace = checked_workspace(journal_, home(), request.workspace, run.id).string();

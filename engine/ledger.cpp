@@ -296,15 +296,15 @@ std::pair<storage::run_record, bool> ledger::create_run(const storage::new_run& 
   return out;
 }
 
-std::vector<std::pair<storage::run_record, bool>> ledger::create_runs(std::span<const storage::new_run> runs) {
-  std::vector<std::pair<storage::run_record, bool>> out;
+std::vector<submitted_run> ledger::create_runs(std::span<const storage::new_run> runs) {
+  std::vector<submitted_run> out;
   write([&](storage::journal& j) {
     out.reserve(runs.size());
-    for (const auto& run : runs) out.push_back(j.create_run(run));
+    for (const auto& run : runs) out.push_back({run.id, j.create_run(run).second});
   });
   // A scheduler that hears of one new run looks at every schedulable one.
-  const auto created = std::find_if(out.begin(), out.end(), [](const auto& r) { return r.second; });
-  if (created != out.end()) announce(path_, created->first.id, storage::change::submitted);
+  const auto created = std::find_if(out.begin(), out.end(), [](const auto& r) { return r.created; });
+  if (created != out.end()) announce(path_, created->id, storage::change::submitted);
   return out;
 }
 

@@ -8,12 +8,12 @@
 
 namespace cairn::engine {
 
-std::vector<std::pair<storage::run_record, bool>> engine::submit_many(std::span<const run_request> requests) {
+std::vector<submitted_run> engine::submit_many(std::vector<run_request> requests) {
   std::vector<storage::new_run> runs;
   runs.reserve(requests.size());
   std::map<std::string, std::size_t> place_of;  // a given id, and where it was first given
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    const auto& request = requests[i];
+    auto& request = requests[i];
     const auto refuse = [&](const std::string& why) {
       return engine_error(errc::bad_request, fmt::format("run {} of the batch: {}; nothing was submitted", i + 1, why));
     };
@@ -24,7 +24,7 @@ std::vector<std::pair<storage::run_record, bool>> engine::submit_many(std::span<
       if (!fresh) throw refuse(fmt::format("run id {} was given to run {} already", request.id, first->second));
     }
     try {
-      runs.push_back(new_run_of(request));
+      runs.push_back(new_run_of(std::move(request)));
     } catch (const engine_error& e) {
       throw refuse(e.what());
     }
