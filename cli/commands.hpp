@@ -18,6 +18,7 @@ struct run_args {
   std::string sandbox = "bwrap";
   int max_attempts = 3;
   std::string policy;  // file; empty: the default policy
+  std::string from;    // submit only: a batch file (cli/batch_file.hpp), "-" stdin; empty: one run
 };
 
 struct settle_args {
@@ -44,6 +45,8 @@ struct serve_args {
   std::string warm_policy;  // whose limits they get; empty: the default policy
 };
 int submit_command(const paths& p, const run_args& args, bool as_json);
+// `cairn submit --from`: every run of the batch file args.from, queued in one transaction.
+int submit_batch_command(const paths& p, const run_args& args, bool as_json);
 int serve_command(const paths& p, const serve_args& args);
 int signal_command(const paths& p, const std::string& run_id, const std::string& name, const std::string& data,
                    bool as_json);

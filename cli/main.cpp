@@ -41,7 +41,17 @@ int main(int argc, char** argv) {
   cairn::cli::run_args submit;
   auto* submit_cmd = app.add_subcommand("submit", "queue a run of AGENT for `cairn serve` and print its id at once");
   add_run_options(submit_cmd, submit);
-  submit_cmd->add_flag("--json", as_json, "print the queued run as JSON instead of its id");
+  submit_cmd->add_flag("--json", as_json, "print the queued run as JSON instead of its id (with --from: an array of "
+                                          "the runs, each with \"created\": false when its id existed already)");
+  submit_cmd
+      ->add_option("--from", submit.from,
+                   "queue many runs of AGENT in one transaction, all or none: one per line of this JSON Lines file "
+                   "(- for stdin). A line is the run's input, or {\"input\": ..., \"id\": \"...\"} when it has "
+                   "the key \"input\" (id optional, as --id); blank lines are skipped. Prints one run id per line. "
+                   "At most 10,000 runs and 64 MiB per file")
+      ->excludes(submit_cmd->get_option("--input"))
+      ->excludes(submit_cmd->get_option("--id"))
+      ->excludes(submit_cmd->get_option("--workspace"));
 
   cairn::cli::serve_args serve;
   auto* serve_cmd = app.add_subcommand("serve", "the daemon: run submitted runs, fire timers, deliver signals, "

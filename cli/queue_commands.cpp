@@ -1,11 +1,15 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <optional>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "cli/batch_file.hpp"
 #include "cli/commands.hpp"
 #include "cli/format.hpp"
 #include "cli/support.hpp"
@@ -64,9 +68,18 @@ std::string no_daemon_hint(const paths& p, const std::string& run_id) {
                      p.db.string(), run_id);
 }
 
+// The same after a batch: `cairn resume --all` takes every pending run.
+std::string no_daemon_hint_for_batch(const paths& p) {
+  if (engine::daemon_holder(p.db)) return "";
+  return fmt::format("no `cairn serve` holds {}: start one, or execute the queued runs in this process with "
+                     "`cairn resume --all`",
+                     p.db.string());
+}
+
 }  // namespace
 
 int submit_command(const paths& p, const run_args& args, bool as_json) {
+  if (!args.from.empty()) return submit_batch_command(p, args, as_json);
   return guarded([&] {
     auto request = make_request(p, args);
     if (!request) return 2;
@@ -80,6 +93,66 @@ int submit_command(const paths& p, const run_args& args, bool as_json) {
                                storage::to_string(run.status))
                 << std::endl;
     if (auto hint = no_daemon_hint(p, run.id); !hint.empty()) std::cerr << hint << std::endl;
+    return 0;
+  });
+}
+
+int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
+  return guarded([&] {
+    auto request = make_request(p, args);
+    if (!request) return 2;
+    std::vector<batch_run> lines;
+    try {
+      std::ifstream file;
+      if (args.from != "-") {
+        std::error_code ec;
+        if (std::filesystem::is_directory(args.from, ec)) throw batch_error(args.from + " is a folder, not a file");
+        file.open(args.from, std::ios::binary);
+        if (!file) throw batch_error(fmt::format("cannot open {}: {}", args.from, std::strerror(errno)));
+      }
+      lines = read_batch(args.from == "-" ? std::cin : file, args.from == "-" ? "stdin" : args.from);
+    } catch (const batch_error& e) {
+      std::cerr << "cairn submit: " << terminal_text(e.what()) << "; nothing was queued\n";
+      return 2;
+    }
+    std::vector<engine::run_request> requests;
+    requests.reserve(lines.size());
+    for (auto& line : lines) {
+      auto& r = requests.emplace_back(*request);
+      r.id = std::move(line.id);
+      r.input = std::move(line.input);
+    }
+    lines = {};
+    storage::journal journal(p.db);
+    engine::engine eng(journal, options_for(p));
+    const auto runs = eng.submit_many(std::move(requests));
+    // One line per run, printed as it is read: a batch is never all in memory twice.
+    if (as_json) std::cout << "[\n";
+    std::vector<std::string> existing;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const auto& [id, created] = runs[i];
+      if (as_json) {
+        auto listed = to_json(*journal.find_run(id));
+        listed["created"] = created;
+        std::cout << "  " << listed.dump(-1, ' ', false, json::error_handler_t::replace)
+                  << (i + 1 < runs.size() ? ",\n" : "\n");
+      } else {
+        std::cout << id << '\n';
+      }
+      if (!created) existing.push_back(id);
+    }
+    if (as_json) std::cout << "]\n";
+    std::cout << std::flush;
+    if (!existing.empty()) {
+      constexpr std::size_t shown = 10;
+      std::cerr << fmt::format("{} of the {} runs existed already and are left as they are (an id is an idempotency "
+                               "key): {}{}",
+                               existing.size(), runs.size(),
+                               fmt::join(existing.begin(), existing.begin() + std::min(shown, existing.size()), ", "),
+                               existing.size() > shown ? fmt::format(" and {} more", existing.size() - shown) : "")
+                << std::endl;
+    }
+    if (auto hint = no_daemon_hint_for_batch(p); !hint.empty()) std::cerr << hint << std::endl;
     return 0;
   });
 }

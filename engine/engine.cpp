@@ -106,6 +106,10 @@ engine::engine(storage::journal& journal, engine_options options)
       ledger_(options_.ledger ? options_.ledger : std::make_shared<ledger>(journal.path(), journal.options())) {}
 
 std::pair<storage::run_record, bool> engine::submit(const run_request& request) {
+  return ledger_->create_run(new_run_of(request));
+}
+
+storage::new_run engine::new_run_of(run_request request) {
   if (request.max_attempts < 1) throw engine_error(errc::bad_request, "--max-attempts must be at least 1");
   if (protocol::nesting_depth(request.input) > protocol::max_input_depth)
     throw engine_error(errc::bad_request, fmt::format("the input nests deeper than {} levels, more than a run can be "
@@ -116,7 +120,7 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   run.id = request.id.empty() ? new_run_id() : request.id;
   if (auto problem = run_id_problem(run.id)) throw engine_error(errc::bad_request, *problem);
   run.agent = std::filesystem::absolute(request.agent).lexically_normal().string();
-  run.input = request.input;
+  run.input = std::move(request.input);
   run.max_attempts = request.max_attempts;
   run.sandbox = request.sandbox;
   run.workspace = checked_workspace(journal_, home(), request.workspace, run.id).string();
@@ -124,7 +128,7 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   run.owner = request.owner;
   if (request.policy.run_bound().count() > 0)
     run.deadline_ms = storage::now_ms() + std::chrono::milliseconds(request.policy.run_bound()).count();
-  return ledger_->create_run(run);
+  return run;
 }
 
 storage::run_record engine::execute(const std::string& run_id, run_observer* observer, bool revive_failed) {

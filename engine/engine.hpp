@@ -108,6 +108,14 @@ class engine {
   // or workspace that cannot be used, or an input deeper than
   // protocol::max_input_depth, is refused (bad_request).
   std::pair<storage::run_record, bool> submit(const run_request& request);
+  // submit() of every request, in one transaction: all or nothing. Returns
+  // each run's id and whether it was created (an id that exists: left as it
+  // is), in the order of `requests`. A request submit() would refuse, a workspace
+  // given (runs that start together must not share or nest their folders:
+  // each gets HOME/workspaces/ID) or an id given twice refuses the whole
+  // batch (bad_request, naming the request by its 1-based place) and
+  // nothing is written.
+  std::vector<submitted_run> submit_many(std::vector<run_request> requests);
 
   // Drives the run to its end (completed or failed) in this process and
   // returns the final record. A run owned by a live process is refused
@@ -163,6 +171,8 @@ class engine {
   storage::journal& journal() { return journal_; }
 
  private:
+  // The row submit() inserts for `request`; throws what submit() refuses.
+  storage::new_run new_run_of(run_request request);
   // drive_run() but for a run whose stored data cannot be read (storage_error(unreadable)).
   task<storage::run_record> execute_run(const std::string& run_id, run_observer& watch, bool revive_failed);
   // Backends are made once per engine: making one checks the bwrap version

@@ -1,5 +1,7 @@
 #include "engine/ledger.hpp"
 
+#include <algorithm>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <fmt/format.h>
@@ -291,6 +293,18 @@ std::pair<storage::run_record, bool> ledger::create_run(const storage::new_run& 
   std::pair<storage::run_record, bool> out;
   write([&](storage::journal& j) { out = j.create_run(run); });
   if (out.second) announce(path_, run.id, storage::change::submitted);
+  return out;
+}
+
+std::vector<submitted_run> ledger::create_runs(std::span<const storage::new_run> runs) {
+  std::vector<submitted_run> out;
+  write([&](storage::journal& j) {
+    out.reserve(runs.size());
+    for (const auto& run : runs) out.push_back({run.id, j.create_run(run).second});
+  });
+  // A scheduler that hears of one new run looks at every schedulable one.
+  const auto created = std::find_if(out.begin(), out.end(), [](const auto& r) { return r.created; });
+  if (created != out.end()) announce(path_, created->id, storage::change::submitted);
   return out;
 }
 

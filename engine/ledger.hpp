@@ -20,6 +20,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -32,6 +33,13 @@
 namespace cairn::engine {
 
 using json = nlohmann::json;
+
+// A run create_runs was given: its id, and whether it was created (false:
+// a run with this id existed, and was left as it is).
+struct submitted_run {
+  std::string id;
+  bool created = false;
+};
 
 // An event row as the journal keeps it.
 struct event_row {
@@ -75,6 +83,10 @@ class ledger {
   // The journal's typed writes that answer something; each as storage's
   // call of the same name (journal.hpp), group-committed like apply.
   std::pair<storage::run_record, bool> create_run(const storage::new_run& run);
+  // create_run of each run, in order, all in one transaction: all of them
+  // or (when it throws) none. Announced once, however many were created.
+  // Keeps no record: a batch's memory is its requests, not their rows too.
+  std::vector<submitted_run> create_runs(std::span<const storage::new_run> runs);
   bool claim_run(const std::string& id, const std::string& expected_owner, const std::string& new_owner);
   task<bool> claim_run_async(std::string id, std::string expected_owner, std::string new_owner);
   void confirm_held(const std::string& id);

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "storage/journal.hpp"
+#include "tests/cairn_cli.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -983,4 +984,210 @@ TEST_CASE("wake-ups: forged, oversized and flooding datagrams to the wake socket
              [&] { return status_of(h, "after") == run_status::completed; }, context);
   CHECK_THAT(serve.log(), !Catch::Contains("not executed"));
   serve.stop();
+}
+
+// `cairn submit --from FILE.jsonl`: a batch of runs queued in one
+// transaction, all or none, by one command.
+namespace {
+
+// A run of wait_agent that journals one step, as a batch line with an id.
+std::string batch_line(const std::string& id) {
+  return json{{"input", {{"plan", plan_of({step("a")})}}}, {"id", id}}.dump();
+}
+
+fs::path write_lines(const fs::path& file, const std::vector<std::string>& lines) {
+  std::ofstream out(file, std::ios::trunc);
+  for (const auto& line : lines) out << line << '\n';
+  return file;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+std::size_t runs_in(const cairn_home& h) { return fs::exists(h.db()) ? h.journal()->list_runs().size() : 0; }
+
+// A `cairn submit --from` under a crash point: its exit status (the
+// process kills itself there), and no more.
+int submit_crashing_at(const cairn_home& h, const fs::path& file, const std::string& crash_point) {
+  pid_t pid = h.spawn({"submit", "--from", file.string(), WAIT_AGENT, "--sandbox", "none"}, h.file("crash.out"),
+                      h.file("crash.err"), crash_point);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("submit --from: 1,000 lines queue 1,000 pending runs in one command; serve, woken by a batch, completes them") {
+  cairn_home h;
+  idle_check_hours idle;  // only the journal's first look and the batches' wake-ups move runs
+  std::vector<std::string> ids, lines;
+  for (int i = 0; i < 1000; ++i) {
+    ids.push_back(numbered("b", i));
+    lines.push_back(batch_line(ids.back()));
+  }
+  const auto file = write_lines(h.file("runs.jsonl"), lines);
+  const auto started = steady::now();
+  auto r = h.cli({"submit", "--from", file.string(), WAIT_AGENT, "--sandbox", "none"});
+  const auto took = std::chrono::duration<double>(steady::now() - started).count();
+  WARN("cairn submit --from with 1,000 lines took " << took << " s (process start included)");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(lines_of(r.out) == ids);  // one id per line, in the file's order
+  CHECK_THAT(r.err, Catch::Contains("no `cairn serve` holds"));
+  {
+    auto j = h.journal();
+    auto counts = j->count_by_status();
+    CHECK(counts[run_status::pending] == 1000);
+    CHECK(j->list_runs().size() == 1000);
+    auto b7 = j->find_run("b7");
+    REQUIRE(b7);
+    CHECK(b7->attempts == 0);
+    CHECK(b7->sandbox == "none");
+    CHECK(b7->input == json{{"plan", plan_of({step("a")})}});
+  }
+
+  daemon_process serve(h, "serve", {"--max-concurrent", "16"});
+  auto context = [&] { return serve.log().substr(0, 4000) + "\n" + std::to_string(runs_in(h)) + " runs"; };
+  eventually("all 1,000 runs completed", [&] { return h.journal()->count_by_status()[run_status::completed] == 1000; },
+             context, 300s);
+
+  // A batch submitted while it serves wakes it: no periodic check would come in hours.
+  std::vector<std::string> late;
+  for (int i = 0; i < 20; ++i) late.push_back(batch_line(numbered("late", i)));
+  auto more = h.cli({"submit", "--from", write_lines(h.file("late.jsonl"), late).string(), WAIT_AGENT, "--sandbox",
+                     "none"});
+  INFO(more.err);
+  REQUIRE(more.code == 0);
+  CHECK(more.err.empty());  // a daemon holds the journal: no hint
+  eventually("the 20 runs of the later batch completed",
+             [&] { return h.journal()->count_by_status()[run_status::completed] == 1020; }, context, 120s);
+  CHECK(h.executions("b999", "step a") == 1);
+  CHECK(h.executions("late19", "step a") == 1);
+  serve.stop();
+}
+
+TEST_CASE("submit --from: a bad line 3 of 5 queues nothing and names line 3") {
+  cairn_home h;
+  h.submit("before", plan_of({step("a")}));
+  std::vector<std::string> lines;
+  for (int i = 1; i <= 5; ++i) lines.push_back(batch_line(numbered("r", i)));
+  std::string expected;
+  SECTION("not JSON") {
+    lines[2] = R"({"input": {"plan": [}, "id": "r3"})";
+    expected = "the line is not valid JSON";
+  }
+  SECTION("nested deeper than an input may be") {
+    lines[2] = std::string(200, '[') + std::string(200, ']');
+    expected = "the input nests deeper than";
+  }
+  SECTION("an id that is not a run id") {
+    lines[2] = json{{"input", 1}, {"id", "../../etc"}}.dump();
+    expected = "is not a valid run id";
+  }
+  SECTION("an id that is not a string") {
+    lines[2] = json{{"input", 1}, {"id", 3}}.dump();
+    expected = "\"id\" is not a string";
+  }
+  SECTION("a key beside \"input\" other than \"id\"") {
+    lines[2] = json{{"input", 1}, {"ID", "r3"}}.dump();
+    expected = "the key \"ID\" beside \"input\"";
+  }
+  SECTION("a line longer than an input may be (16 MiB)") {
+    lines[2] = "\"" + std::string((16u << 20) + 1, 'x') + "\"";
+    expected = "the line is longer than 16777216 bytes";
+  }
+  const auto file = write_lines(h.file("runs.jsonl"), lines);
+  auto r = h.cli({"submit", "--from", file.string(), WAIT_AGENT});
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK_THAT(r.err, Catch::Contains("runs.jsonl line 3: ") && Catch::Contains(expected) &&
+                        Catch::Contains("nothing was queued"));
+  CHECK(r.err.size() < 1000);
+  CHECK(runs_in(h) == 1);
+}
+
+TEST_CASE("submit --from: an id repeated within the file is refused, naming both lines; nothing is queued") {
+  cairn_home h;
+  const auto file = write_lines(h.file("runs.jsonl"),
+                                {batch_line("one"), batch_line("two"), "", batch_line("three"), batch_line("two")});
+  auto r = h.cli({"submit", "--from", file.string(), WAIT_AGENT});
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK_THAT(r.err, Catch::Contains("runs.jsonl line 5: run id two is given on line 2 already"));
+  CHECK(runs_in(h) == 0);
+}
+
+TEST_CASE("submit --from: the same file submitted twice creates nothing new the second time") {
+  cairn_home h;
+  const json plain = {{"plan", plan_of({step("plain")})}};
+  const auto file = write_lines(h.file("runs.jsonl"), {batch_line("x1"), batch_line("x2"), batch_line("x3")});
+  auto first = h.cli({"submit", "--from", file.string(), WAIT_AGENT});
+  INFO(first.err);
+  REQUIRE(first.code == 0);
+  CHECK(first.out == "x1\nx2\nx3\n");
+  CHECK(h.cli({"signal", "x2", "go"}).code == 0);  // something about x2 that a new run would not have
+
+  auto second = h.cli({"submit", "--from", file.string(), WAIT_AGENT, "--max-attempts", "7", "--json"});
+  INFO(second.err);
+  REQUIRE(second.code == 0);
+  const auto listed = json::parse(second.out);
+  REQUIRE(listed.is_array());
+  REQUIRE(listed.size() == 3);
+  for (const auto& run : listed) {
+    CHECK(run["created"] == false);
+    CHECK(run["max_attempts"] == 3);  // the run as first submitted
+  }
+  CHECK(listed[1]["id"] == "x2");
+  CHECK_THAT(second.err, Catch::Contains("3 of the 3 runs existed already") && Catch::Contains("x1, x2, x3"));
+  auto j = h.journal();
+  CHECK(j->list_runs().size() == 3);
+  CHECK(j->signals("x2").size() == 1);
+}
+
+TEST_CASE("submit --from -: stdin is read; an endless stream or a line with no end is refused at its bound") {
+  cairn_home h;
+  // `cairn submit --from - ...` reading what `feed` (a shell command) writes, with CAIRN_HOME set.
+  const auto fed = [&](const std::string& feed) {
+    const std::string script = feed + " | \"$0\" submit --from - \"$1\" --sandbox none";
+    return testing::run_program("/bin/sh", {"-c", script, CAIRN_BIN, WAIT_AGENT}, h.file(""),
+                                {.env = {{"CAIRN_HOME", h.home().string()}}});
+  };
+  auto two = fed("printf '%s\\n\\n%s\\n' '{\"plan\": []}' '{\"input\": {\"plan\": []}, \"id\": \"s2\"}'");
+  INFO(two.err);
+  REQUIRE(two.code == 0);
+  const auto ids = lines_of(two.out);
+  REQUIRE(ids.size() == 2);
+  CHECK(ids[1] == "s2");
+  CHECK(h.journal()->find_run(ids[0])->input == json{{"plan", json::array()}});
+  CHECK(runs_in(h) == 2);
+
+  const auto started = steady::now();
+  auto endless = fed("yes '{}'");
+  CHECK(endless.code == 2);
+  CHECK_THAT(endless.err, Catch::Contains("stdin holds more than 10000 runs") && Catch::Contains("nothing was queued"));
+  auto unending = testing::run_program(CAIRN_BIN, {"submit", "--from", "/dev/zero", WAIT_AGENT}, h.file(""),
+                                       {.env = {{"CAIRN_HOME", h.home().string()}}});
+  CHECK(unending.code == 2);
+  CHECK_THAT(unending.err, Catch::Contains("/dev/zero line 1: the line is longer than 16777216 bytes"));
+  CHECK(steady::now() - started < 60s);  // each stops at its bound (about 0.3 s here), never at the end of its input
+  CHECK(runs_in(h) == 2);
+}
+
+TEST_CASE("submit --from commits every run of the file at once: killed at its first commit, all are there; before it, none") {
+  cairn_home h;
+  std::vector<std::string> lines;
+  for (int i = 0; i < 1000; ++i) lines.push_back(batch_line(numbered("c", i)));
+  const auto file = write_lines(h.file("runs.jsonl"), lines);
+  int status = submit_crashing_at(h, file, "before_group_commit:1");
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(runs_in(h) == 0);
+  status = submit_crashing_at(h, file, "after_group_commit.one:1");
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(runs_in(h) == 1000);  // one commit per run would have left 1
 }

@@ -230,3 +230,99 @@ TEST_CASE("an unknown sandbox name is rejected before anything is written") {
   CHECK_THROWS_WITH(h.eng.submit(r), Catch::Contains("unknown sandbox 'docker'"));
   CHECK_FALSE(h.journal.find_run("x"));
 }
+
+// engine::submit_many: a batch of runs queued all together or not at all.
+namespace {
+
+// A run of step_agent with this id and input, in its default workspace.
+engine::run_request batch_request(const std::string& id, json input) {
+  engine::run_request r;
+  r.id = id;
+  r.agent = STEP_AGENT;
+  r.input = std::move(input);
+  return r;
+}
+
+// `n` requests b0..b(n-1), input {"i": i}.
+std::vector<engine::run_request> batch_of(int n) {
+  std::vector<engine::run_request> out;
+  for (int i = 0; i < n; ++i) out.push_back(batch_request("b" + std::to_string(i), {{"i", i}}));
+  return out;
+}
+
+json nested(std::size_t depth) {
+  json v = 0;
+  for (std::size_t i = 0; i < depth; ++i) v = json::array({v});
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("submit_many queues every run pending, in order, each in its own workspace") {
+  harness h;
+  auto requests = batch_of(5);
+  requests[2].id.clear();  // generated
+  const auto runs = h.eng.submit_many(requests);
+  REQUIRE(runs.size() == 5);
+  for (int i = 0; i < 5; ++i) {
+    INFO(i);
+    CHECK(runs[i].created);
+    if (i != 2) CHECK(runs[i].id == "b" + std::to_string(i));
+    const auto run = h.journal.find_run(runs[i].id);
+    REQUIRE(run);
+    CHECK(run->status == storage::run_status::pending);
+    CHECK(run->input == json{{"i", i}});
+    CHECK(run->workspace == (h.dir / "home" / "workspaces" / run->id).string());
+  }
+  CHECK(runs[2].id.rfind("run-", 0) == 0);
+  CHECK(h.journal.list_runs().size() == 5);
+}
+
+TEST_CASE("submit_many returns runs that exist unchanged and creates only the others") {
+  harness h;
+  h.eng.submit(batch_request("b1", {{"old", true}}));
+  const auto runs = h.eng.submit_many(batch_of(3));
+  REQUIRE(runs.size() == 3);
+  CHECK(runs[0].created);
+  CHECK_FALSE(runs[1].created);
+  CHECK(runs[1].id == "b1");
+  CHECK(h.journal.find_run("b1")->input == json{{"old", true}});
+  CHECK(runs[2].created);
+  const auto again = h.eng.submit_many(batch_of(3));
+  for (const auto& run : again) CHECK_FALSE(run.created);
+  CHECK(h.journal.list_runs().size() == 3);
+}
+
+TEST_CASE("one bad request refuses the whole batch, names its place, and writes nothing") {
+  harness h;
+  auto requests = batch_of(5);
+  std::string expected;
+  SECTION("an invalid id") {
+    requests[2].id = "../escape";
+    expected = "is not a valid run id";
+  }
+  SECTION("an input nested too deep") {
+    requests[2].input = nested(protocol::max_input_depth + 1);
+    expected = "nests deeper than";
+  }
+  SECTION("an id given twice") {
+    requests[2].id = "b0";
+    expected = "run id b0 was given to run 1 already";
+  }
+  SECTION("a workspace given") {
+    requests[2].workspace = h.dir / "shared";
+    expected = "cannot be given a workspace";
+  }
+  SECTION("an unknown sandbox") {
+    requests[2].sandbox = "docker";
+    expected = "unknown sandbox 'docker'";
+  }
+  try {
+    h.eng.submit_many(requests);
+    FAIL("the batch was accepted");
+  } catch (const engine::engine_error& e) {
+    CHECK(e.code() == engine::errc::bad_request);
+    CHECK_THAT(e.what(), Catch::StartsWith("run 3 of the batch: ") && Catch::Contains(expected));
+  }
+  CHECK(h.journal.list_runs().empty());
+}
