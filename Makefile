@@ -29,6 +29,7 @@ bench: build
 	@$(BUILD)/bench/suspended
 	@$(BUILD)/bench/throughput
 	@$(BUILD)/bench/live_runs
+	@$(BUILD)/bench/fanout
 	@$(BUILD)/bench/replay
 
 install: build

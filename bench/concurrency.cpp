@@ -113,17 +113,7 @@ round_result one_round(const fs::path& base, int n, int m, int round) {
   }
   r.submit_ms = ms_since(t0);
 
-  storage::journal journal(db, {.read_only = true});
-  for (;;) {
-    auto counts = journal.count_by_status();
-    if (counts[storage::run_status::completed] == n) break;
-    if (counts[storage::run_status::failed] + counts[storage::run_status::cancelled] +
-            counts[storage::run_status::in_doubt] >
-        0)
-      bench::die("a run did not complete; see " + log.string() + " and `cairn ls` with CAIRN_HOME=" + home.string());
-    if (ms_since(t0) > 300'000) bench::die("runs not completed after 300 s; see " + log.string());
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  bench::wait_all_completed(db, n, t0, std::chrono::seconds(300), log);
   r.wall_ms = ms_since(t0);
   r.kernel_cpu_ms = 1000.0 * (bench::kernel_threads_seconds() - kernel0) / n;
   r.daemon_cpu_ms = 1000.0 * (bench::cpu_seconds(daemon, true) - daemon0) / n;
@@ -145,6 +135,7 @@ round_result one_round(const fs::path& base, int n, int m, int round) {
     r.sandbox_rss_per_run_kb = static_cast<double>(sampler.at_peak.rss_kb) / sampler.live;
     r.sandbox_pss_per_run_kb = static_cast<double>(sampler.at_peak.pss_kb) / sampler.live;
   }
+  storage::journal journal(db, {.read_only = true});
   const auto p = breakdown(journal, n);
   r.queued_ms = p.queued_ms;
   r.start_ms = p.start_ms;

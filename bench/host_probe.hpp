@@ -382,6 +382,26 @@ inline runs_ended wait_runs_ended(const fs::path& db, int count, pid_t daemon, c
   }
 }
 
+// Waits (from `t0`, at most `limit`) until the `n` runs of the journal `db`
+// have completed; dies, naming the daemon's `log`, when one failed, was
+// cancelled or is in doubt.
+inline void wait_all_completed(const fs::path& db, int n, clock_type::time_point t0, std::chrono::seconds limit,
+                               const fs::path& log) {
+  cairn::storage::journal journal(db, {.read_only = true});
+  for (;;) {
+    auto counts = journal.count_by_status();
+    if (counts[cairn::storage::run_status::completed] == n) return;
+    if (counts[cairn::storage::run_status::failed] + counts[cairn::storage::run_status::cancelled] +
+            counts[cairn::storage::run_status::in_doubt] >
+        0)
+      die("a run did not complete; see " + log.string() + " and `cairn ls` with CAIRN_HOME=" +
+          db.parent_path().string());
+    if (ms_since(t0) > 1000.0 * static_cast<double>(limit.count()))
+      die("runs not completed after " + std::to_string(limit.count()) + " s; see " + log.string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 // The raw operation: `bwrap <sandbox_start's flags> /usr/bin/true`, spawned
 // and reaped as the sandbox uid. `count` starts with up to `concurrency` at
 // once; returns each start's latency in ms and, in `wall_ms`, the whole batch.

@@ -1,6 +1,7 @@
 // The warm pool: a run takes a sandbox made before it asked, and sees what
 // a cold sandbox would show it, and nothing of any run before it.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -139,6 +140,7 @@ TEST_CASE("warm pool: a host killed with a full pool leaves nothing the next sta
   pid_t host = ::fork();
   REQUIRE(host >= 0);
   if (host == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives the test
     ::close(ready[0]);
     bwrap_options options;
     options.warm.size = 2;
