@@ -1,6 +1,9 @@
 #include "cli/commands.hpp"
 
+#include <unistd.h>
+
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -9,6 +12,7 @@
 #include "cli/support.hpp"
 #include "engine/doctor.hpp"
 #include "engine/owner.hpp"
+#include "engine/workspace_files.hpp"
 #include "protocol/bounded_json.hpp"
 
 namespace cairn::cli {
@@ -100,6 +104,59 @@ int ls_command(const paths& p, bool as_json) {
     } else {
       std::cout << runs_table(journal, runs);
     }
+    return 0;
+  });
+}
+
+int workspace_command(const paths& p, const std::string& run_id, const std::string& path, bool as_json) {
+  return guarded([&] {
+    std::optional<storage::run_record> run;
+    {
+      storage::journal journal(p.db, {.read_only = true});
+      run = journal.find_run(run_id);
+    }
+    if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, p.db.string()));
+    engine::workspace_files files(p.home, *run);
+    if (files.is_file(path) && !as_json) {
+      std::cout.flush();
+      if (!::isatty(STDOUT_FILENO)) {
+        files.copy(path, STDOUT_FILENO);
+        return 0;
+      }
+      // An agent wrote it: to a terminal it goes escaped, and only its start.
+      constexpr std::uint64_t shown = 1 << 20;
+      char name[] = "/tmp/cairn-workspace-view-XXXXXX";
+      int scratch = ::mkstemp(name);
+      if (scratch < 0) throw engine::engine_error(engine::errc::bad_request, "mkstemp failed");
+      ::unlink(name);
+      files.copy(path, scratch, shown);
+      std::string text(static_cast<std::size_t>(::lseek(scratch, 0, SEEK_END)), '\0');
+      (void)!::pread(scratch, text.data(), text.size(), 0);
+      ::close(scratch);
+      std::cout << terminal_text(text, true);
+      if (!text.empty() && text.back() != '\n') std::cout << "\n";
+      if (text.size() == shown)
+        std::cerr << "(the first MiB only, escaped: redirect stdout to a file for its bytes)" << std::endl;
+      return 0;
+    }
+    auto entries = files.list(path);
+    if (as_json) {
+      json out = {{"run", run->id}, {"status", storage::to_string(run->status)}, {"source", files.source()},
+                  {"entries", json::array()}};
+      for (const auto& e : entries) {
+        json entry = {{"path", e.path}, {"type", std::string(1, e.type)}};
+        if (e.type == 'f') entry["size"] = e.size;
+        if (e.type == 'l') entry["target"] = e.target;
+        out["entries"].push_back(entry);
+      }
+      std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+      return 0;
+    }
+    std::cout << fmt::format("run {} ({}): {} entries, from {}\n", run->id, storage::to_string(run->status),
+                             entries.size(), terminal_text(files.source()));
+    for (const auto& e : entries)
+      std::cout << fmt::format("{} {:>12}  {}{}\n", e.type, e.type == 'f' ? std::to_string(e.size) : "-",
+                               terminal_text(e.path), e.type == 'l' ? " -> " + terminal_text(e.target) : "");
     return 0;
   });
 }

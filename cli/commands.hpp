@@ -34,6 +34,9 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
 int ls_command(const paths& p, bool as_json);
 int show_command(const paths& p, const std::string& run_id, bool as_json);
 int doctor_command(const paths& p, bool as_json);
+// Lists the files of a run's workspace under `path` ("" all), or prints the
+// file `path`; never wakes the run (see engine/workspace_files.hpp).
+int workspace_command(const paths& p, const std::string& run_id, const std::string& path, bool as_json);
 int settle_command(const paths& p, const settle_args& args, bool as_json);
 
 // queue_commands.cpp: the daemon and what talks to runs it may hold.

@@ -101,6 +101,13 @@ int main(int argc, char** argv) {
   show_cmd->add_option("run", show_id, "run id")->required();
   show_cmd->add_flag("--json", as_json, "JSON output");
 
+  std::string workspace_id, workspace_path;
+  auto* workspace_cmd = app.add_subcommand(
+      "workspace", "list a run's workspace files, or print one; live, suspended or ended, without waking it");
+  workspace_cmd->add_option("run", workspace_id, "run id")->required();
+  workspace_cmd->add_option("path", workspace_path, "a file or folder in /workspace (default: all)");
+  workspace_cmd->add_flag("--json", as_json, "JSON output (a listing)");
+
   auto* doctor_cmd = app.add_subcommand("doctor", "can this machine sandbox agents and write the journal?");
   doctor_cmd->add_flag("--json", as_json, "JSON output");
 
@@ -140,6 +147,7 @@ int main(int argc, char** argv) {
   }
   if (*ls_cmd) return cairn::cli::ls_command(paths, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
+  if (*workspace_cmd) return cairn::cli::workspace_command(paths, workspace_id, workspace_path, as_json);
   if (*doctor_cmd) return cairn::cli::doctor_command(paths, as_json);
   if (*settle_cmd) return cairn::cli::settle_command(paths, settle, as_json);
   if (*submit_cmd) return cairn::cli::submit_command(paths, submit, as_json);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/loop.h>
 #include <sys/ioctl.h>
+#include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -54,10 +55,10 @@ bool image_attached(const fs::path& image) {
 }
 
 // False with errno set; EBUSY: another process took the device first.
-bool attach(int device, int backing, const fs::path& image) {
+bool attach(int device, int backing, const fs::path& image, __u32 flags = 0) {
   loop_config config{};
   config.fd = static_cast<__u32>(backing);
-  config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+  config.info.lo_flags = LO_FLAGS_AUTOCLEAR | flags;
   std::strncpy(reinterpret_cast<char*>(config.info.lo_file_name), image.c_str(), LO_NAME_SIZE - 1);
   if (::ioctl(device, LOOP_CONFIGURE, &config) == 0) return true;
   if (errno != EINVAL && errno != ENOTTY) return false;
@@ -68,6 +69,36 @@ bool attach(int device, int backing, const fs::path& image) {
   ::ioctl(device, LOOP_CLR_FD, 0);
   errno = error;
   return false;
+}
+
+struct attached_device {
+  unique_fd fd;  // the device goes (LO_FLAGS_AUTOCLEAR) when this closes, unless mounted by then
+  std::string path;
+};
+
+// Attaches `image` to a free loop device with `flags` besides LO_FLAGS_AUTOCLEAR.
+attached_device attach_free_device(const fs::path& image, __u32 flags) {
+  const bool read_only = flags & LO_FLAGS_READ_ONLY;
+  unique_fd backing(::open(image.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_NOFOLLOW | O_CLOEXEC));
+  if (!backing) failed("opening " + image.string());
+  unique_fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!control) failed("opening /dev/loop-control");
+  // The threads of this process take turns: asked together, the kernel names
+  // the same free device to all of them (256 sandboxes starting at once
+  // failed on EBUSY after ten tries).
+  static std::mutex attaching;
+  std::lock_guard turn(attaching);
+  for (int attempt = 1;; ++attempt) {
+    int number = ::ioctl(control.get(), LOOP_CTL_GET_FREE);
+    if (number < 0) failed("finding a free loop device");
+    std::string device_path = "/dev/loop" + std::to_string(number);
+    unique_fd device(::open(device_path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC));
+    if (!device) failed("opening " + device_path);
+    if (attach(device.get(), backing.get(), image, flags)) return {std::move(device), device_path};
+    if (errno != EBUSY || attempt == max_attach_attempts)
+      failed(fmt::format("attaching {} to {}", image.string(), device_path));
+    std::this_thread::sleep_for(attempt * std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace
@@ -91,32 +122,23 @@ loop_mount::loop_mount(const fs::path& image, const fs::path& target) : image_(i
   }
   unique_fd marked(::open(marker.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!marked) failed("marking " + image.string() + " attached");
-  unique_fd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
-  if (!backing) failed("opening " + image.string());
-  unique_fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
-  if (!control) failed("opening /dev/loop-control");
-  unique_fd device;
-  std::string device_path;
-  // The threads of this process take turns: asked together, the kernel names
-  // the same free device to all of them (256 sandboxes starting at once
-  // failed on EBUSY after ten tries).
-  static std::mutex attaching;
-  std::lock_guard turn(attaching);
-  for (int attempt = 1;; ++attempt) {
-    int number = ::ioctl(control.get(), LOOP_CTL_GET_FREE);
-    if (number < 0) failed("finding a free loop device");
-    device_path = "/dev/loop" + std::to_string(number);
-    device.reset(::open(device_path.c_str(), O_RDWR | O_CLOEXEC));
-    if (!device) failed("opening " + device_path);
-    if (attach(device.get(), backing.get(), image)) break;
-    if (errno != EBUSY || attempt == max_attach_attempts)
-      failed(fmt::format("attaching {} to {}", image.string(), device_path));
-    std::this_thread::sleep_for(attempt * std::chrono::milliseconds(1));
-  }
+  const auto device = attach_free_device(image, 0);
   // From here the mount holds the device; once ours is closed and the mount
   // is gone, LO_FLAGS_AUTOCLEAR detaches it. A failed mount frees it at once.
-  if (::mount(device_path.c_str(), target.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) < 0)
-    failed(fmt::format("mounting {} ({}) at {}", image.string(), device_path, target.string()));
+  if (::mount(device.path.c_str(), target.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) < 0)
+    failed(fmt::format("mounting {} ({}) at {}", image.string(), device.path, target.string()));
+}
+
+void mount_image_read_only(const fs::path& image, const fs::path& target) {
+  const auto device = attach_free_device(image, LO_FLAGS_READ_ONLY);
+  // noload: a read-only ext4 mount would still replay its journal, a write.
+  if (::mount(device.path.c_str(), target.c_str(), "ext4", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "noload") < 0)
+    failed(fmt::format("mounting {} ({}) read-only at {}", image.string(), device.path, target.string()));
+}
+
+void enter_private_mount_namespace() {
+  if (::unshare(CLONE_NEWNS) < 0) failed("entering a mount namespace of this process's own");
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) failed("making its mounts private");
 }
 
 namespace {

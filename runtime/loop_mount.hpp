@@ -38,6 +38,16 @@ class loop_mount {
   std::filesystem::path target_;
 };
 
+// Mounts `image` read-only at `target` through a read-only loop device,
+// without replaying its journal (noload): nothing is ever written to it, so
+// a sandbox may mount it at the same time. Call it inside
+// enter_private_mount_namespace(): the mount, and with it the device, goes
+// with the process. Requires root. Throws sandbox_error(spawn_failed).
+void mount_image_read_only(const std::filesystem::path& image, const std::filesystem::path& target);
+// Puts this (single-threaded) process in a mount namespace of its own whose
+// mounts propagate nowhere. Throws sandbox_error(spawn_failed).
+void enter_private_mount_namespace();
+
 // IMAGE.attached: see loop_mount. Whoever deletes an image deletes it too.
 std::filesystem::path attached_marker(const std::filesystem::path& image);
 

@@ -1,0 +1,78 @@
+// `cairn workspace`: a suspended run's files read from the host, without
+// waking the run, without writing to its image, and without following a
+// link its agent planted or printing its escape sequences raw.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include "tests/cairn_cli.hpp"
+#include "tests/host/engine_host.hpp"
+
+namespace {
+
+using cairn::testing::cli_result;
+
+struct suspended_run {
+  cairn::testing::engine_host host{std::chrono::milliseconds(0)};
+  std::map<std::string, std::string> env{{"CAIRN_HOME", (host.dir / "home").string()}};
+
+  suspended_run() {
+    host.submit("viewed", WORKSPACE_VIEW_AGENT_PATH, nlohmann::json::object());
+    auto run = host.eng->execute("viewed");
+    REQUIRE(run.status == cairn::storage::run_status::waiting);
+  }
+
+  cli_result workspace(std::vector<std::string> args) const {
+    args.insert(args.begin(), {"--db", (host.dir / "cairn.db").string(), "workspace", "viewed"});
+    return cairn::testing::run_program(CAIRN_BIN, std::move(args), host.dir.path(), {.env = env});
+  }
+};
+
+std::string mounts() {
+  std::ifstream in("/proc/self/mountinfo");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("cairn workspace lists and prints a suspended run's files without waking it or following its links") {
+  suspended_run r;
+  const auto attempts_before = r.host.count("viewed", "attempt_started");
+
+  auto listing = r.workspace({});
+  INFO(listing.err);
+  REQUIRE(listing.code == 0);
+  CHECK_THAT(listing.out, Catch::Contains("notes/a.txt") && Catch::Contains("escape -> /etc/shadow"));
+  if (::geteuid() == 0) CHECK_THAT(listing.out, Catch::Contains("quota image") && Catch::Contains("read-only"));
+  // The name made of escape sequences is shown escaped.
+  CHECK(listing.out.find('\x1b') == std::string::npos);
+  CHECK(listing.out.find('\x07') == std::string::npos);
+  CHECK_THAT(listing.out, Catch::Contains("\\x1b]0;pwned"));
+
+  auto file = r.workspace({"notes/a.txt"});
+  CHECK(file.code == 0);
+  CHECK(file.out == "hello from the agent\n");
+  CHECK(r.workspace({"/workspace/notes/a.txt"}).out == "hello from the agent\n");
+
+  // The link is shown, never followed, alone or on the way.
+  auto link = r.workspace({"escape"});
+  CHECK(link.code == 0);
+  CHECK_THAT(link.out, Catch::Contains("l ") && Catch::Contains("escape -> /etc/shadow"));
+  CHECK_THAT(link.out, !Catch::Contains("root:"));
+  auto through = r.workspace({"escape/x"});
+  CHECK(through.code != 0);
+  CHECK_THAT(through.err, Catch::Contains("'escape' is a link"));
+  CHECK(through.out.empty());
+  CHECK(r.workspace({"../../../etc/passwd"}).code != 0);
+
+  // Nothing was woken and nothing stays mounted.
+  CHECK(r.host.journal.find_run("viewed")->status == cairn::storage::run_status::waiting);
+  CHECK(r.host.count("viewed", "attempt_started") == attempts_before);
+  CHECK(mounts().find("cairn-workspace-") == std::string::npos);
+
+  // The image is intact: the run reads its file after the wake-up.
+  r.host.eng->signal("viewed", "go", nullptr);
+  auto end = r.host.eng->execute("viewed");
+  REQUIRE(end.status == cairn::storage::run_status::completed);
+  CHECK(end.output == "hello from the agent\n");
+}
