@@ -282,21 +282,26 @@ class bwrap_sandbox final : public sandbox {
 
  private:
   // The agent as the launcher executes it: from the host's descriptor when
-  // the sandbox uid may read and execute the file, else from a copy in memory.
+  // the sandbox uid may read and execute the file but not change it (its
+  // /proc/self/exe is that file, on a writable host mount: its owner could
+  // chmod it), else from a sealed copy in memory.
   unique_fd program_for_launcher(const fs::path& agent) const {
     unique_fd file(::open(agent.c_str(), O_RDONLY | O_CLOEXEC));
     if (!file) spawn_failed("opening " + agent.string());
-    const auto& user = context_.user;
-    if (!user || may_read_and_execute(agent, user->uid, user->gid)) return file;
-    unique_fd copy(::memfd_create("cairn-agent", MFD_CLOEXEC));
-    if (!copy) spawn_failed("memfd_create");
     struct stat st {};
     if (::fstat(file.get(), &st) < 0) spawn_failed("reading " + agent.string());
+    const auto& user = context_.user;
+    if (user && st.st_uid != user->uid && may_read_and_execute(agent, user->uid, user->gid)) return file;
+    unique_fd copy(::memfd_create("cairn-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!copy) spawn_failed("memfd_create");
     for (off_t offset = 0; offset < st.st_size;) {
       ssize_t n = ::sendfile(copy.get(), file.get(), &offset, static_cast<std::size_t>(st.st_size - offset));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) spawn_failed("copying " + agent.string());
     }
+    if (::fchmod(copy.get(), 0555) < 0 ||
+        ::fcntl(copy.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+      spawn_failed("sealing the copy of " + agent.string());
     return copy;
   }
 

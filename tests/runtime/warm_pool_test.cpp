@@ -122,6 +122,22 @@ TEST_CASE("warm pool: nothing of one run reaches the next, through the pool's ne
   CHECK(std::find(env.begin(), env.end(), "CAIRN_RUN_ID=run-first") == env.end());
 }
 
+TEST_CASE("warm pool: an agent cannot change its own program on the host, even when its uid owns the file") {
+  temp_dir dir;
+  // A program the sandbox's uid owns: the caller's own file without root, as
+  // root one given to the sandbox uid.
+  const fs::path program = dir.path / "probe-copy";
+  fs::copy_file(SANDBOX_PROBE, program);
+  fs::permissions(program, fs::perms(0755));
+  if (auto user = resolve_sandbox_user()) REQUIRE(::chown(program.c_str(), user->uid, user->gid) == 0);
+  auto spec = spec_for(dir, "run-chmod");
+  auto backend = warm_backend(dir, spec.limits, 1);
+  auto box = backend->create(spec);
+  REQUIRE(box->pooled());
+  run_probe(*box, {"chmod_self"}, program);
+  CHECK((fs::status(program).permissions() & fs::perms::all) == fs::perms(0755));
+}
+
 TEST_CASE("warm pool: a run whose limits differ from the pool's starts cold, with its own limits") {
   temp_dir dir;
   auto spec = spec_for(dir, "run-other-limits");
