@@ -136,6 +136,10 @@ TEST_CASE("warm pool: an agent cannot change its own program on the host, even w
   REQUIRE(box->pooled());
   run_probe(*box, {"chmod_self"}, program);
   CHECK((fs::status(program).permissions() & fs::perms::all) == fs::perms(0755));
+  // A cold sandbox binds it read-only.
+  auto cold = make_bwrap_backend()->create(spec_for(dir, "run-chmod-cold"));
+  run_probe(*cold, {"chmod_self"}, program);
+  CHECK((fs::status(program).permissions() & fs::perms::all) == fs::perms(0755));
 }
 
 TEST_CASE("warm pool: a run whose limits differ from the pool's starts cold, with its own limits") {
