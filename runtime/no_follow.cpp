@@ -3,8 +3,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -32,6 +34,29 @@ void clear_set_id(int fd, const fs::path& where) {
     bad_spec(fmt::format("cannot clear the set-uid bit of {}: {}", where.string(), std::strerror(errno)));
 }
 
+// Makes `name` in `dir` with exactly `mode` unless it exists. It is made
+// under another name and renamed into place once it has its mode: another
+// thread never finds it with less (the umask narrows mkdir's mode, and a
+// sandbox uid refused the way through a folder made 0700 a moment ago
+// failed a run), nor with more.
+void make_folder_with_mode(int dir, const std::string& name, mode_t mode, const fs::path& where) {
+  struct stat st {};
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return;
+  const std::string making = fmt::format(".{}.making-{}-{}", name, ::getpid(), ::gettid());
+  if (::mkdirat(dir, making.c_str(), 0700) < 0)
+    bad_spec(fmt::format("cannot create {}: {}", where.string(), std::strerror(errno)));
+  unique_fd made(::openat(dir, making.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!made || ::fchmod(made.get(), mode) < 0) {
+    ::unlinkat(dir, making.c_str(), AT_REMOVEDIR);
+    bad_spec(fmt::format("cannot set the mode of {}: {}", where.string(), std::strerror(errno)));
+  }
+  if (::renameat2(dir, making.c_str(), dir, name.c_str(), RENAME_NOREPLACE) < 0) {
+    const int error = errno;
+    ::unlinkat(dir, making.c_str(), AT_REMOVEDIR);
+    if (error != EEXIST) bad_spec(fmt::format("cannot create {}: {}", where.string(), std::strerror(error)));
+  }
+}
+
 }  // namespace
 
 unique_fd open_folder_no_follow(const fs::path& path, std::optional<mode_t> create_mode) {
@@ -42,12 +67,7 @@ unique_fd open_folder_no_follow(const fs::path& path, std::optional<mode_t> crea
     if (part.empty() || part == ".") continue;
     if (part == "..") bad_spec(fmt::format("{} holds \"..\"", path.string()));
     reached /= part;
-    bool made = false;
-    if (create_mode) {
-      made = ::mkdirat(dir.get(), part.c_str(), 0700) == 0;
-      if (!made && errno != EEXIST)
-        bad_spec(fmt::format("cannot create {}: {}", reached.string(), std::strerror(errno)));
-    }
+    if (create_mode) make_folder_with_mode(dir.get(), part.string(), *create_mode, reached);
     unique_fd next(::openat(dir.get(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!next) {
       if (errno == ELOOP || errno == ENOTDIR)
@@ -56,8 +76,6 @@ unique_fd open_folder_no_follow(const fs::path& path, std::optional<mode_t> crea
                              reached.string()));
       bad_spec(fmt::format("cannot open {}: {}", reached.string(), std::strerror(errno)));
     }
-    if (made && ::fchmod(next.get(), *create_mode) < 0)
-      bad_spec(fmt::format("cannot set the mode of {}: {}", reached.string(), std::strerror(errno)));
     dir = std::move(next);
   }
   return dir;
