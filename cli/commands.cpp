@@ -118,21 +118,16 @@ int workspace_command(const paths& p, const std::string& run_id, const std::stri
     if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, p.db.string()));
     engine::workspace_files files(p.home, *run);
     if (files.is_file(path) && !as_json) {
-      std::cout.flush();
       if (!::isatty(STDOUT_FILENO)) {
-        files.copy(path, STDOUT_FILENO);
+        files.read(path, UINT64_MAX, [](const char* data, std::size_t size) { std::cout.write(data, size); });
+        std::cout.flush();
+        if (!std::cout) throw engine::engine_error(engine::errc::bad_request, "writing to stdout failed");
         return 0;
       }
       // An agent wrote it: to a terminal it goes escaped, and only its start.
       constexpr std::uint64_t shown = 1 << 20;
-      char name[] = "/tmp/cairn-workspace-view-XXXXXX";
-      int scratch = ::mkstemp(name);
-      if (scratch < 0) throw engine::engine_error(engine::errc::bad_request, "mkstemp failed");
-      ::unlink(name);
-      files.copy(path, scratch, shown);
-      std::string text(static_cast<std::size_t>(::lseek(scratch, 0, SEEK_END)), '\0');
-      (void)!::pread(scratch, text.data(), text.size(), 0);
-      ::close(scratch);
+      std::string text;
+      files.read(path, shown, [&](const char* data, std::size_t size) { text.append(data, size); });
       std::cout << terminal_text(text, true);
       if (!text.empty() && text.back() != '\n') std::cout << "\n";
       if (text.size() == shown)

@@ -134,28 +134,27 @@ std::vector<workspace_entry> workspace_files::list(const std::string& path) cons
 }
 
 bool workspace_files::is_file(const std::string& path) const {
-  if (components(path).empty()) return false;
-  auto entries = list(path);
-  return entries.size() == 1 && entries.front().type == 'f';
+  const auto parts = components(path);
+  if (parts.empty()) return false;
+  fs::path joined;
+  for (const auto& p : parts) joined /= p;
+  runtime::unique_fd parent = open(joined.parent_path().string(), O_RDONLY | O_DIRECTORY);
+  return entry_at(parent.get(), parts.back().c_str(), joined.string()).type == 'f';
 }
 
-void workspace_files::copy(const std::string& path, int out_fd, std::uint64_t max_bytes) const {
+void workspace_files::read(const std::string& path, std::uint64_t max_bytes,
+                           const std::function<void(const char*, std::size_t)>& take) const {
   runtime::unique_fd file = open(path, O_RDONLY);
   struct stat st {};
   if (::fstat(file.get(), &st) < 0 || !S_ISREG(st.st_mode)) not_found(fmt::format("'{}' is not a file", path));
   char buffer[1 << 16];
-  for (std::uint64_t copied = 0; copied < max_bytes;) {
-    ssize_t n = ::read(file.get(), buffer, static_cast<std::size_t>(std::min<std::uint64_t>(sizeof buffer, max_bytes - copied)));
+  for (std::uint64_t taken = 0; taken < max_bytes;) {
+    ssize_t n = ::read(file.get(), buffer, static_cast<std::size_t>(std::min<std::uint64_t>(sizeof buffer, max_bytes - taken)));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) not_found(fmt::format("reading '{}': {}", path, std::strerror(errno)));
     if (n == 0) return;
-    copied += static_cast<std::uint64_t>(n);
-    for (ssize_t done = 0; done < n;) {
-      ssize_t w = ::write(out_fd, buffer + done, static_cast<std::size_t>(n - done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) throw engine_error(errc::bad_request, fmt::format("writing out '{}': {}", path, std::strerror(errno)));
-      done += w;
-    }
+    taken += static_cast<std::uint64_t>(n);
+    take(buffer, static_cast<std::size_t>(n));
   }
 }
 

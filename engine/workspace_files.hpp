@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <climits>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,9 @@ class workspace_files {
   std::vector<workspace_entry> list(const std::string& path) const;
   // Whether `path` is a regular file (no component a link).
   bool is_file(const std::string& path) const;
-  // Its bytes (the first `max_bytes`), written to `out_fd` as they are read.
-  void copy(const std::string& path, int out_fd, std::uint64_t max_bytes = UINT64_MAX) const;
+  // Its bytes (the first `max_bytes`), handed to `take` as they are read.
+  void read(const std::string& path, std::uint64_t max_bytes,
+            const std::function<void(const char*, std::size_t)>& take) const;
 
  private:
   runtime::unique_fd open(const std::string& path, int flags) const;

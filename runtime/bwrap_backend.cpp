@@ -342,7 +342,7 @@ class bwrap_backend final : public sandbox_backend {
                         workspace.string(), context.user->uid, blocked->string(), blocked->string()));
     }
     auto resources = std::make_unique<sandbox_resources>(spec, workspace, context.user, context.quota);
-    auto warm = take_warm(spec, workspace);
+    auto warm = take_warm(context, spec, workspace);
     fs::path premounted;
     if (warm && warm->image && !spec.workspace_image.empty() && !fs::exists(spec.workspace_image) &&
         spec.limits.max_workspace_bytes == options_.warm.limits.max_workspace_bytes) {
@@ -395,10 +395,11 @@ class bwrap_backend final : public sandbox_backend {
 
   // A pooled sandbox for this run, or null: none ready, other limits, or
   // (without root) a workspace that is not a new, empty folder.
-  std::unique_ptr<warm_sandbox> take_warm(const sandbox_spec& spec, const fs::path& workspace) {
+  std::unique_ptr<warm_sandbox> take_warm(const bwrap_context& context, const sandbox_spec& spec,
+                                          const fs::path& workspace) {
     if (!pool_ || !same_sandbox_limits(options_.warm.limits, spec.limits)) return nullptr;
     std::error_code ec;
-    if (::geteuid() != 0 && !fs::is_empty(workspace, ec)) return nullptr;
+    if (!context.user && !fs::is_empty(workspace, ec)) return nullptr;  // no root: only a new, empty one
     auto warm = pool_->take();
     if (!warm || warm->folder->shared_mount() || warm->folder->become(workspace)) return warm;
     return nullptr;
@@ -409,10 +410,10 @@ class bwrap_backend final : public sandbox_backend {
     bwrap_context context = context_of();
     const auto& limits = options_.warm.limits;
     auto warm = std::make_unique<warm_sandbox>();
-    const bool root = ::geteuid() == 0;
+    const bool root = context.user.has_value();  // as resolve_sandbox_user says
     warm->folder = std::make_unique<warm_folder>(
         options_.warm.folder / fmt::format("{}-{}", ::getpid(), made_.fetch_add(1)), root);
-    if (root && context.user && context.quota.available && limits.max_workspace_bytes > 0) {
+    if (root && context.quota.available && limits.max_workspace_bytes > 0) {
       warm->image_path = fs::path(warm->folder->path()) += ".img";
       make_workspace_image(context.quota.tools, warm->image_path, workspace_image_size(limits.max_workspace_bytes),
                            context.user->uid, context.user->gid);
