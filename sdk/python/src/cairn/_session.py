@@ -91,13 +91,14 @@ class Session:
         limit). False when nothing arrived."""
         self.check()
         try:
-            try:
-                n = self._sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                if wait_s is not None:
-                    if wait_s <= 0 or not self._poller.poll(max(1, round(wait_s * 1000))):
-                        return False
+            if wait_s is None:
                 n = self._sock.recv_into(self._buffer)
+            else:
+                if wait_s > 0 and not self._poller.poll(max(1, round(wait_s * 1000))):
+                    return False
+                n = self._sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
         except OSError as e:
             raise self.fail(f"lost the channel to the host: {e.strerror or e}") from None
         if n == 0:

@@ -38,6 +38,9 @@ def _no_constant(name: str) -> Any:
 
 
 _decoder = json.JSONDecoder(parse_float=_finite_float, parse_int=_bounded_int, parse_constant=_no_constant)
+# The encoding PROTOCOL.md §1 asks of a Python agent; built once, as json.dumps
+# builds an encoder per call when given options.
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 
 
 def depth_of(value: Any, limit: int) -> int:
@@ -92,7 +95,7 @@ def json_text(value: Any, what: str, max_depth: int = MAX_DEPTH - 1) -> str:
     it is not JSON the host accepts (NaN, a non-JSON type, a lone surrogate,
     nesting deeper than max_depth)."""
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _encode(value)
         text.encode("utf-8")
     except RecursionError:
         raise ValueError(f"{what} nests deeper than {max_depth} levels") from None
@@ -109,7 +112,7 @@ def encode_frame(message: dict[str, Any], raw_field: str | None = None, raw_text
     """One frame carrying `message`, plus `raw_field` set to the JSON text
     `raw_text` (a value json_text() already checked, not encoded twice).
     ValueError when the frame would exceed MAX_FRAME."""
-    text = json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = _encode(message)
     if raw_field is not None:
         text = f'{text[:-1]},"{raw_field}":{raw_text}}}'
     payload = text.encode("utf-8")
