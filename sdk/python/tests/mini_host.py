@@ -1,6 +1,7 @@
 """A small in-memory host that runs an agent program as a real process, for
 the tests of tests/conformance/agents/conformance_agent.py outside a sandbox:
-it journals steps, decides retries (no jitter), answers tools (refused),
+it journals steps, decides retries (no jitter), answers tools (with
+`tools`, else refused),
 sleeps, signals (given up front), children (run to their end at once) and
 joins, and starts the agent again, replaying, after it crashes."""
 
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,8 +23,10 @@ CHUNK_BYTES = 1 << 20
 
 class MiniHost:
     def __init__(self, program: Path, input: Any, effects_log: Path, signals: dict[str, Any] | None = None,
-                 cancel_after_acks: int | None = None) -> None:
+                 cancel_after_acks: int | None = None,
+                 tools: Callable[[str, Any], tuple[bool, Any]] | None = None, cwd: Path | None = None) -> None:
         self.program, self.input, self.effects_log = program, input, effects_log
+        self.tools, self.cwd = tools, cwd
         self.signals = signals or {}
         self.cancel_after_acks = cancel_after_acks
         self.journal: list[dict[str, Any]] = []
@@ -45,7 +49,7 @@ class MiniHost:
                    CONFORMANCE_EFFECTS_LOG=str(self.effects_log))
         # The agent's end becomes fd 3 of the child (dup2 leaves it inheritable; the
         # host's end, like every descriptor Python opens, closes at exec).
-        proc = subprocess.Popen([str(self.program)], env=env, close_fds=False,
+        proc = subprocess.Popen([str(self.program)], env=env, close_fds=False, cwd=self.cwd,
                                 preexec_fn=lambda: os.dup2(agent.fileno(), 3))
         agent.close()
         self.reader = _Reader(host)
@@ -112,7 +116,9 @@ class MiniHost:
     def _perform(self, m: dict[str, Any]) -> dict[str, Any]:
         seq, t = m["seq"], m["t"]
         if t == "tool":
-            return self._record(seq, m["name"], "tool", False, {"message": "not granted", "type": "refused"})
+            ok, value = self.tools(m["name"], m["args"]) if self.tools else (False, None)
+            return self._record(seq, m["name"], "tool", ok, value if ok or value else {"message": "not granted",
+                                                                                     "type": "refused"})
         if t == "sleep":
             due = time.time() * 1000 + m["duration_ms"]
             time.sleep(m["duration_ms"] / 1000)
