@@ -232,6 +232,80 @@ class Cancel(unittest.TestCase):
         self.assertEqual(host.finish(), 1)
 
 
+    def test_a_cancel_before_start_ends_the_run_cancelled_without_running_a_step(self) -> None:
+        ran: list[int] = []
+        host = FakeHost(lambda ctx, input: ctx.step("s", lambda: ran.append(1)))
+        host.read()
+        host.send({"t": "cancel", "reason": "early"})
+        host.send({"t": "start", "v": 2, "run_id": "r", "input": None, "attempt": 1, "history_steps": 0,
+                   "next_step_attempt": 1})
+        self.assertEqual(host.read(), {"t": "fail", "error": {"message": "early", "type": "cancelled"}})
+        self.assertEqual((ran, host.finish()), ([], 1))
+
+    def test_a_pending_tool_call_is_answered_after_a_cancel(self) -> None:
+        def workflow(ctx: cairn.Context, input: Any) -> Any:
+            ctx.tool("echo", {"i": 1})
+            return "not cancelled?"
+
+        host = FakeHost(workflow)
+        host.start()
+        tool = host.read()
+        host.send({"t": "cancel", "reason": "stop"})
+        host.result(tool, "tool", "echo", {"i": 1})  # the host still answers a tool call it had
+        self.assertEqual(host.read(), {"t": "fail", "error": {"message": "stop", "type": "cancelled"}})
+        self.assertEqual(host.finish(), 1)
+
+
+class Misuse(unittest.TestCase):
+    def test_a_journaled_call_inside_a_step_fails_that_step(self) -> None:
+        def workflow(ctx: cairn.Context, input: Any) -> Any:
+            try:
+                ctx.step("outer", lambda: ctx.step("inner", lambda: 1), cairn.Retry.no_retry())
+            except cairn.StepFailed as e:
+                return e.cause
+            return None
+
+        host = FakeHost(workflow)
+        host.start()
+        self.assertEqual(host.ack_step()["error"]["type"], "RuntimeError")
+        self.assertIn("cannot be called inside a step", host.read()["output"])
+        self.assertEqual(host.finish(), 0)
+
+    def test_an_exception_quoting_20_mb_is_reported_clipped_and_the_run_goes_on(self) -> None:
+        def workflow(ctx: cairn.Context, input: Any) -> Any:
+            def huge() -> None:
+                raise RuntimeError("x" * 20_000_000)
+
+            try:
+                ctx.step("huge", huge, cairn.Retry.no_retry())
+            except cairn.StepFailed as e:
+                return [len(e.cause), ctx.step("next", lambda: 2)]
+            return None
+
+        host = FakeHost(workflow)
+        host.start()
+        message = host.ack_step()["error"]["message"]
+        self.assertTrue(message.endswith("... (19934464 more characters)"))
+        self.assertEqual(host.ack_step()["seq"], 1)
+        self.assertEqual(host.read(), {"t": "done", "output": [len(message), 2]})
+        self.assertEqual(host.finish(), 0)
+
+    def test_sleep_until_refuses_a_naive_datetime(self) -> None:
+        from datetime import datetime
+
+        def workflow(ctx: cairn.Context, input: Any) -> Any:
+            try:
+                ctx.sleep_until(datetime(2030, 1, 1))
+            except ValueError as e:
+                return str(e)
+            return None
+
+        host = FakeHost(workflow)
+        host.start()
+        self.assertIn("timezone-aware", host.read()["output"])
+        self.assertEqual(host.finish(), 0)
+
+
 class HostOperations(unittest.TestCase):
     def test_a_tool_error_is_raised_with_its_type(self) -> None:
         def workflow(ctx: cairn.Context, input: Any) -> Any:

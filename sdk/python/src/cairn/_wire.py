@@ -10,6 +10,11 @@ from .retry import Duration, seconds_of
 
 MAX_FRAME = 16 << 20  # 16 MiB, the host's and every SDK's limit
 MAX_DEPTH = 128  # deepest nesting of arrays/objects in a frame
+# Where the host places a step's or a run's output (three levels down in a
+# history chunk) and anything else the agent sends (one level down in its
+# frame): PROTOCOL.md §1.
+MAX_OUTPUT_DEPTH = MAX_DEPTH - 3
+MAX_VALUE_DEPTH = MAX_DEPTH - 1
 MAX_DURATION_MS = 100 * 365 * 24 * 3600 * 1000  # 100 years, the longest wire duration
 MAX_NAME_BYTES = 1024
 
@@ -90,7 +95,7 @@ def decode_payload(payload: bytes) -> dict[str, Any]:
     return value
 
 
-def json_text(value: Any, what: str, max_depth: int = MAX_DEPTH - 1) -> str:
+def json_text(value: Any, what: str, max_depth: int) -> str:
     """`value` as compact JSON text, or ValueError/TypeError naming `what` when
     it is not JSON the host accepts (NaN, a non-JSON type, a lone surrogate,
     nesting deeper than max_depth)."""

@@ -12,8 +12,17 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from ._messages import StepRecord
 from ._session import Session
-from ._wire import MAX_DEPTH, MAX_DURATION_MS, MAX_NAME_BYTES, HostGone, check_name, encode_frame, json_text, wire_ms
-from .errors import CancelledError, ChildError, ChildFailed, NondeterminismError, StepFailed, TerminalError, ToolError
+from ._wire import (
+    MAX_DURATION_MS,
+    MAX_NAME_BYTES,
+    MAX_OUTPUT_DEPTH,
+    MAX_VALUE_DEPTH,
+    check_name,
+    encode_frame,
+    json_text,
+    wire_ms,
+)
+from .errors import CancelledError, ChildError, ChildFailed, StepFailed, TerminalError, ToolError
 from .retry import Duration, Retry
 
 P = ParamSpec("P")
@@ -22,10 +31,6 @@ T = TypeVar("T")
 Json = Any
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-# Where the host places a step's output (three levels down in a history chunk)
-# and anything the agent sends (one level down in its frame): PROTOCOL.md §1.
-_MAX_OUTPUT_DEPTH = MAX_DEPTH - 3
-_MAX_VALUE_DEPTH = MAX_DEPTH - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +40,21 @@ class ChildHandle:
     run_id: str
 
 
-def _clean(text: str) -> str:
-    """`text` as valid Unicode: lone surrogates replaced."""
+# Longest error message sent, in characters: an exception may quote a whole
+# response, and the step that reports it must still fit in a frame.
+MAX_MESSAGE_CHARS = 64 * 1024
+
+
+def clean_message(text: str) -> str:
+    """`text` as an error message for the wire: valid Unicode (lone
+    surrogates replaced), at most MAX_MESSAGE_CHARS characters."""
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + f"... ({len(text) - MAX_MESSAGE_CHARS} more characters)"
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _error_type(e: BaseException) -> str:
-    return _clean(type(e).__name__)[:MAX_NAME_BYTES // 4]
+    return clean_message(type(e).__name__)[: MAX_NAME_BYTES // 4]
 
 
 class Context:
@@ -107,9 +120,7 @@ class Context:
                 terminal = False
                 error: Exception | None = None
                 try:
-                    output_text = json_text(fn(), f"the output of step '{name}'", _MAX_OUTPUT_DEPTH)
-                except (NondeterminismError, HostGone):
-                    raise
+                    output_text = json_text(fn(), f"the output of step '{name}'", MAX_OUTPUT_DEPTH)
                 except TerminalError as e:
                     error, terminal = e, True
                 except Exception as e:
@@ -129,7 +140,7 @@ class Context:
                     except ValueError as e:  # above the frame limit
                         error = ValueError(f"the output of step '{name}' is too large: {e}")
                 if error is not None:
-                    message, error_type = _clean(str(error) or type(error).__name__), _error_type(error)
+                    message, error_type = clean_message(str(error) or type(error).__name__), _error_type(error)
                     step |= {"status": "error", "error": {"message": message, "type": error_type}, "terminal": terminal}
                     frame = encode_frame(step)
                 answer = s.report(frame, seq, error is None)
@@ -208,7 +219,7 @@ class Context:
 
             page = ctx.tool("http.fetch", {"url": "https://example.com/"})"""
         check_name(name, "a tool name")
-        args_text = json_text({} if args is None else args, f"the arguments of tool '{name}'", _MAX_VALUE_DEPTH)
+        args_text = json_text({} if args is None else args, f"the arguments of tool '{name}'", MAX_VALUE_DEPTH)
         r = self._host(name, "tool", lambda seq: encode_frame({"t": "tool", "seq": seq, "name": name}, "args", args_text))
         if r.ok:
             return r.output
@@ -253,7 +264,7 @@ class Context:
         ChildError when the host refuses. Journaled: on replay the same child
         is returned, not started again."""
         check_name(agent, "an agent name")
-        input_text = json_text({} if input is None else input, f"the input of child agent '{agent}'", _MAX_VALUE_DEPTH)
+        input_text = json_text({} if input is None else input, f"the input of child agent '{agent}'", MAX_VALUE_DEPTH)
         r = self._host(agent, "child", lambda seq: encode_frame({"t": "child", "seq": seq, "agent": agent}, "input", input_text))
         if not r.ok:
             raise ChildError(agent, r.error_type, r.error_message)
@@ -296,7 +307,7 @@ class Context:
     def emit(self, data: Json) -> None:
         """A live, non-durable event for whoever watches the run (progress,
         tokens); dropped while replaying."""
-        self._s.emit(json_text(data, "the data of ctx.emit", _MAX_VALUE_DEPTH))
+        self._s.emit(json_text(data, "the data of ctx.emit", MAX_VALUE_DEPTH))
 
     @property
     def run_id(self) -> str:

@@ -12,15 +12,15 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ._session import Session
-from ._wire import HostGone, encode_frame, json_text
-from .context import _MAX_OUTPUT_DEPTH, Context
+from ._wire import MAX_OUTPUT_DEPTH, HostGone, encode_frame, json_text
+from .context import Context, clean_message
 from .errors import CancelledError, ChildFailed, NondeterminismError, StepFailed
 
 Workflow = Callable[[Context, Any], Any]
 
 
 def _fail_frame(message: str, type: str) -> bytes:
-    return encode_frame({"t": "fail", "error": {"message": message.encode("utf-8", "replace").decode(), "type": type}})
+    return encode_frame({"t": "fail", "error": {"message": clean_message(message), "type": type}})
 
 
 def _outcome(s: Session, workflow: Workflow) -> tuple[bytes, str | None]:
@@ -51,7 +51,7 @@ def _outcome(s: Session, workflow: Workflow) -> tuple[bytes, str | None]:
         failed = (s.cancel_reason, "cancelled")
     if failed is None:
         try:
-            return encode_frame({"t": "done"}, "output", json_text(output, "the workflow's output", _MAX_OUTPUT_DEPTH)), None
+            return encode_frame({"t": "done"}, "output", json_text(output, "the workflow's output", MAX_OUTPUT_DEPTH)), None
         except (TypeError, ValueError) as e:
             failed = (str(e), "error")
     return _fail_frame(*failed), failed[0]
