@@ -94,7 +94,9 @@ class Session:
             if wait_s is None:
                 n = self._sock.recv_into(self._buffer)
             else:
-                if wait_s > 0 and not self._poller.poll(max(1, round(wait_s * 1000))):
+                # poll(2) takes at most 2^31-1 ms; a longer wait (a retry
+                # delay may be 100 years) is resumed by the caller's loop.
+                if wait_s > 0 and not self._poller.poll(min(max(1, round(wait_s * 1000)), 2**31 - 1)):
                     return False
                 n = self._sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)
         except BlockingIOError:

@@ -32,6 +32,8 @@ class Retry:
     jitter: float = 0.2
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool):
+            raise TypeError(f"Retry.max_attempts must be an int (got {self.max_attempts!r})")
         if self.max_attempts < 1:
             raise ValueError(f"Retry.max_attempts must be at least 1 (got {self.max_attempts})")
         for field in ("initial_delay", "max_delay"):
