@@ -1,13 +1,17 @@
 """tests/conformance/agents/conformance_agent.py run as a process by a small
 host (mini_host.py): each scenario of SCENARIOS.md, crashes included."""
 
+import json
+import os
+import socket
+import subprocess
 import tempfile
 import time
 import unittest
 from pathlib import Path
 from typing import Any
 
-from tests.mini_host import ROOT, MiniHost
+from tests.mini_host import ROOT, SDK_SRC, MiniHost
 
 AGENT = ROOT / "tests" / "conformance" / "agents" / "conformance_agent.py"
 
@@ -71,6 +75,44 @@ class ConformanceAgent(unittest.TestCase):
                          ("done", {"length": size, "head": "ahovcjqxelszgnub"}))
         host, outcome = self.run_scenario({"scenario": "big_history", "blobs": 40, "blob_bytes": 1_000_000})
         self.assertEqual((outcome, host.exit_codes), (("done", {"verified": 40, "attempt": 2}), [-9, 0]))
+
+
+class HostileHost(unittest.TestCase):
+    """The agent process exits 2 or 3 and sends nothing when the host breaks the protocol."""
+
+    def answered(self, *frames: bytes) -> tuple[int, bytes]:
+        host, agent = socket.socketpair()
+        env = dict(os.environ, CAIRN_CHANNEL_FD="3", CAIRN_RUN_ID="run-hostile", PYTHONPATH=str(SDK_SRC))
+        proc = subprocess.Popen([str(AGENT)], env=env, close_fds=False, stderr=subprocess.DEVNULL,
+                                preexec_fn=lambda: os.dup2(agent.fileno(), 3))
+        agent.close()
+        host.settimeout(60)
+        hello = host.recv(4096)
+        self.assertIn(b'"t":"hello"', hello)
+        sent = b""
+        for f in frames:
+            host.sendall(f)
+            if b'"t":"start"' in f:
+                sent += host.recv(4096)  # the begin and step of s0
+                while sent.count(b'"t":') < 2:
+                    sent += host.recv(4096)
+        rest = b""
+        while chunk := host.recv(65536):
+            rest += chunk
+        host.close()
+        return proc.wait(60), rest
+
+    def test_exit_codes(self) -> None:
+        start = _frame({"t": "start", "v": 2, "run_id": "r", "input": {"scenario": "steps", "n": 2}, "attempt": 1,
+                        "history_steps": 0, "next_step_attempt": 1})
+        self.assertEqual(self.answered(b"\0\0\0\0"), (2, b""))
+        self.assertEqual(self.answered(_frame({"t": "reject", "error": "no"})), (2, b""))
+        self.assertEqual(self.answered(start, _frame({"t": "ack", "seq": 5})), (3, b""))
+
+
+def _frame(m: dict[str, Any]) -> bytes:
+    payload = json.dumps(m).encode()
+    return len(payload).to_bytes(4, "big") + payload
 
 
 class EmptyStepCost(unittest.TestCase):
