@@ -4,6 +4,7 @@ tests/conformance/SCENARIOS.md, chosen by the input's "scenario". The effects
 log is /workspace/effects.log (CONFORMANCE_EFFECTS_LOG overrides it for a run
 outside a sandbox)."""
 
+import functools
 import itertools
 import os
 import signal
@@ -50,7 +51,7 @@ def steps(ctx: cairn.Context, input: Any) -> Any:
             crash()
         return i * i
 
-    total = sum(ctx.step(f"s{i}", lambda i=i: body(i)) for i in range(input["n"]))
+    total = sum(ctx.step(f"s{i}", functools.partial(body, i)) for i in range(input["n"]))
     return {"sum": total, "attempt": ctx.attempt}
 
 
@@ -141,7 +142,7 @@ def cancel(ctx: cairn.Context, input: Any) -> Any:
     for i in itertools.count():
         if ctx.cancelled:
             break
-        ctx.step(f"tick{i}", lambda i=i: tick(i))
+        ctx.step(f"tick{i}", functools.partial(tick, i))
     return {"stopped": True}
 
 
@@ -152,7 +153,7 @@ def large_output(ctx: cairn.Context, input: Any) -> Any:
 
 def big_history(ctx: cairn.Context, input: Any) -> Any:
     n, size = input["blobs"], input["blob_bytes"]
-    verified = sum(ctx.step(f"blob{i}", lambda i=i: blob(i, size)) == blob(i, size) for i in range(n))
+    verified = sum(1 for i in range(n) if ctx.step(f"blob{i}", functools.partial(blob, i, size)) == blob(i, size))
     if ctx.attempt == 1:
         crash()
     return {"verified": verified, "attempt": ctx.attempt}
