@@ -24,6 +24,7 @@ from ._wire import FrameDecoder, HostGone, encode_frame
 from .errors import CancelledError, NondeterminismError
 
 SDK_NAME = f"cairn-py/{__version__}"
+_FULL_SPIN_NS = 1_000_000  # how long _receive() polls before it blocks, at most
 
 
 class Session:
@@ -45,6 +46,8 @@ class Session:
         self.cancel_reason: str | None = None
         self.nondeterminism: str | None = None
         self.in_step = False
+        self._spin_ns = _FULL_SPIN_NS
+        self._receives = 0
         self.send(encode_frame({"t": "hello", "v": VERSION, "sdk": SDK_NAME}))
         reply = self._receive(stop_on_cancel=False)
         if isinstance(reply, Reject):
@@ -127,13 +130,30 @@ class Session:
     def _receive(self, stop_on_cancel: bool) -> HostMessage:
         """The next host message other than cancel. With `stop_on_cancel`,
         raises CancelledError instead of blocking once the host cancelled."""
+        # As the C++ SDK does (sdk/session.cpp): the host's ack follows its
+        # commit within about a millisecond, and polling that long before
+        # blocking saves a scheduler wake-up, hundreds of us on a VM. Where
+        # answers come later (a busy machine), each poll that ends
+        # empty-handed halves the next one, down to none; every 64th receive
+        # tries the full length again.
+        self._receives += 1
+        if self._receives % 64 == 0:
+            self._spin_ns = _FULL_SPIN_NS
+        started = time.monotonic_ns()
+        waited = False
         while True:
             m = self._next_buffered()
             if m is not None:
+                if waited:
+                    self._spin_ns //= 2
+                elif self._spin_ns > 0:
+                    self._spin_ns = _FULL_SPIN_NS
                 return m
             if stop_on_cancel and self.cancel_reason is not None:
                 raise CancelledError(self.cancel_reason)
-            self._read(None)
+            spinning = not waited and time.monotonic_ns() - started < self._spin_ns
+            waited = not spinning
+            self._read(0 if spinning else None)
 
     def poll(self) -> None:
         """Reads what has arrived, without blocking, so that a cancel sent
