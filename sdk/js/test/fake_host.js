@@ -12,9 +12,9 @@ import path from "node:path";
 export const agentsDir = path.join(import.meta.dirname, "agents");
 const deadlineMs = 60_000; // a loaded 2-core machine must pass
 
-// A frame holding `message` (an object, or a string taken as the payload as is).
+// A frame holding `message`: an object, or the payload as it is (a string or bytes).
 export function frame(message) {
-  const payload = Buffer.from(typeof message === "string" ? message : JSON.stringify(message));
+  const payload = Buffer.isBuffer(message) ? message : Buffer.from(typeof message === "string" ? message : JSON.stringify(message));
   const header = Buffer.alloc(4);
   header.writeUInt32BE(payload.length);
   return Buffer.concat([header, payload]);
@@ -249,4 +249,12 @@ export async function runAttempt(program, journal, options = {}) {
   }
   const exit = await exited;
   return { ...host, exit };
+}
+
+// A scratch file for an agent's effects log (CAIRN_TEST_EFFECTS) and a
+// reader of its lines.
+export function effectsLog() {
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "cairn-js-effects-")), "effects.log");
+  fs.writeFileSync(file, "");
+  return { env: { CAIRN_TEST_EFFECTS: file }, lines: () => fs.readFileSync(file, "utf8").split("\n").filter(Boolean) };
 }
