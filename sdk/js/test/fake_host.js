@@ -82,7 +82,8 @@ export class Connection {
   }
 }
 
-// Starts `program` (a path under test/agents, or absolute) with the channel
+// Starts `program` (a script under test/agents, or an absolute path to a
+// script or an executable) with the channel
 // at fd 3 and CAIRN_CHANNEL_FD=3; returns its connection and a promise of its
 // exit { code, signal, stderr }.
 export async function startAgent(program, env = {}) {
@@ -98,7 +99,8 @@ export async function startAgent(program, env = {}) {
   fs.rmSync(dir, { recursive: true, force: true });
 
   const file = path.isAbsolute(program) ? program : path.join(agentsDir, program);
-  const child = spawn(process.execPath, [file], {
+  const [command, args] = /\.m?js$/.test(file) ? [process.execPath, [file]] : [file, []]; // else an executable
+  const child = spawn(command, args, {
     stdio: ["ignore", "pipe", "pipe", agentEnd],
     env: { ...process.env, CAIRN_CHANNEL_FD: "3", CAIRN_RUN_ID: "run-test", ...env },
   });
