@@ -104,6 +104,22 @@ test("a history chunk past the journal's end makes the agent exit 3", async () =
   assert.equal(exit.code, 3);
 });
 
+test("a sleep result without the fields a sleep records makes the agent exit 3", async () => {
+  const result = (seq, kind, name, output) => ({ t: "result", seq, name, kind, status: "ok", output, attempt: 1 });
+  const { after, exit } = await against(async (c) => {
+    c.send({ ...start, input: { scenario: "host_operations" } });
+    assert.equal((await c.next()).t, "tool");
+    c.send(result(0, "tool", "echo", {}));
+    assert.equal((await c.next()).t, "tool");
+    c.send(result(1, "tool", "forbidden", {}));
+    assert.equal((await c.next()).t, "sleep");
+    c.send(result(2, "sleep", "sleep", { fired: true }));
+  });
+  assert.deepEqual(after, []);
+  assert.equal(exit.code, 3);
+  assert.match(exit.stderr, /the host's sleep result for seq 2 has no output field 'until_ms'/);
+});
+
 test("frames split byte by byte are read as one", async () => {
   const { after, exit } = await against(async (c) => {
     for (const byte of frame(start)) c.sendRaw(Buffer.from([byte]));

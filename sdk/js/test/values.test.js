@@ -40,3 +40,18 @@ test("the agent exits once the run is over, though the workflow left a timer run
   assert.deepEqual(run.outcome, { t: "done", output: "left a timer running" });
   assert.ok(performance.now() - started < 30_000);
 });
+
+test("an output JSON cannot hold fails the run rather than being sent", async () => {
+  const run = await runAttempt("scenarios.mjs", new Journal(), { input: { scenario: "ends", how: "bigint" } });
+  assert.equal(run.exit.code, 1);
+  assert.deepEqual(run.outcome, {
+    t: "fail",
+    error: { message: "the workflow's output is not JSON: it holds a BigInt at key \"n\" (convert it to a number or a string)", type: "error" },
+  });
+});
+
+test("a workflow that throws something other than an Error fails with type unknown", async () => {
+  const run = await runAttempt("scenarios.mjs", new Journal(), { input: { scenario: "ends", how: "throw" } });
+  assert.equal(run.exit.code, 1);
+  assert.deepEqual(run.outcome.error, { message: "the workflow threw a value that is not an Error: a string, not an Error", type: "unknown" });
+});

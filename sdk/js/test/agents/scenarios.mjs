@@ -131,6 +131,13 @@ const scenarios = {
     };
   },
 
+  // The workflow's own outcome: an output JSON cannot hold, or a thrown non-Error.
+  async ends(ctx, { how }) {
+    await ctx.step("s", () => 1);
+    if (how === "bigint") return { n: 10n };
+    throw "a string, not an Error";
+  },
+
   async nested(ctx) {
     return settle(ctx.step("outer", () => ctx.step("inner", () => 1)));
   },
