@@ -87,7 +87,7 @@ export class Connection {
 // at fd 3 and CAIRN_CHANNEL_FD=3; returns its connection and a promise of its
 // exit { code, signal, stderr }.
 export async function startAgent(program, env = {}) {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cairn-js-test-"));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cairn-js-channel-"));
   const socketPath = path.join(dir, "channel");
   const server = net.createServer();
   await new Promise((resolve) => server.listen(socketPath, resolve));
@@ -253,10 +253,17 @@ export async function runAttempt(program, journal, options = {}) {
   return { ...host, exit };
 }
 
+// A new scratch folder, removed when the test process exits.
+export function scratchDir() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "cairn-js-test-"));
+  process.on("exit", () => fs.rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
 // A scratch file for an agent's effects log (CAIRN_TEST_EFFECTS) and a
 // reader of its lines.
 export function effectsLog() {
-  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "cairn-js-effects-")), "effects.log");
+  const file = path.join(scratchDir(), "effects.log");
   fs.writeFileSync(file, "");
   return { env: { CAIRN_TEST_EFFECTS: file }, lines: () => fs.readFileSync(file, "utf8").split("\n").filter(Boolean) };
 }

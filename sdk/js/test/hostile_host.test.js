@@ -4,10 +4,9 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { test } from "node:test";
-import { agentsDir, effectsLog, frame, startAgent } from "./fake_host.js";
+import { agentsDir, effectsLog, frame, scratchDir, startAgent } from "./fake_host.js";
 
 const start = { t: "start", v: 2, run_id: "run-test", input: { scenario: "steps", n: 2 }, attempt: 1, history_steps: 0, next_step_attempt: 1 };
 const header = (n) => {
@@ -147,7 +146,7 @@ test("started without a channel, the agent says how to run it and exits 2", asyn
   const noChannel = await run({}, ["ignore", "ignore", "pipe"]);
   assert.equal(noChannel.code, 2);
   assert.match(noChannel.stderr, /This is a cairn agent; start it with `cairn run PROGRAM --input JSON`/);
-  const notSocket = fs.openSync(fs.mkdtempSync(path.join(os.tmpdir(), "cairn-js-")) + "/file", "w");
+  const notSocket = fs.openSync(path.join(scratchDir(), "file"), "w");
   const fileChannel = await run({ CAIRN_CHANNEL_FD: "3" }, ["ignore", "ignore", "pipe", notSocket]);
   fs.closeSync(notSocket);
   assert.equal(fileChannel.code, 2);
