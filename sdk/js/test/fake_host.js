@@ -134,12 +134,15 @@ function jsonSize(v) {
 // would: answers hello, history, begin/step (retrying as the begin asked,
 // with `retryDelay(seq, attempt)` ms), tool, sleep, wait, child and join.
 // Options: input, tools { name: (args) => output | throws {type, message} },
-// signals { name: payload }, hook(message, host) returning true when it
-// handled the message itself, historyBytes (about how much a chunk holds).
+// signals { name: payload }, missingAgents and failingAgents (names of
+// agents the host knows not, and whose child runs fail), hook(message, host)
+// returning true when it handled the message itself, historyBytes (about how
+// much a chunk holds).
 // Resolves { outcome: the done/fail message or null, exit, emits,
 // violations (protocol breaches seen), historyRequests, maxChunkSteps }.
 export async function runAttempt(program, journal, options = {}) {
   const { input = null, tools = {}, signals = {}, hook, historyBytes = 1 << 20, env = {} } = options;
+  const { missingAgents = [], failingAgents = [] } = options;
   const retryDelay = options.retryDelay ?? (() => 1);
   const { conn, exited, child } = await startAgent(program, env);
   journal.attempts++;
@@ -229,12 +232,19 @@ export async function runAttempt(program, journal, options = {}) {
       }
       case "child": {
         expectSeq(m);
-        conn.send({ t: "result", ...commit({ name: m.agent, kind: "child", status: "ok", output: { run_id: `child-${m.seq}` } }) });
+        const outcome = missingAgents.includes(m.agent)
+          ? { status: "error", error: { type: "no_such_agent", message: `no agent '${m.agent}'` } }
+          : { status: "ok", output: { run_id: `child-${m.seq}` } };
+        conn.send({ t: "result", ...commit({ name: m.agent, kind: "child", ...outcome }) });
         break;
       }
       case "join": {
         expectSeq(m);
-        conn.send({ t: "result", ...commit({ name: m.run_id, kind: "join", status: "ok", output: { joined: m.run_id } }) });
+        const started = journal.steps.find((s) => s.kind === "child" && s.output?.run_id === m.run_id);
+        const outcome = failingAgents.includes(started?.name)
+          ? { status: "error", error: { type: "child_failed", message: "it broke" } }
+          : { status: "ok", output: { joined: m.run_id } };
+        conn.send({ t: "result", ...commit({ name: m.run_id, kind: "join", ...outcome }) });
         break;
       }
       case "emit":

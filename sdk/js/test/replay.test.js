@@ -92,3 +92,17 @@ test("events are not emitted again while replaying", async () => {
   assert.deepEqual(second.emits, [{ at: "after s", attempt: 2 }]);
   assert.equal(second.outcome.t, "done");
 });
+
+test("a child the host would not start and a child that failed reject the same way live and on replay", async () => {
+  const journal = new Journal();
+  const options = { input: { scenario: "child_errors" }, missingAgents: ["missing"], failingAgents: ["failing"] };
+  await runAttempt("scenarios.mjs", journal, options);
+  const replay = await runAttempt("scenarios.mjs", journal, { input: options.input });
+  assert.deepEqual(replay.violations, []);
+  assert.equal(journal.steps.length, 3);
+  assert.deepEqual(replay.outcome.output, {
+    missing: { error: "ChildError", type: "no_such_agent", message: "no agent 'missing'" },
+    joined: { error: "ChildFailed", type: "child_failed", message: "child run 'child-1' failed: it broke" },
+    agent: true,
+  });
+});

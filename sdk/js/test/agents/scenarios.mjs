@@ -142,6 +142,14 @@ const scenarios = {
     return settle(ctx.step("outer", () => ctx.step("inner", () => 1)));
   },
 
+  async child_errors(ctx) {
+    const missing = await settle(ctx.startChild("missing", {}));
+    const child = await ctx.startChild("failing", {});
+    const joined = await settle(ctx.join(child));
+    if (ctx.attempt === 1) crash();
+    return { missing, joined, agent: missing.error === "ChildError" };
+  },
+
   async dangling(ctx) {
     setInterval(() => {}, 1000);
     await ctx.step("s", () => 1);
