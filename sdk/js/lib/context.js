@@ -9,14 +9,22 @@ import { ChildError, ChildFailed, StepFailed, TerminalError, ToolError } from ".
 import { maxDurationMs, maxErrorMessageBytes, maxNameBytes } from "./messages.js";
 import { FrameTooLarge, clip, safeString, toJsonText } from "./wire.js";
 
-const defaultRetry = { maxAttempts: 3, initialDelayMs: 100, multiplier: 2, maxDelayMs: 10_000, timeoutMs: 0, jitter: 0.2 };
+const defaultRetry = {
+  maxAttempts: 3,
+  initialDelayMs: 100,
+  multiplier: 2,
+  maxDelayMs: 10_000,
+  timeoutMs: 0,
+  jitter: 0.2,
+};
 
 // `value` as a name the protocol accepts (a step, tool, signal or agent name, a run id).
 function nameOf(value, what) {
   if (typeof value !== "string") throw new TypeError(`${what} must be a string, not ${typeof value}`);
   const name = value.toWellFormed();
   const bytes = Buffer.byteLength(name);
-  if (bytes === 0 || bytes > maxNameBytes) throw new RangeError(`${what} must be 1 to ${maxNameBytes} bytes of UTF-8, not ${bytes}`);
+  if (bytes === 0 || bytes > maxNameBytes)
+    throw new RangeError(`${what} must be 1 to ${maxNameBytes} bytes of UTF-8, not ${bytes}`);
   return name;
 }
 
@@ -47,8 +55,12 @@ const noRetry = retryRequest({ maxAttempts: 1 });
 
 // What a failed attempt reports: the error's message and its class name.
 function errorOf(e) {
-  if (e instanceof Error) return { message: clip(safeString(e.message), maxErrorMessageBytes), type: clip(e.constructor?.name || e.name || "Error", maxNameBytes) };
-  return { message: clip(`a value that is not an Error was thrown: ${safeString(e)}`, maxErrorMessageBytes), type: "unknown" };
+  if (!(e instanceof Error)) {
+    const message = clip(`a value that is not an Error was thrown: ${safeString(e)}`, maxErrorMessageBytes);
+    return { message, type: "unknown" };
+  }
+  const type = clip(e.constructor?.name || e.name || "Error", maxNameBytes);
+  return { message: clip(safeString(e.message), maxErrorMessageBytes), type };
 }
 
 // What the code receives from a live step: the value as replay will return
@@ -138,9 +150,11 @@ export class Context {
       const n = nameOf(name, "a signal's name");
       const { timeoutMs } = options;
       // No timeout, or one of 100 years or more, waits without a limit.
-      const limit = timeoutMs == null || number(timeoutMs, "timeoutMs") >= maxDurationMs ? "" : `,"timeout_ms":${wireMs(timeoutMs, "timeoutMs")}`;
+      const unlimited = timeoutMs == null || number(timeoutMs, "timeoutMs") >= maxDurationMs;
+      const limit = unlimited ? "" : `,"timeout_ms":${wireMs(timeoutMs, "timeoutMs")}`;
+      const head = `{"t":"wait","signal":${JSON.stringify(n)}${limit},"seq":`;
       return async () => {
-        const r = await this.#hostOperation(n, "signal", (seq) => `{"t":"wait","seq":${seq},"signal":${JSON.stringify(n)}${limit}}`);
+        const r = await this.#hostOperation(n, "signal", (seq) => `${head}${seq}}`);
         const output = this.#outputOf(r, "timed_out");
         if (output.timed_out === true) return null;
         return this.#outputOf(r, "payload").payload;
@@ -152,11 +166,13 @@ export class Context {
     return this.#call(() => {
       const a = nameOf(agent, "a child's agent");
       const inputText = toJsonText(input, `the input of child agent '${a}'`);
+      const head = `{"t":"child","agent":${JSON.stringify(a)},"input":${inputText},"seq":`;
       return async () => {
-        const r = await this.#hostOperation(a, "child", (seq) => `{"t":"child","seq":${seq},"agent":${JSON.stringify(a)},"input":${inputText}}`);
+        const r = await this.#hostOperation(a, "child", (seq) => `${head}${seq}}`);
         if (r.status !== "ok") throw new ChildError(a, r.error.type ?? "error", r.error.message);
         const runId = this.#outputOf(r, "run_id").run_id;
-        if (typeof runId !== "string") throw this.#s.broken(`the host's child result for seq ${r.seq} has a run_id that is not a string`);
+        if (typeof runId !== "string")
+          throw this.#s.broken(`the host's child result for seq ${r.seq} has a run_id that is not a string`);
         return { runId };
       };
     });
@@ -165,8 +181,9 @@ export class Context {
   join(child) {
     return this.#call(() => {
       const id = nameOf(child?.runId, "a child's runId");
+      const head = `{"t":"join","run_id":${JSON.stringify(id)},"seq":`;
       return async () => {
-        const r = await this.#hostOperation(id, "join", (seq) => `{"t":"join","seq":${seq},"run_id":${JSON.stringify(id)}}`);
+        const r = await this.#hostOperation(id, "join", (seq) => `${head}${seq}}`);
         if (r.status === "ok") return r.output;
         throw new ChildFailed(id, r.error.type ?? "error", r.error.message);
       };
@@ -193,7 +210,10 @@ export class Context {
     let perform;
     try {
       if (this.#inStep.getStore())
-        throw new Error("ctx.step, tool, sleep, sleepUntil, waitSignal, startChild, join, now and random cannot be called inside a step's function");
+        throw new Error(
+          "ctx.step, tool, sleep, sleepUntil, waitSignal, startChild, join, now and random cannot be called " +
+            "inside a step's function",
+        );
       perform = prepare();
     } catch (e) {
       return Promise.reject(e);
@@ -243,7 +263,10 @@ export class Context {
           terminal = true;
         }
       }
-      if (failure !== null) s.send(`${head},"status":"error","error":${toJsonText(failure, "a step's error")},"terminal":${terminal}${tail}}`);
+      if (failure !== null) {
+        const error = toJsonText(failure, "a step's error");
+        s.send(`${head},"status":"error","error":${error},"terminal":${terminal}${tail}}`);
+      }
       const reply = await s.report(seq, failure === null);
       if (reply === null) {
         if (failure === null) return asReplayed(value, outputText);
@@ -273,7 +296,9 @@ export class Context {
   // The output of a host-recorded result `r`, which must be an object with
   // `field`; else the host is broken.
   #outputOf(r, field) {
-    if (r.status === "ok" && r.output !== null && typeof r.output === "object" && Object.hasOwn(r.output, field)) return r.output;
+    const { output } = r;
+    if (r.status === "ok" && output !== null && typeof output === "object" && Object.hasOwn(output, field))
+      return output;
     throw this.#s.broken(`the host's ${r.kind} result for seq ${r.seq} has no output field '${field}'`);
   }
 }

@@ -95,7 +95,8 @@ function channelFd() {
 // Runs `workflow` as the agent of the run that started this process, then
 // exits (without waiting for timers or sockets the workflow left open).
 export function main(workflow) {
-  if (typeof workflow !== "function") throw new TypeError("cairn's main needs the workflow: an async function (ctx, input)");
+  if (typeof workflow !== "function")
+    throw new TypeError("cairn's main needs the workflow: an async function (ctx, input)");
   const fd = channelFd();
   if (fd === null) {
     process.stderr.write("This is a cairn agent; start it with `cairn run PROGRAM --input JSON`.\n");
