@@ -2,6 +2,8 @@
 // agent imports `cairn` without the user copying anything. Internal to runtime/.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
 
 namespace cairn::runtime {
@@ -22,5 +24,12 @@ struct agent_sdks {
 // Installed beside this program (PREFIX/share/cairn/sdk/{python,js}, for
 // PREFIX/bin/cairn), else in the source tree this program was built from.
 const agent_sdks& find_agent_sdks();
+
+// The SDKs as the sandbox uid can read them: where they are, or, when it
+// may not pass through a folder above them (a checkout under /root), a copy
+// of their files (not their tests or node_modules) made once per content in
+// /var/cache/cairn/sdk, a folder only root writes. For root only. Throws
+// sandbox_error(bad_spec) when that folder is another user's.
+agent_sdks readable_agent_sdks(const agent_sdks& found, uid_t uid, gid_t gid);
 
 }  // namespace cairn::runtime

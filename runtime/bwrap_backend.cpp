@@ -95,7 +95,7 @@ struct bwrap_context {
   bwrap_features features;
   std::optional<sandbox_user> user;
   quota_support quota;
-  agent_sdks sdks;  // those the sandbox uid may read
+  agent_sdks sdks;  // where the sandbox uid may read them
 };
 
 // bwrap, started with the isolation flags, `env` and `workspace` bound at
@@ -418,11 +418,9 @@ class bwrap_backend final : public sandbox_backend {
     sweep_orphaned_cgroups(detect_cgroups());
     sweep_orphaned_warm_folders();
     if (::geteuid() == 0) sweep_orphaned_workspace_mounts();
-    context_ = bwrap_context{*bwrap, detect_bwrap_features(*bwrap), resolve_sandbox_user(options_),
-                             detect_workspace_quota(), find_agent_sdks()};
-    if (context_->user)
-      for (fs::path* sdk : {&context_->sdks.python, &context_->sdks.js})
-        if (!sdk->empty() && first_unsearchable_dir(*sdk / "x", context_->user->uid, context_->user->gid)) sdk->clear();
+    auto user = resolve_sandbox_user(options_);
+    context_ = bwrap_context{*bwrap, detect_bwrap_features(*bwrap), user, detect_workspace_quota(),
+                             user ? readable_agent_sdks(find_agent_sdks(), user->uid, user->gid) : find_agent_sdks()};
     return *context_;
   }
 

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "tests/cairn_cli.hpp"
+#include "tests/capabilities.hpp"
 #include "tests/host/engine_host.hpp"
 
 namespace fs = std::filesystem;
@@ -26,7 +27,7 @@ TEST_CASE("a script agent reads its own folder read-only and reaches nothing bes
 cd /workspace
 cat /run/cairn/app/data.txt > own 2>&1
 cat /run/cairn/app/link > through_link 2>&1 || echo refused >> through_link
-cat /run/cairn/beside.txt > beside 2>&1 || echo refused >> beside
+cat /run/cairn/app/../beside.txt /run/cairn/beside.txt > beside 2>&1 || echo refused >> beside
 touch /run/cairn/app/planted 2> planted || echo refused >> planted
 echo changed >> /run/cairn/app/data.txt 2> append || echo refused >> append
 )";
@@ -35,6 +36,7 @@ echo changed >> /run/cairn/app/data.txt 2> append || echo refused >> append
 
   h.submit("script", (app / "agent.sh").string(), nullptr, nlohmann::json::object(), 1);
   auto run = h.eng->execute("script");
+  INFO((run.error ? run.error->message : std::string()));
   CHECK(run.status == cairn::storage::run_status::failed);  // it never spoke the protocol
   const fs::path ws = h.dir / "ws" / "script";
   CHECK(slurp(ws / "own") == "the agent's own data\n");
@@ -45,4 +47,23 @@ echo changed >> /run/cairn/app/data.txt 2> append || echo refused >> append
   }
   CHECK_FALSE(fs::exists(app / "planted"));
   CHECK(slurp(app / "data.txt") == before);
+}
+
+TEST_CASE("a script agent the sandbox uid cannot reach fails before it starts, saying how to fix it") {
+  if (!cairn::testing::require_capability("root", ::geteuid() == 0, "only under root does the sandbox run as another uid"))
+    return;
+  cairn::testing::engine_host h(60s);
+  ::chmod(h.dir.path().c_str(), 0755);
+  const fs::path closed = h.dir / "closed", app = closed / "app";
+  fs::create_directories(app);
+  ::chmod(closed.c_str(), 0700);  // as a checkout under /root
+  std::ofstream(app / "agent.sh") << "#!/bin/sh\ntouch /workspace/ran\n";
+  ::chmod((app / "agent.sh").c_str(), 0755);
+  h.submit("closed", (app / "agent.sh").string(), nullptr, nlohmann::json::object(), 1);
+  auto run = h.eng->execute("closed");
+  CHECK(run.status == cairn::storage::run_status::failed);
+  REQUIRE(run.error);
+  CHECK_THAT(run.error->message, Catch::Contains("out of reach of the sandbox uid") &&
+                                     Catch::Contains("chmod o+x " + closed.string()));
+  CHECK_FALSE(fs::exists(h.dir / "ws" / "closed" / "ran"));
 }

@@ -10,8 +10,10 @@
 #include <fstream>
 #include <thread>
 
+#include "runtime/agent_sdks.hpp"
 #include "runtime/bwrap_support.hpp"
 #include "runtime/cgroup.hpp"
+#include "runtime/host_paths.hpp"
 #include "runtime/own_records.hpp"
 #include "tests/runtime/sandbox_fixture.hpp"
 
@@ -261,6 +263,41 @@ TEST_CASE("bwrap: when user namespaces are denied, the log explains why") {
   auto cause = diagnose_bwrap_failure(process->log_tail());
   REQUIRE(cause);
   CHECK_THAT(*cause, Catch::StartsWith("user namespaces are denied by the kernel"));
+}
+
+}  // namespace cairn::runtime::test
+
+namespace cairn::runtime::test {
+
+TEST_CASE("the SDKs under a folder the sandbox uid may not enter reach it as a root-only copy, without their tests") {
+  if (!require_root("only under root does the sandbox run as another uid")) return;
+  temp_dir dir;
+  const fs::path closed = dir.path / "closed", sdk = closed / "js";
+  fs::create_directories(sdk / "lib");
+  fs::create_directories(sdk / "node_modules" / "typescript");
+  fs::create_directories(sdk / "test");
+  std::ofstream(sdk / "package.json") << R"({"name":"cairn"})";
+  std::ofstream(sdk / "lib" / "wire.js") << "export const x = 1;\n";
+  std::ofstream(sdk / "node_modules" / "typescript" / "big.js") << "x";
+  std::ofstream(sdk / "test" / "a.test.js") << "x";
+  ::chmod(closed.c_str(), 0700);
+  const uid_t nobody = 65534;
+
+  auto readable = readable_agent_sdks({{}, sdk}, nobody, nobody);
+  REQUIRE(readable.js != sdk);
+  CHECK(readable.js.parent_path() == "/var/cache/cairn/sdk");
+  CHECK_FALSE(first_unsearchable_dir(readable.js / "lib" / "wire.js", nobody, nobody));
+  CHECK(may_read_and_execute(readable.js / "lib", nobody, nobody));
+  CHECK(fs::exists(readable.js / "package.json"));
+  CHECK_FALSE(fs::exists(readable.js / "node_modules"));
+  CHECK_FALSE(fs::exists(readable.js / "test"));
+  // The same content is the same copy; changed content, another.
+  CHECK(readable_agent_sdks({{}, sdk}, nobody, nobody).js == readable.js);
+  std::ofstream(sdk / "lib" / "wire.js") << "export const x = 2;\n";
+  const auto changed = readable_agent_sdks({{}, sdk}, nobody, nobody).js;
+  CHECK(changed != readable.js);
+  fs::remove_all(readable.js);
+  fs::remove_all(changed);
 }
 
 }  // namespace cairn::runtime::test
