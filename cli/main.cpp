@@ -31,7 +31,19 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string db;
   bool as_json = false;
-  app.add_option("--db", db, "journal database (default $CAIRN_HOME/cairn.db, CAIRN_HOME defaults to ./.cairn)");
+  app.add_option("--db", db, "journal database (default $CAIRN_HOME/cairn.db, CAIRN_HOME defaults to ./.cairn)")
+      ->envname("CAIRN_DB");
+  // Global options are taken after the subcommand too: `cairn run AGENT --db X`.
+  app.fallthrough();
+  // Every usage error says where the usage is.
+  app.failure_message([](const CLI::App* top, const CLI::Error& e) {
+    std::string command = "cairn";
+    for (const CLI::App* sub = top; !sub->get_subcommands().empty();) {
+      sub = sub->get_subcommands().front();
+      command += " " + sub->get_name();
+    }
+    return "cairn: " + std::string(e.what()) + "\nRun '" + command + " --help' for what it takes.\n";
+  });
 
   cairn::cli::run_args run;
   auto* run_cmd = app.add_subcommand("run", "start a run of AGENT and follow it to the end");

@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/agent_sdks.hpp"
 #include "runtime/bwrap_support.hpp"
 #include "runtime/child_process.hpp"
 #include "runtime/host_paths.hpp"
@@ -94,6 +95,7 @@ struct bwrap_context {
   bwrap_features features;
   std::optional<sandbox_user> user;
   quota_support quota;
+  agent_sdks sdks;  // those the sandbox uid may read
 };
 
 // bwrap, started with the isolation flags, `env` and `workspace` bound at
@@ -105,14 +107,21 @@ struct started_bwrap {
 };
 started_bwrap start_bwrap(const bwrap_context& c, const resource_limits& limits,
                           const std::map<std::string, std::string>& env, const fs::path& workspace,
-                          const fs::path* agent, const std::vector<std::string>& args, int log_writer,
-                          const std::shared_ptr<sandbox_cgroup>& cgroup) {
+                          const fs::path* agent, const fs::path& app_folder, const std::vector<std::string>& args,
+                          int log_writer, const std::shared_ptr<sandbox_cgroup>& cgroup) {
   std::vector<std::string> options = bwrap_isolation_args(c.features, limits.max_tmp_bytes);
   for (const auto& [name, value] : env) options.insert(options.end(), {"--setenv", name, value});
   options.insert(options.end(), {"--bind", workspace.string(), "/workspace", "--chdir", "/workspace"});
+  if (!c.sdks.python.empty()) options.insert(options.end(), {"--ro-bind", c.sdks.python.string(), sandbox_python_sdk});
+  if (!c.sdks.js.empty()) options.insert(options.end(), {"--ro-bind", c.sdks.js.string(), sandbox_js_sdk});
 
+  std::string program = sandbox_agent_path;
   unique_fd program_copy;
-  if (!agent) {
+  if (agent && !app_folder.empty()) {
+    // A script, run by the interpreter its first line names (from /usr).
+    options.insert(options.end(), {"--ro-bind", app_folder.string(), sandbox_app_folder});
+    program = (fs::path(sandbox_app_folder) / agent->lexically_relative(app_folder)).string();
+  } else if (!agent) {
     program_copy = memfd_with(std::string(reinterpret_cast<const char*>(warm::launcher_image),
                                           warm::launcher_image_size));
   } else if (c.user && (first_unsearchable_dir(*agent, c.user->uid, c.user->gid) ||
@@ -125,7 +134,7 @@ started_bwrap start_bwrap(const bwrap_context& c, const resource_limits& limits,
   if (program_copy)
     options.insert(options.end(),
                    {"--perms", "0555", "--ro-bind-data", std::to_string(program_fd), sandbox_agent_path});
-  else
+  else if (app_folder.empty())
     options.insert(options.end(), {"--ro-bind", agent->string(), sandbox_agent_path});
   // Last among the mounts: everything but /workspace, /tmp, /dev/shm and /proc turns read-only.
   options.insert(options.end(), {"--remount-ro", "/", "--info-fd", std::to_string(info_fd), "--seccomp",
@@ -140,7 +149,7 @@ started_bwrap start_bwrap(const bwrap_context& c, const resource_limits& limits,
   unique_fd info_read(info_pipe[0]), info_write(info_pipe[1]);
 
   spawn_request request;
-  request.argv = {c.bwrap.string(), "--args", std::to_string(bwrap_args_fd), "--", sandbox_agent_path};
+  request.argv = {c.bwrap.string(), "--args", std::to_string(bwrap_args_fd), "--", program};
   request.argv.insert(request.argv.end(), args.begin(), args.end());
   auto record = std::make_unique<own_record>(sandbox_record_kind, host_identity());
   request.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
@@ -176,7 +185,8 @@ std::map<std::string, std::string> sandbox_environment(const sandbox_spec& spec)
   return agent_environment(spec, {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
                                   {"HOME", "/workspace"},
                                   {"TMPDIR", "/tmp"},
-                                  {"LANG", "C.UTF-8"}});
+                                  {"LANG", "C.UTF-8"},
+                                  {"PYTHONPATH", sandbox_python_sdk}});
 }
 
 // Whether a sandbox made with `pooled` enforces what `wanted` asks; the
@@ -232,6 +242,7 @@ class bwrap_sandbox final : public sandbox {
                                       const std::vector<std::string>& args) override {
     fs::path agent = check_program(program);
     check_agent_args(args);
+    if (!spec_.app_folder.empty()) check_script_reachable(agent);
     auto log = std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file, spec_.limits.max_log_bytes);
     resources_->acquire();  // again, after a destroy()
     auto cgroup = resources_->cgroup();
@@ -251,7 +262,8 @@ class bwrap_sandbox final : public sandbox {
       handle = warm_->handle;
       channel = std::move(warm_->channel);
     } else {
-      auto started = start_bwrap(context_, spec_.limits, env, workspace_, &agent, args, log->writer(), cgroup);
+      auto started =
+          start_bwrap(context_, spec_.limits, env, workspace_, &agent, spec_.app_folder, args, log->writer(), cgroup);
       handle = std::move(started.handle);
       channel = std::move(started.channel);
     }
@@ -303,6 +315,24 @@ class bwrap_sandbox final : public sandbox {
         ::fcntl(copy.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
       spawn_failed("sealing the copy of " + agent.string());
     return copy;
+  }
+
+  // The sandbox reads a script through its folder's bind: the sandbox uid
+  // must be able to, as no copy is made.
+  void check_script_reachable(const fs::path& agent) const {
+    if (agent.parent_path() != spec_.app_folder)
+      throw sandbox_error(sandbox_errc::bad_spec,
+                          fmt::format("script agent {} is not in its folder {}", agent.string(), spec_.app_folder.string()));
+    const auto& user = context_.user;
+    if (!user) return;
+    auto blocked = first_unsearchable_dir(agent, user->uid, user->gid);
+    if (blocked || !may_read_and_execute(agent, user->uid, user->gid))
+      throw sandbox_error(
+          sandbox_errc::bad_spec,
+          fmt::format("script agent {} is out of reach of the sandbox uid {}, which runs it from its folder: {}",
+                      agent.string(), user->uid,
+                      blocked ? fmt::format("it may not enter {} (chmod o+x {})", blocked->string(), blocked->string())
+                              : fmt::format("it may not read it (chmod o+rx {})", agent.string())));
   }
 
   bwrap_context context_;
@@ -389,7 +419,10 @@ class bwrap_backend final : public sandbox_backend {
     sweep_orphaned_warm_folders();
     if (::geteuid() == 0) sweep_orphaned_workspace_mounts();
     context_ = bwrap_context{*bwrap, detect_bwrap_features(*bwrap), resolve_sandbox_user(options_),
-                             detect_workspace_quota()};
+                             detect_workspace_quota(), find_agent_sdks()};
+    if (context_->user)
+      for (fs::path* sdk : {&context_->sdks.python, &context_->sdks.js})
+        if (!sdk->empty() && first_unsearchable_dir(*sdk / "x", context_->user->uid, context_->user->gid)) sdk->clear();
     return *context_;
   }
 
@@ -397,7 +430,9 @@ class bwrap_backend final : public sandbox_backend {
   // (without root) a workspace that is not a new, empty folder.
   std::unique_ptr<warm_sandbox> take_warm(const bwrap_context& context, const sandbox_spec& spec,
                                           const fs::path& workspace) {
-    if (!pool_ || !same_sandbox_limits(options_.warm.limits, spec.limits)) return nullptr;
+    // A script agent's folder is bound when its sandbox is made: a pooled one has none.
+    if (!pool_ || !spec.app_folder.empty() || !same_sandbox_limits(options_.warm.limits, spec.limits))
+      return nullptr;
     std::error_code ec;
     if (!context.user && !fs::is_empty(workspace, ec)) return nullptr;  // no root: only a new, empty one
     auto warm = pool_->take();
@@ -428,7 +463,7 @@ class bwrap_backend final : public sandbox_backend {
     warm->own_output.reset(output[0]);
     unique_fd writer(output[1]);
     ::fcntl(warm->own_output.get(), F_SETFL, O_NONBLOCK);
-    auto started = start_bwrap(context, limits, {}, warm->folder->path(), nullptr, {}, writer.get(), warm->cgroup);
+    auto started = start_bwrap(context, limits, {}, warm->folder->path(), nullptr, {}, {}, writer.get(), warm->cgroup);
     warm->handle = std::move(started.handle);
     warm->channel = std::move(started.channel);
     writer.reset();

@@ -1,5 +1,7 @@
 #include "runtime/bwrap_support.hpp"
 
+#include "runtime/agent_sdks.hpp"
+
 #include <fcntl.h>
 #include <pwd.h>
 #include <signal.h>
@@ -61,7 +63,8 @@ bool is_sandbox_bwrap(pid_t pid) {
     rest = nul == std::string_view::npos ? std::string_view() : rest.substr(nul + 1);
   }
   return argv.size() == 5 && fs::path(argv[0]).filename() == "bwrap" && argv[1] == "--args" &&
-         argv[2] == std::to_string(bwrap_args_fd) && argv[3] == "--" && argv[4] == sandbox_agent_path;
+         argv[2] == std::to_string(bwrap_args_fd) && argv[3] == "--" &&
+         (argv[4] == sandbox_agent_path || argv[4].starts_with(std::string(sandbox_app_folder) + "/"));
 }
 
 // From /proc/PID/status: the parent, and whether PID is pid 1 of a pid

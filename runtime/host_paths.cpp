@@ -89,6 +89,14 @@ fs::path check_program(const fs::path& program) {
   return canonical;
 }
 
+fs::path script_folder(const fs::path& program) {
+  fs::path canonical = check_program(program);
+  unique_fd file(::open(canonical.c_str(), O_RDONLY | O_CLOEXEC));
+  char head[2] = {};
+  if (!file || ::read(file.get(), head, sizeof head) != sizeof head || head[0] != '#' || head[1] != '!') return {};
+  return canonical.parent_path();
+}
+
 void check_agent_args(const std::vector<std::string>& args) {
   for (const auto& arg : args)
     if (arg.find('\0') != std::string::npos) bad_spec("an agent argument contains a NUL byte");

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/agent_sdks.hpp"
 #include "runtime/child_process.hpp"
 #include "runtime/host_paths.hpp"
 #include "runtime/no_follow.hpp"
@@ -39,6 +40,9 @@ class process_sandbox final : public sandbox {
     auto env = agent_environment(
         spec_,
         {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", workspace_.string()}, {"LANG", "C.UTF-8"}});
+    // A Python agent imports the SDK from the host's copy.
+    if (const auto& python = find_agent_sdks().python; !python.empty() && !env.contains("PYTHONPATH"))
+      env["PYTHONPATH"] = python.string();
     for (const auto& [name, value] : env) request.env.push_back(name + "=" + value);
     request.cwd = workspace_;
     request.log_fd = log->writer();

@@ -44,7 +44,7 @@ class sandbox_error : public std::runtime_error {
 // else only per process with rlimits; see sandbox_backend::check().
 struct resource_limits {
   std::uint64_t max_processes = 256;             // cgroup pids.max (threads count); RLIMIT_NPROC as a fallback
-  std::uint64_t max_memory_bytes = 2ull << 30;   // cgroup memory limit, tmpfs included; RLIMIT_AS per process
+  std::uint64_t max_memory_bytes = 2ull << 30;   // cgroup memory limit, tmpfs included; RLIMIT_AS without a cgroup
   std::uint64_t max_file_bytes = 1ull << 30;     // RLIMIT_FSIZE
   std::uint64_t max_open_files = 256;            // RLIMIT_NOFILE
   // Total CPU time of the sandbox (cgroup), seen by check_limits(); RLIMIT_CPU
@@ -78,11 +78,20 @@ struct sandbox_spec {
   std::filesystem::path workspace_image;
   resource_limits limits;
   std::map<std::string, std::string> env;  // added to the minimal environment
+  // A script agent's folder (see script_folder()): the sandbox sees it
+  // read-only and runs the agent from it, so the script imports its own
+  // modules. Empty for a compiled agent, which is given alone.
+  std::filesystem::path app_folder;
   // The agent's stdout and stderr (and the sandbox tool's own errors) are
   // appended here, on the host, through a pipe the host reads (the agent
   // never holds this file); see output_log.hpp. Required.
   std::filesystem::path log_file;
 };
+
+// The folder of a script agent (a program that starts with "#!"), for
+// sandbox_spec::app_folder; empty for any other program. Throws
+// sandbox_error(bad_spec) when the program is missing or not executable.
+std::filesystem::path script_folder(const std::filesystem::path& program);
 
 // Of the agent's process. Under bwrap the host only sees bwrap, which passes
 // on an agent killed by signal N as exit code 128+N; such codes are reported

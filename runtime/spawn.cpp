@@ -121,17 +121,21 @@ struct child_plan {
   fail_child(err, step_exec);
 }
 
-// Per process: RLIMIT_AS (a cgroup, when there is one, bounds the total),
-// RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC without a cgroup, and with a CPU
+// Per process: RLIMIT_FSIZE, RLIMIT_NOFILE; without a cgroup RLIMIT_AS and
+// RLIMIT_NPROC stand in for its totals (a cgroup bounds the memory really
+// used, where RLIMIT_AS would also count what a runtime only reserves: V8
+// reserves more than 512 MiB of address space to start); and with a CPU
 // limit RLIMIT_CPU as a backstop to the cgroup's total: SIGXCPU one second
 // after it, SIGKILL one more second later.
 std::vector<rlimit_setting> rlimits_for(const spawn_request& request) {
   const resource_limits& l = request.limits;
-  std::vector<rlimit_setting> limits = {{RLIMIT_AS, l.max_memory_bytes, l.max_memory_bytes},
-                                        {RLIMIT_FSIZE, l.max_file_bytes, l.max_file_bytes},
+  std::vector<rlimit_setting> limits = {{RLIMIT_FSIZE, l.max_file_bytes, l.max_file_bytes},
                                         {RLIMIT_NOFILE, l.max_open_files, l.max_open_files},
                                         {RLIMIT_CORE, 0, 0}};
-  if (request.join_cgroups.empty()) limits.push_back({RLIMIT_NPROC, l.max_processes, l.max_processes});
+  if (request.join_cgroups.empty()) {
+    limits.push_back({RLIMIT_AS, l.max_memory_bytes, l.max_memory_bytes});
+    limits.push_back({RLIMIT_NPROC, l.max_processes, l.max_processes});
+  }
   if (l.max_cpu_seconds > 0) limits.push_back({RLIMIT_CPU, l.max_cpu_seconds + 1, l.max_cpu_seconds + 2});
   return limits;
 }

@@ -35,6 +35,9 @@ session::session(int fd) : fd_(fd) {
   if (auto* r = std::get_if<protocol::reject_msg>(&reply)) throw host_gone("the host rejected this agent: " + r->error);
   auto* s = std::get_if<protocol::start_msg>(&reply);
   if (!s) throw host_gone("the host did not answer hello with start");
+  if (s->version != protocol::version)
+    throw host_gone("the host speaks protocol v" + std::to_string(s->version) + "; this agent speaks v" +
+                    std::to_string(protocol::version));
   start_ = std::move(*s);
 }
 

@@ -124,6 +124,22 @@ TEST_CASE("bad input is refused before anything is written") {
   CHECK(nothing.code != 0);
 }
 
+TEST_CASE("--db is taken before or after the subcommand, and a usage error says where the usage is") {
+  cairn::testing::temp_dir dir;
+  auto after = run_cli(dir, {"run", STEP_AGENT, "--id", "a", "--input", R"({"steps":1})", "--db", "after.db"});
+  INFO(after.err);
+  CHECK(after.code == 0);
+  auto before = run_cli(dir, {"--db", "after.db", "ls", "--json"});
+  CHECK(json::parse(before.out).size() == 1);
+  auto listed = run_cli(dir, {"ls", "--db", "after.db", "--json"});
+  CHECK(json::parse(listed.out) == json::parse(before.out));
+  CHECK_FALSE(std::filesystem::exists(dir / ".cairn" / "cairn.db"));  // the default journal was never used
+
+  auto usage = run_cli(dir, {"show"});
+  CHECK(usage.code == 2);
+  CHECK_THAT(usage.err, Catch::Contains("run is required") && Catch::Contains("Run 'cairn show --help'"));
+}
+
 TEST_CASE("without bwrap, run and doctor say so and how to fix it, and never run unsandboxed") {
   cairn::testing::temp_dir dir;
   auto r = run_cli(dir, run_steps("nobwrap", 2), "/nonexistent");

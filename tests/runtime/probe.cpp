@@ -12,6 +12,7 @@
 #include <linux/keyctl.h>
 #include <linux/perf_event.h>
 #include <linux/reboot.h>
+#include <sys/mman.h>
 #include <sys/quota.h>
 #include <sys/timex.h>
 #include <sys/uio.h>
@@ -511,6 +512,12 @@ int main(int argc, char** argv) {
     asm volatile("" ::"r"(p) : "memory");  // the allocation is used: the compiler may not drop it
     report(action, p != nullptr, p ? "allocated" : error_text());
     std::free(p);
+  } else if (action == "reserve") {
+    // Address space only, as a JavaScript engine reserves its heap's range at start.
+    std::size_t bytes = std::strtoull(arg(1).c_str(), nullptr, 10);
+    void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    report(action, p != MAP_FAILED, p != MAP_FAILED ? "reserved" : error_text());
+    if (p != MAP_FAILED) ::munmap(p, bytes);
   } else if (action == "echo") {
     echo();
   } else if (action == "abort") {

@@ -3,6 +3,7 @@
 
 #include <thread>
 
+#include "runtime/agent_sdks.hpp"
 #include "tests/runtime/sandbox_fixture.hpp"
 
 namespace cairn::runtime::test {
@@ -19,9 +20,11 @@ TEST_CASE("process backend: the probe runs in the workspace with a minimal envir
   CHECK(status["cwd"] == workspace.string());
   std::vector<std::string> env = status["env"];
   std::sort(env.begin(), env.end());
-  CHECK(env == std::vector<std::string>{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1",
-                                        "HOME=" + workspace.string(), "LANG=C.UTF-8",
-                                        "PATH=/usr/local/bin:/usr/bin:/bin"});
+  std::vector<std::string> expected{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1", "HOME=" + workspace.string(),
+                                    "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin"};
+  // A Python agent imports the SDK from the host's copy.
+  if (!find_agent_sdks().python.empty()) expected.push_back("PYTHONPATH=" + find_agent_sdks().python.string());
+  CHECK(env == expected);
   std::vector<std::string> fds = status["fds"];
   std::sort(fds.begin(), fds.end());
   CHECK(fds == std::vector<std::string>{"0", "1", "2", "3"});
