@@ -1,12 +1,7 @@
 // Types of cairn/openai (openai.js): a framework's model calls and function
 // tools made durable. See docs/frameworks.md.
 
-/** What the bridge needs of the workflow context `main` hands the workflow. */
-export interface BridgeContext {
-  readonly runId: string;
-  tool(name: string, args: unknown): Promise<any>;
-  step<T>(name: string, fn: () => T | Promise<T>, options?: object): Promise<T>;
-}
+import type { Context, StepOptions } from "./index.js";
 
 /** A WHATWG fetch, as the `openai` client's `fetch` option takes it. */
 export type BridgeFetch = (input: string | URL | Request, init?: RequestInit) => Promise<Response>;
@@ -19,7 +14,7 @@ export type BridgeFetch = (input: string | URL | Request, init?: RequestInit) =>
  * A ToolError becomes an OpenAI-shaped HTTP error (403 refused, 413 too_large,
  * 502 failed or bad_output, 409 settled, 503 unavailable, 504 timeout).
  */
-export function openaiFetch(ctx: BridgeContext): BridgeFetch;
+export function openaiFetch(ctx: Context): BridgeFetch;
 
 /**
  * `fn` as a durable step named "tool:" + name, for a framework tool's execute:
@@ -27,8 +22,8 @@ export function openaiFetch(ctx: BridgeContext): BridgeFetch;
  * be JSON; undefined becomes null. `options` are ctx.step's (e.g. retry).
  */
 export function durableTool<A extends unknown[], R>(
-  ctx: BridgeContext,
+  ctx: Context,
   name: string,
   fn: (...args: A) => R | Promise<R>,
-  options?: object,
-): (...args: A) => Promise<Awaited<R> extends undefined ? null : Awaited<R>>;
+  options?: StepOptions,
+): (...args: A) => Promise<[Awaited<R>] extends [undefined | void] ? null : Awaited<R>>;
