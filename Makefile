@@ -18,6 +18,7 @@ build: deps $(OPENAI_AGENTS_MODULES)
 	@cmake --build $(BUILD) -j $(JOBS)
 
 $(OPENAI_AGENTS_MODULES): examples/js/openai_agents/package-lock.json
+	@command -v npm >/dev/null || { echo "make: npm not found: install Node.js >= 20 with npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
 	@npm ci --prefix examples/js/openai_agents --no-audit --no-fund --loglevel=error
 
 test: build
