@@ -6,11 +6,9 @@
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { ChildError, ChildFailed, StepFailed, TerminalError, ToolError } from "./errors.js";
-import { maxDurationMs } from "./messages.js";
+import { maxDurationMs, maxErrorMessageBytes, maxNameBytes } from "./messages.js";
 import { FrameTooLarge, clip, safeString, toJsonText } from "./wire.js";
 
-const maxNameBytes = 1024;
-const maxMessageBytes = 64 * 1024; // of an error message journaled for a step
 const defaultRetry = { maxAttempts: 3, initialDelayMs: 100, multiplier: 2, maxDelayMs: 10_000, timeoutMs: 0, jitter: 0.2 };
 
 // `value` as a name the protocol accepts (a step, tool, signal or agent name, a run id).
@@ -49,8 +47,8 @@ const noRetry = retryRequest({ maxAttempts: 1 });
 
 // What a failed attempt reports: the error's message and its class name.
 function errorOf(e) {
-  if (e instanceof Error) return { message: clip(safeString(e.message), maxMessageBytes), type: clip(e.constructor?.name || e.name || "Error", maxNameBytes) };
-  return { message: clip(`a value that is not an Error was thrown: ${safeString(e)}`, maxMessageBytes), type: "unknown" };
+  if (e instanceof Error) return { message: clip(safeString(e.message), maxErrorMessageBytes), type: clip(e.constructor?.name || e.name || "Error", maxNameBytes) };
+  return { message: clip(`a value that is not an Error was thrown: ${safeString(e)}`, maxErrorMessageBytes), type: "unknown" };
 }
 
 // What the code receives from a live step: the value as replay will return

@@ -6,7 +6,10 @@ import { HostGone } from "./errors.js";
 
 export const protocolVersion = 2;
 export const maxDurationMs = 3_153_600_000_000; // 100 years
-const maxNameBytes = 1024;
+export const maxNameBytes = 1024; // a name, or an error's type
+// The longest error message the SDK journals (the protocol sets no bound
+// below a frame's): the start of a huge message says as much.
+export const maxErrorMessageBytes = 64 * 1024;
 const hostKinds = new Set(["tool", "sleep", "signal", "child", "join"]);
 const allKinds = new Set(["step", "now", "random", ...hostKinds]);
 

@@ -7,10 +7,9 @@ import fs from "node:fs";
 import net from "node:net";
 import { ChildFailed, HostGone, NondeterminismError, StepFailed } from "./errors.js";
 import { Context } from "./context.js";
+import { maxErrorMessageBytes } from "./messages.js";
 import { Session } from "./session.js";
 import { FrameTooLarge, clip, safeString, toJsonText } from "./wire.js";
-
-const maxMessageBytes = 64 * 1024;
 
 function say(message) {
   process.stderr.write(`cairn agent: ${message}\n`);
@@ -70,7 +69,7 @@ export async function run(socket, workflow) {
         failure = { message: e.message, type: "error" };
       }
     }
-    failure.message = clip(failure.message, maxMessageBytes);
+    failure.message = clip(failure.message, maxErrorMessageBytes);
     await session.finish(`{"t":"fail","error":${toJsonText(failure, "the run's error")}}`);
     say(`run failed: ${failure.message}`);
     return 1;

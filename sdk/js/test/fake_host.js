@@ -12,9 +12,9 @@ import path from "node:path";
 export const agentsDir = path.join(import.meta.dirname, "agents");
 const deadlineMs = 60_000; // a loaded 2-core machine must pass
 
-// A frame holding `message` (an object, or a string taken as the payload as is).
+// A frame holding `message`: an object, or the payload as it is (a string or bytes).
 export function frame(message) {
-  const payload = Buffer.from(typeof message === "string" ? message : JSON.stringify(message));
+  const payload = Buffer.isBuffer(message) ? message : Buffer.from(typeof message === "string" ? message : JSON.stringify(message));
   const header = Buffer.alloc(4);
   header.writeUInt32BE(payload.length);
   return Buffer.concat([header, payload]);
@@ -82,7 +82,8 @@ export class Connection {
   }
 }
 
-// Starts `program` (a path under test/agents, or absolute) with the channel
+// Starts `program` (a script under test/agents, or an absolute path to a
+// script or an executable) with the channel
 // at fd 3 and CAIRN_CHANNEL_FD=3; returns its connection and a promise of its
 // exit { code, signal, stderr }.
 export async function startAgent(program, env = {}) {
@@ -98,7 +99,8 @@ export async function startAgent(program, env = {}) {
   fs.rmSync(dir, { recursive: true, force: true });
 
   const file = path.isAbsolute(program) ? program : path.join(agentsDir, program);
-  const child = spawn(process.execPath, [file], {
+  const [command, args] = /\.m?js$/.test(file) ? [process.execPath, [file]] : [file, []]; // else an executable
+  const child = spawn(command, args, {
     stdio: ["ignore", "pipe", "pipe", agentEnd],
     env: { ...process.env, CAIRN_CHANNEL_FD: "3", CAIRN_RUN_ID: "run-test", ...env },
   });
@@ -249,4 +251,12 @@ export async function runAttempt(program, journal, options = {}) {
   }
   const exit = await exited;
   return { ...host, exit };
+}
+
+// A scratch file for an agent's effects log (CAIRN_TEST_EFFECTS) and a
+// reader of its lines.
+export function effectsLog() {
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "cairn-js-effects-")), "effects.log");
+  fs.writeFileSync(file, "");
+  return { env: { CAIRN_TEST_EFFECTS: file }, lines: () => fs.readFileSync(file, "utf8").split("\n").filter(Boolean) };
 }
