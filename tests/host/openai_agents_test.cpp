@@ -39,17 +39,17 @@ void require_example_installed() {
   REQUIRE(fs::exists(example / "node_modules/cairn/package.json"));
 }
 
-// A run of the example under its policy, against `mock`, in its own CAIRN_HOME.
+// A run of the example under `policy` (its own by default), against `mock`, in its own CAIRN_HOME.
 struct example_run {
-  example_run(const testing::temp_dir& dir, const engine::test::mock_server& mock, std::string id)
-      : id(std::move(id)), home(dir / "home"), scratch(dir.path()) {
+  example_run(const testing::temp_dir& dir, const engine::test::mock_server& mock, std::string id,
+              fs::path policy = example / "agent.policy.json")
+      : id(std::move(id)), home(dir / "home"), scratch(dir.path()), policy(std::move(policy)) {
     options.env = {{"CAIRN_HOME", home.string()}, {"CAIRN_LLM_BASE_URL", mock.url("/v1")}};
     options.unset = {"CAIRN_LLM_API_KEY", "CAIRN_LLM_MODEL"};
   }
   testing::cli_result start() const {
     return testing::run_program(CAIRN_BIN,
-                                {"run", (example / "agent.mjs").string(), "--id", id, "--policy",
-                                 (example / "agent.policy.json").string()},
+                                {"run", (example / "agent.mjs").string(), "--id", id, "--policy", policy.string()},
                                 scratch, options);
   }
   std::optional<storage::run_record> record() const {
@@ -61,10 +61,12 @@ struct example_run {
       names.push_back(s.result.name);
     return names;
   }
-  // The lines the tool bodies left in the run's workspace.
+  // The lines the tool bodies left in the run's workspace (none before the first).
   std::vector<std::string> tool_lines() const {
-    auto shown = testing::run_program(CAIRN_BIN, {"workspace", id, "tool_calls.log"}, scratch, options);
     std::vector<std::string> lines;
+    auto listed = testing::run_program(CAIRN_BIN, {"workspace", id, "tool_calls.log", "--json"}, scratch, options);
+    if (json::parse(listed.out).at("entries").at(0).at("type") == "?") return lines;  // no such file yet
+    auto shown = testing::run_program(CAIRN_BIN, {"workspace", id, "tool_calls.log"}, scratch, options);
     std::istringstream in(shown.out);
     for (std::string line; std::getline(in, line);)
       if (!line.empty()) lines.push_back(line);
@@ -72,7 +74,7 @@ struct example_run {
   }
 
   std::string id;
-  fs::path home, scratch;
+  fs::path home, scratch, policy;
   testing::cli_options options;
 };
 
@@ -206,4 +208,27 @@ TEST_CASE("an @openai/agents agent whose host is SIGKILLed mid-run resumes witho
   auto lines = crash.tool_lines();
   CHECK(lines.size() == 2);
   CHECK(std::set<std::string>(lines.begin(), lines.end()).size() == lines.size());
+}
+
+TEST_CASE("a model call the grant refuses reaches the framework as a 403 it raises: the run fails at once, naming the grant") {
+  require_example_installed();
+  testing::temp_dir dir;
+  json policy = json::parse(testing::slurp(example / "agent.policy.json"));
+  policy["tools"]["llm.chat"]["models"] = {"another-model"};
+  std::ofstream(dir / "policy.json") << policy.dump();
+  engine::test::mock_server mock({"--script", (example / "mock_script.json").string()});
+  example_run refused(dir, mock, "refused", dir / "policy.json");
+
+  const auto started = std::chrono::steady_clock::now();
+  auto result = refused.start();
+  INFO(result.out << result.err);
+  CHECK(std::chrono::steady_clock::now() - started < 60s);
+  auto run = refused.record();
+  REQUIRE(run);
+  REQUIRE(run->status == storage::run_status::failed);
+  CHECK(run->attempts == 1);
+  CHECK_THAT(run->error->message, Catch::Contains("403") && Catch::Contains("\"gpt-4o-mini\" is not granted"));
+  CHECK(refused.step_names() == std::vector<std::string>{"llm.chat"});
+  CHECK(mock.requests().empty());
+  CHECK(refused.tool_lines().empty());
 }
