@@ -13,14 +13,14 @@ import { ToolError } from "./index.js";
 
 // What llm.chat forwards to the model server (README, "Tools"); anything else
 // in a request body would be dropped by the host, so it is not journaled.
-const request_fields = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop",
+const requestFields = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop",
   "seed", "presence_penalty", "frequency_penalty", "n", "tools", "tool_choice", "parallel_tool_calls",
   "response_format"];
-const message_fields = ["role", "content", "name", "tool_calls", "tool_call_id"];
+const messageFields = ["role", "content", "name", "tool_calls", "tool_call_id"];
 
 // A tool error type as the HTTP status an OpenAI client surfaces; only the
 // transient ones invite the client to retry (each retry is one more journaled call).
-const status_of = { refused: 403, too_large: 413, bad_output: 502, failed: 502, unavailable: 503, timeout: 504,
+const statusOf = { refused: 403, too_large: 413, bad_output: 502, failed: 502, unavailable: 503, timeout: 504,
   settled: 409 };
 const retryable = new Set(["unavailable", "timeout"]);
 
@@ -31,36 +31,36 @@ function picked(object, fields) {
   return out;
 }
 
-function json_response(status, body, headers = {}) {
+function jsonResponse(status, body, headers = {}) {
   return new Response(JSON.stringify(body), { status, headers: { "content-type": "application/json", ...headers } });
 }
 
-function error_response(status, message, type, code, retry = false) {
-  return json_response(status, { error: { message, type, param: null, code } },
+function errorResponse(status, message, type, code, retry = false) {
+  return jsonResponse(status, { error: { message, type, param: null, code } },
     { "x-should-retry": retry ? "true" : "false" });
 }
 
 // The journaled llm.chat result as the `choices[0].message` of a completion.
-function message_of(result) {
-  const tool_calls = Array.isArray(result.tool_calls) && result.tool_calls.length > 0 ? result.tool_calls : null;
-  const content = typeof result.content === "string" && (result.content !== "" || !tool_calls) ? result.content : null;
+function messageOf(result) {
+  const toolCalls = Array.isArray(result.tool_calls) && result.tool_calls.length > 0 ? result.tool_calls : null;
+  const content = typeof result.content === "string" && (result.content !== "" || !toolCalls) ? result.content : null;
   const message = { role: result.role ?? "assistant", content, refusal: null };
-  if (tool_calls) message.tool_calls = tool_calls;
+  if (toolCalls) message.tool_calls = toolCalls;
   return message;
 }
 
 // Server-sent events of one completion, built from the whole journaled reply.
-function sse_of(completion, include_usage) {
+function sseOf(completion, includeUsage) {
   const { id, created, model } = completion;
-  const { message, finish_reason } = completion.choices[0];
+  const { message, finish_reason: finishReason } = completion.choices[0];
   const chunk = (delta, finish) => ({ id, object: "chat.completion.chunk", created, model,
     choices: [{ index: 0, delta, finish_reason: finish }] });
   const events = [chunk(message.content === null ? { role: message.role } : { role: message.role, content: message.content },
     null)];
   if (message.tool_calls)
     events.push(chunk({ tool_calls: message.tool_calls.map((call, index) => ({ index, ...call })) }, null));
-  events.push(chunk({}, finish_reason));
-  if (include_usage)
+  events.push(chunk({}, finishReason));
+  if (includeUsage)
     events.push({ id, object: "chat.completion.chunk", created, model, choices: [], usage: completion.usage });
   return events.map((e) => `data: ${JSON.stringify(e)}\n\n`).join("") + "data: [DONE]\n\n";
 }
@@ -71,43 +71,43 @@ function sse_of(completion, include_usage) {
 // id), so a replay gives the client byte-identical responses.
 export function openaiFetch(ctx) {
   let calls = 0;  // ordinal of this fetch's model calls, the same on every replay
-  return async function cairn_fetch(input, init = undefined) {
+  return async function cairnFetch(input, init = undefined) {
     const request = new Request(input, init);
     const path = new URL(request.url).pathname;
     if (request.method !== "POST" || !path.endsWith("/chat/completions"))
-      return error_response(404, `cairn's fetch bridge serves only POST .../chat/completions (through the host's ` +
+      return errorResponse(404, `cairn's fetch bridge serves only POST .../chat/completions (through the host's ` +
         `llm.chat), not ${request.method} ${path}; with @openai/agents call setOpenAIAPI("chat_completions") or use ` +
         `OpenAIChatCompletionsModel`, "invalid_request_error", "unsupported_endpoint");
     let body;
     try {
       body = JSON.parse(await request.text());
     } catch (e) {
-      return error_response(400, `the request body is not JSON: ${e.message}`, "invalid_request_error", "bad_body");
+      return errorResponse(400, `the request body is not JSON: ${e.message}`, "invalid_request_error", "bad_body");
     }
     if (body === null || typeof body !== "object" || !Array.isArray(body.messages))
-      return error_response(400, 'the request body must be an object with a "messages" array',
+      return errorResponse(400, 'the request body must be an object with a "messages" array',
         "invalid_request_error", "bad_body");
-    const args = picked(body, request_fields);
-    args.messages = body.messages.map((m) => (m && typeof m === "object" ? picked(m, message_fields) : m));
+    const args = picked(body, requestFields);
+    args.messages = body.messages.map((m) => (m && typeof m === "object" ? picked(m, messageFields) : m));
     const ordinal = calls++;
     let result;
     try {
       result = await ctx.tool("llm.chat", args);
     } catch (e) {
       if (!(e instanceof ToolError)) throw e;  // cancellation, non-determinism: the run's fate, not the client's
-      return error_response(status_of[e.type] ?? 500, e.message, "cairn_tool_error", e.type, retryable.has(e.type));
+      return errorResponse(statusOf[e.type] ?? 500, e.message, "cairn_tool_error", e.type, retryable.has(e.type));
     }
     const id = "chatcmpl-cairn-" + createHash("sha256")
       .update(`${ctx.runId}\n${ordinal}\n${JSON.stringify(result)}`).digest("hex").slice(0, 32);
-    const message = message_of(result);
+    const message = messageOf(result);
     const completion = {
       id, object: "chat.completion", created: 0, model: result.model ?? args.model ?? "",
       choices: [{ index: 0, message, finish_reason: result.finish_reason ?? (message.tool_calls ? "tool_calls" : "stop"),
         logprobs: null }],
       usage: result.usage ?? { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 },
     };
-    if (body.stream !== true) return json_response(200, completion, { "x-request-id": id });
-    return new Response(sse_of(completion, body.stream_options?.include_usage === true),
+    if (body.stream !== true) return jsonResponse(200, completion, { "x-request-id": id });
+    return new Response(sseOf(completion, body.stream_options?.include_usage === true),
       { status: 200, headers: { "content-type": "text/event-stream", "x-request-id": id } });
   };
 }

@@ -13,10 +13,10 @@ import { durableTool, openaiFetch } from "cairn/openai";
 import OpenAI from "openai";
 import { z } from "zod";
 
-const model_name = "gpt-4o-mini";  // granted in agent.policy.json
+const modelName = "gpt-4o-mini";  // granted in agent.policy.json
 
 const forecasts = { lisbon: "sunny, 24 C", oslo: "rain, 9 C" };
-const per_euro = { USD: 1.08, GBP: 0.85 };
+const perEuro = { USD: 1.08, GBP: 0.85 };
 
 // Each body leaves a line in the workspace, so a test can count executions.
 function logged(name, input) {
@@ -26,9 +26,9 @@ function logged(name, input) {
 main(async (ctx, input) => {
   setTracingDisabled(true);  // traces would go to api.openai.com; the sandbox has no network
   const client = new OpenAI({ apiKey: "unused", baseURL: "https://cairn.invalid/v1", fetch: openaiFetch(ctx) });
-  const model = new OpenAIChatCompletionsModel(client, model_name);
+  const model = new OpenAIChatCompletionsModel(client, modelName);
 
-  const get_weather = tool({
+  const getWeather = tool({
     name: "get_weather",
     description: "The weather forecast for a city",
     parameters: z.object({ city: z.string() }),
@@ -37,13 +37,13 @@ main(async (ctx, input) => {
       return `${city}: ${forecasts[city.toLowerCase()] ?? "no forecast"}`;
     }),
   });
-  const convert_currency = tool({
+  const convertCurrency = tool({
     name: "convert_currency",
     description: "Converts an amount of euros to another currency",
     parameters: z.object({ amount: z.number(), to: z.string() }),
     execute: durableTool(ctx, "convert_currency", async ({ amount, to }) => {
       logged("convert_currency", { amount, to });
-      const rate = per_euro[to];
+      const rate = perEuro[to];
       return rate ? `${amount} EUR = ${(amount * rate).toFixed(2)} ${to}` : `no rate for ${to}`;
     }),
   });
@@ -57,7 +57,7 @@ main(async (ctx, input) => {
     name: "Planner",
     instructions: "You are the planner. Look up the weather and convert the budget, then hand off to the writer.",
     model,
-    tools: [get_weather, convert_currency],
+    tools: [getWeather, convertCurrency],
     handoffs: [writer],
   });
 
