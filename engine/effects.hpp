@@ -34,12 +34,12 @@ struct retry_due {
 
 // The host is about to call a tool: durable before the call, so that an
 // at-most-once call found with no result is in doubt, never repeated.
-// `args` only for an at-most-once call (settle shows them).
+// `args` as the agent sent them (cairn show, and settle, show them).
 struct tool_started {
   std::uint64_t seq = 0;
   std::string tool;
   std::string idempotency;  // "idempotent" or "at_most_once"
-  std::optional<json> args;
+  json args;
 };
 
 // `cairn settle` recorded what an in-doubt call did: `step` when it gave a

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "protocol/bounded_json.hpp"
+#include "storage/payloads.hpp"
 
 namespace cairn::engine {
 
@@ -22,7 +23,16 @@ void journal_budget::charge_step(const protocol::step_result& step) {
 }
 
 void journal_budget::charge_event(std::string_view kind, const json& data) {
-  charge(kind.size() + protocol::dumped_size(data), fmt::format("a {} event", kind));
+  auto split = storage::split_payloads(data);
+  std::uint64_t bytes = kind.size() + protocol::dumped_size(split.manifest);
+  std::vector<const std::string*> added;
+  for (const auto& piece : split.pieces)
+    if (!charged_payloads_.contains(piece.digest)) {
+      bytes += piece.digest.size() + piece.body.size();
+      added.push_back(&piece.digest);
+    }
+  charge(bytes, fmt::format("a {} event", kind));
+  for (const auto* digest : added) charged_payloads_.insert(*digest);
 }
 
 void journal_budget::charge(std::uint64_t bytes, const std::string& what) {

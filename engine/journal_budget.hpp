@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 
 #include "engine/effects.hpp"
 #include "engine/policy.hpp"
@@ -26,7 +27,9 @@ class journal_budget {
   // budget_exceeded, counting nothing, when it is over step_output_mb or
   // would take the run past journal_mb.
   void charge_step(const protocol::step_result& step);
-  // Counts an event about to be journaled (its kind and data); throws
+  // Counts an event about to be journaled as the journal stores it: its
+  // kind, its data with references for its long strings, and those of the
+  // strings the run has not stored yet (storage/payloads.hpp). Throws
   // budget_exceeded when it would take the run past journal_mb.
   void charge_event(std::string_view kind, const json& data);
 
@@ -35,6 +38,9 @@ class journal_budget {
 
   const journal_limits& limits_;
   std::uint64_t used_;
+  // The payloads charged by this attempt; those of earlier attempts are in
+  // used_ already, and are charged again (once) if the attempt repeats them.
+  std::unordered_set<std::string> charged_payloads_;
 };
 
 }  // namespace cairn::engine

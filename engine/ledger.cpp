@@ -42,9 +42,8 @@ std::optional<event_row> row_of(const effect& e) {
                              r.seq};
           },
           [](const tool_started& t) -> std::optional<event_row> {
-            json data = {{"tool", t.tool}, {"idempotency", t.idempotency}};
-            if (t.args) data["args"] = *t.args;
-            return event_row{"tool_started", std::move(data), t.seq};
+            return event_row{"tool_started", {{"tool", t.tool}, {"idempotency", t.idempotency}, {"args", t.args}},
+                             t.seq};
           },
           [](const tool_settled& t) -> std::optional<event_row> {
             return event_row{"tool_settled", {{"how", t.how}}, t.seq};

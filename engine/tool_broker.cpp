@@ -52,9 +52,10 @@ std::variant<protocol::step_result, effects::tool_started> tool_broker::prepare(
   }
   try {
     const idempotency kind = it->second->kind(m.args);
-    effects::tool_started marker{m.seq, m.name, std::string(to_string(kind)), std::nullopt};
-    if (kind == idempotency::at_most_once) marker.args = m.args;
-    return marker;
+    // The request is journaled as asked, for every tool: `cairn show` tells
+    // what the model was asked, and an at-most-once call left in doubt what
+    // to settle. Its long strings are stored once per run (payloads.hpp).
+    return effects::tool_started{m.seq, m.name, std::string(to_string(kind)), m.args};
   } catch (const tool_error& e) {
     return refused(e);
   }

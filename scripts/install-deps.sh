@@ -9,6 +9,7 @@ packages=(
   catch2 bubblewrap libseccomp-dev libcli11-dev libfmt-dev
   libssl-dev ca-certificates e2fsprogs
   procps util-linux sqlite3
+  python3 python3-venv python3-setuptools python3-mypy
 )
 
 missing=()

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "protocol/bounded_json.hpp"
+#include "storage/payloads.hpp"
 
 namespace cairn::storage {
 namespace fs = std::filesystem;
@@ -152,6 +153,16 @@ CREATE INDEX signals_by_run ON signals (run_id, id);  -- a run's signals, delive
     // set, so one that lost the run (judged dead, taken over) cannot write.
     R"sql(
 ALTER TABLE runs ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+)sql",
+    // 5: payloads stored by content (payloads.hpp): the long strings of a
+    // run's events, each once per run, referenced from the events' data.
+    R"sql(
+CREATE TABLE payloads (
+  run_id TEXT NOT NULL REFERENCES runs (id),
+  digest TEXT NOT NULL,
+  body   TEXT NOT NULL,
+  PRIMARY KEY (run_id, digest)
+) WITHOUT ROWID;
 )sql",
 };
 constexpr int latest_version = static_cast<int>(std::size(migrations));
@@ -451,7 +462,7 @@ run_record read_run(SQLite::Statement& s) {
   return r;
 }
 
-std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id);
+std::vector<event_record> read_events(SQLite::Database& db, SQLite::Statement& s, std::string_view run_id);
 
 constexpr const char* step_columns =
     "SELECT seq, name, kind, status, output, error_message, error_type, attempt, duration_us, started_at_ms, "
@@ -554,8 +565,13 @@ struct journal::impl {
   }
 
   void event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::int64_t> seq) {
+    auto split = split_payloads(data);
+    for (const auto& piece : split.pieces)
+      prepared("INSERT OR IGNORE INTO payloads (run_id, digest, body) VALUES (?, ?, ?)", run_id, piece.digest,
+               piece.body)
+          .exec();
     prepared("INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES (?, ?, ?, ?, ?)", run_id, seq, kind,
-             dump(data), now_ms())
+             dump(split.manifest), now_ms())
         .exec();
   }
 
@@ -1205,7 +1221,7 @@ void journal::append_event(std::string_view run_id, std::string_view kind, const
 std::vector<event_record> journal::events(std::string_view run_id) {
   return impl_->guard(run_id, [&] {
     auto s = statement(impl_->db, "SELECT id, seq, kind, data, at_ms FROM events WHERE run_id = ? ORDER BY id", run_id);
-    return read_events(s, run_id);
+    return read_events(impl_->db, s, run_id);
   });
 }
 
@@ -1213,7 +1229,7 @@ std::vector<event_record> journal::events_at(std::string_view run_id, std::uint6
   return impl_->guard(run_id, [&] {
     auto s = statement(impl_->db, "SELECT id, seq, kind, data, at_ms FROM events WHERE run_id = ? AND seq = ? ORDER BY id",
                        run_id, static_cast<std::int64_t>(seq));
-    return read_events(s, run_id);
+    return read_events(impl_->db, s, run_id);
   });
 }
 
@@ -1233,7 +1249,9 @@ std::uint64_t journal::bytes_of_run(std::string_view run_id) {
                        "  + coalesce(length(CAST(error_message AS BLOB)), 0) + coalesce(length(CAST(error_type AS BLOB)), 0)), 0) "
                        "  FROM steps WHERE run_id = ?1) + "
                        "(SELECT coalesce(sum(length(CAST(kind AS BLOB)) + length(CAST(data AS BLOB))), 0) "
-                       "  FROM events WHERE run_id = ?1)",
+                       "  FROM events WHERE run_id = ?1) + "
+                       "(SELECT coalesce(sum(length(digest) + length(CAST(body AS BLOB))), 0) "
+                       "  FROM payloads WHERE run_id = ?1)",
                        run_id);
     s.executeStep();
     return static_cast<std::uint64_t>(s.getColumn(0).getInt64());
@@ -1259,7 +1277,7 @@ step_record read_step(SQLite::Statement& s, std::string_view run_id) {
   return rec;
 }
 
-std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id) {
+std::vector<event_record> read_events(SQLite::Database& db, SQLite::Statement& s, std::string_view run_id) {
   std::vector<event_record> events;
   while (s.executeStep()) {
     event_record e;
@@ -1267,7 +1285,17 @@ std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run
     e.run_id = std::string(run_id);
     if (!s.getColumn(1).isNull()) e.seq = static_cast<std::uint64_t>(s.getColumn(1).getInt64());
     e.kind = s.getColumn(2).getString();
-    e.data = load(s.getColumn(3), fmt::format("the data of event {} of run {}", e.id, run_id));
+    e.data = join_payloads(load(s.getColumn(3), fmt::format("the data of event {} of run {}", e.id, run_id)),
+                           [&](const std::string& digest) {
+                             auto body = statement(db, "SELECT body FROM payloads WHERE run_id = ? AND digest = ?",
+                                                   run_id, digest);
+                             if (!body.executeStep())
+                               throw storage_error(errc::corrupt,
+                                                   fmt::format("event {} of run {} refers to payload {}, which the "
+                                                               "journal does not hold; restore it from a backup",
+                                                               e.id, run_id, digest));
+                             return body.getColumn(0).getString();
+                           });
     e.at_ms = s.getColumn(4).getInt64();
     events.push_back(std::move(e));
   }

@@ -1,4 +1,5 @@
 #include "storage/journal.hpp"
+#include "storage/payloads.hpp"
 
 #include <grp.h>
 #include <sys/mount.h>
@@ -1377,11 +1378,41 @@ TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other 
   const auto before = j.bytes_of_run("r");
   auto step = ok_step("r", 0, std::string(10'000, 'x'));
   j.append_step(step);
-  j.append_event("r", "note", {{"text", std::string(5'000, 'y')}});
+  const json data = {{"text", std::string(5'000, 'y')}};
+  j.append_event("r", "note", data);
   j.append_step(ok_step("other", 0, std::string(50'000, 'z')));
   const auto after = j.bytes_of_run("r");
-  // The step's name and output text, the event's kind and data text.
-  CHECK(after - before == step.result.name.size() + 10'002 + 4 + json{{"text", std::string(5'000, 'y')}}.dump().size());
+  // The step's name and output text; the event's kind and data text, its
+  // long string stored once by content (digest and body).
+  const auto split = split_payloads(data);
+  REQUIRE(split.pieces.size() == 1);
+  CHECK(after - before == step.result.name.size() + 10'002 + 4 + split.manifest.dump().size() +
+                              split.pieces[0].digest.size() + 5'000);
+}
+
+TEST_CASE("a long string journaled in many events is stored once, and every event reads back as written") {
+  temp_dir dir;
+  journal j(dir / "cairn.db");
+  j.create_run(a_run("r"));
+  j.create_run(a_run("other"));
+  const std::string conversation(100'000, 'c');
+  // A string that looks like a reference, as an agent could send one: it stays a string.
+  const std::string forged = std::string(1, '\0') + "sha256:" + std::string(64, '0');
+  std::vector<json> sent;
+  for (int i = 0; i < 10; ++i)
+    sent.push_back({{"messages", json::array({{{"role", "user"}, {"content", conversation}},
+                                              {{"role", "tool"}, {"content", "call " + std::to_string(i)}}})},
+                    {"forged", forged}});
+  const auto before = j.bytes_of_run("r");
+  for (const auto& data : sent) j.append_event("r", "tool_started", data, 0);
+  j.append_event("other", "tool_started", sent[0], 0);
+  // Ten requests of 100 KB each: the conversation once, and ten small manifests.
+  CHECK(j.bytes_of_run("r") - before < 100'000 + 10 * 400);
+  std::vector<json> read;
+  for (const auto& e : j.events("r"))
+    if (e.kind == "tool_started") read.push_back(e.data);
+  CHECK(read == sent);
+  CHECK(j.events("other").back().data == sent[0]);  // each run holds its own copy
 }
 
 namespace {

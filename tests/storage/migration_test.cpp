@@ -202,9 +202,9 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
     step.result.name = "plan";
     step.result.output = json{1};
     current.append_step(step);
-    // Schema 3 is schema 4 without runs.epoch.
+    // Schema 3 is schema 5 without runs.epoch and the payloads table.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
-    raw.exec("ALTER TABLE runs DROP COLUMN epoch; PRAGMA user_version = 3");
+    raw.exec("DROP TABLE payloads; ALTER TABLE runs DROP COLUMN epoch; PRAGMA user_version = 3");
   }
   storage::journal a(dir / "cairn.db");
   auto busy = a.find_run("busy");
@@ -227,6 +227,6 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
   CHECK(b.events("busy").size() == 1);
 
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READONLY);
-  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == 4);
-  CHECK(storage::journal::schema_version() == 4);
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == 5);
+  CHECK(storage::journal::schema_version() == 5);
 }
