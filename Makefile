@@ -3,6 +3,8 @@ BUILD ?= build
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 MAKEFLAGS += --no-print-directory
+# The OpenAI Agents example's packages, installed from its lock file (again only when the lock changes).
+OPENAI_AGENTS_MODULES := examples/js/openai_agents/node_modules/.package-lock.json
 
 .PHONY: all deps build test demo install bench clean
 
@@ -11,9 +13,13 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
-build: deps
+build: deps $(OPENAI_AGENTS_MODULES)
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+$(OPENAI_AGENTS_MODULES): examples/js/openai_agents/package-lock.json
+	@command -v npm >/dev/null || { echo "make: npm not found: install Node.js >= 20 with npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+	@npm ci --prefix examples/js/openai_agents --no-audit --no-fund --loglevel=error
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

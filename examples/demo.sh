@@ -3,7 +3,8 @@
 # its sources and asks a model through the host (tools under its policy; a
 # local OpenAI-compatible mock stands in for the LLM, so no network or API key
 # is needed); a flaky agent crashes and is retried; the host process of a run
-# is killed with SIGKILL mid-run and the run resumed from the journal. Then
+# is killed with SIGKILL mid-run and the run resumed from the journal; an
+# agent built with the OpenAI Agents SDK calls two tools and hands off. Then
 # the daemon, `cairn serve`: a refund waits for a human's approval (a signal),
 # a lead agent fans work out to child agents, a run and its children are
 # cancelled, and the daemon stops gracefully on SIGTERM.
@@ -57,6 +58,7 @@ cleanup() {
   # later `cairn resume --all` would follow it). Ended runs refuse the cancel.
   for run in "${waiting_runs[@]}"; do "$cairn" cancel --no-wait "$run" >/dev/null 2>&1 || true; done
   [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null
+  [ -z "${agents_mock_pid:-}" ] || kill "$agents_mock_pid" 2>/dev/null || true
   rm -rf "$scratch"
 }
 trap cleanup EXIT
@@ -117,6 +119,20 @@ rm -f "$out"
 show "$cairn" ls
 show "$cairn" resume --all
 show "$cairn" show "killed-$tag"
+
+step "An agent built with the OpenAI Agents SDK: its model calls and tool bodies journaled, in the sandbox"
+echo "(examples/js/openai_agents: two function tools and a handoff; a second mock plays its model)"
+"$build/examples/mock_llm/cairn-mock-llm" --port 0 --port-file "$scratch/agents-port" --require-key "$key" \
+  --script "$here/js/openai_agents/mock_script.json" >"$scratch/agents-mock.log" 2>&1 &
+agents_mock_pid=$!
+for _ in $(seq 1 100); do [ -s "$scratch/agents-port" ] && break; sleep 0.1; done
+CAIRN_LLM_BASE_URL="http://127.0.0.1:$(cat "$scratch/agents-port")/v1" \
+  show "$cairn" run "$here/js/openai_agents/agent.mjs" --policy "$here/js/openai_agents/agent.policy.json" \
+  --id "agents-$tag"
+kill "$agents_mock_pid" 2>/dev/null || true
+agents_mock_pid=""
+echo "--- the tool bodies that ran, from its workspace:"
+show "$cairn" workspace "agents-$tag" tool_calls.log
 
 # The status of run $1, from `cairn ls`.
 status_of() { "$cairn" ls | awk -v id="$1" '$1 == id { print $2 }'; }

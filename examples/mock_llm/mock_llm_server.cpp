@@ -2,7 +2,8 @@
 // tool tests, plus the HTTP fixtures the http.fetch tests need. Listens on
 // 127.0.0.1 only; one thread per connection, one request per connection.
 //
-//   POST /v1/chat/completions  a scripted or derived reply; SSE when "stream": true
+//   POST /v1/chat/completions  a scripted or derived reply (content or tool calls);
+//                              SSE when "stream": true
 //   GET  /v1/models            the one model, "mock-model"
 //   GET  /pages/NAME           the file NAME in --pages DIR
 //   /redirect?to=URL           302 to URL (&status=301|303|307|308 for another code);
@@ -51,7 +52,7 @@ using request = http::request<http::string_body>;
 struct settings {
   std::string require_key;  // empty: any Authorization is accepted
   std::string pages_dir;
-  json script;  // {"replies": [{"match": ..., "content": ...}], "default": ...} or null
+  json script;  // {"replies": [reply, ...], "default": ...} or null; see --script
 };
 
 // Live connections, so that shutdown can wake every thread blocked on one.
@@ -182,9 +183,11 @@ void send_json(tcp::socket& socket, const request& req, http::status status, con
   send(socket, req, status, "application/json", text_of(body));
 }
 
-std::string last_user_message(const json& messages) {
+// The text of the last message with `role` ("" for any role), parts joined.
+std::string last_message(const json& messages, const std::string& role) {
   for (auto it = messages.rbegin(); it != messages.rend(); ++it) {
-    if (!it->is_object() || it->value("role", "") != "user" || !it->contains("content")) continue;
+    if (!it->is_object() || !it->contains("content")) continue;
+    if (!role.empty() && it->value("role", "") != role) continue;
     const auto& content = (*it)["content"];
     if (content.is_string()) return content.get<std::string>();
     std::string text;
@@ -196,6 +199,13 @@ std::string last_user_message(const json& messages) {
   return "";
 }
 
+// FNV-1a, 64 bits, as 16 hex digits: tells requests apart in the log.
+std::string fnv1a(std::string_view bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
+  return fmt::format("{:016x}", h);
+}
+
 // The first `n` bytes of `s`, not cutting a UTF-8 character.
 std::string utf8_prefix(const std::string& s, std::size_t n) {
   if (s.size() <= n) return s;
@@ -203,13 +213,38 @@ std::string utf8_prefix(const std::string& s, std::size_t n) {
   return s.substr(0, n);
 }
 
-std::string reply_to(const std::string& user, const json& script) {
+struct scripted_reply {
+  std::string content;
+  json tool_calls = json::array();  // in the API's shape: [{"id", "type": "function", "function": {...}}]
+};
+
+// The script's first reply whose conditions all hold: "match" in the last user
+// message, "last" in the last message of any role (a tool's output, say),
+// "system" in the system message (which agent is asking).
+scripted_reply reply_to(const json& messages, const json& script) {
+  auto user = last_message(messages, "user");
   if (script.is_object()) {
-    for (const auto& reply : script.value("replies", json::array()))
-      if (user.find(reply.value("match", "")) != std::string::npos) return reply.value("content", "");
-    if (script.value("default", json()).is_string()) return script["default"].get<std::string>();
+    auto holds = [&](const json& reply, const char* key, const std::string& text) {
+      return text.find(reply.value(key, "")) != std::string::npos;
+    };
+    for (const auto& reply : script.value("replies", json::array())) {
+      if (!holds(reply, "match", user) || !holds(reply, "last", last_message(messages, "")) ||
+          !holds(reply, "system", last_message(messages, "system")))
+        continue;
+      scripted_reply out{reply.value("content", "")};
+      for (const auto& call : reply.value("tool_calls", json::array())) {
+        auto arguments = call["arguments"].is_string() ? call["arguments"].get<std::string>() : call["arguments"].dump();
+        auto name = call["name"].get<std::string>();
+        // Derived from the conversation, not a counter: the same request gets the same id.
+        auto id = "call_" + fnv1a(fmt::format("{}/{}/{}/{}", messages.size(), out.tool_calls.size(), name, arguments));
+        out.tool_calls.push_back(
+            {{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", arguments}}}});
+      }
+      return out;
+    }
+    if (script.value("default", json()).is_string()) return {script["default"].get<std::string>()};
   }
-  return "Summary: " + utf8_prefix(user, 200);
+  return {"Summary: " + utf8_prefix(user, 200)};
 }
 
 // "a b  c" -> "a ", "b  ", "c": each token ends after its spaces.
@@ -245,8 +280,9 @@ void chat_completions(tcp::socket& socket, const request& req, const server& s) 
   static std::atomic<int> counter{0};
   std::string id = fmt::format("chatcmpl-mock-{}", ++counter);
   std::string model = body.value("model", json()).is_string() ? body["model"].get<std::string>() : "mock-model";
-  auto tokens = tokens_of(reply_to(last_user_message(body["messages"]), s.config.script));
-  std::string finish_reason = "stop";
+  auto reply = reply_to(body["messages"], s.config.script);
+  auto tokens = tokens_of(reply.content);
+  std::string finish_reason = reply.tool_calls.empty() ? "stop" : "tool_calls";
   json limit = body.value("max_completion_tokens", body.value("max_tokens", json()));
   if (limit.is_number_unsigned() && tokens.size() > limit.get<std::size_t>()) {
     tokens.resize(limit.get<std::size_t>());
@@ -261,13 +297,17 @@ void chat_completions(tcp::socket& socket, const request& req, const server& s) 
   auto now = std::chrono::system_clock::now().time_since_epoch();
   auto created = std::chrono::duration_cast<std::chrono::seconds>(now).count();
 
-  if (body.value("stream", json(false)) != true)
+  if (body.value("stream", json(false)) != true) {
+    json message = {{"role", "assistant"}, {"content", content}};
+    if (!reply.tool_calls.empty()) {
+      if (content.empty()) message["content"] = nullptr;
+      message["tool_calls"] = reply.tool_calls;
+    }
     return send_json(socket, req, http::status::ok,
                      {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
-                      {"choices", {{{"index", 0},
-                                    {"message", {{"role", "assistant"}, {"content", content}}},
-                                    {"finish_reason", finish_reason}}}},
+                      {"choices", {{{"index", 0}, {"message", message}, {"finish_reason", finish_reason}}}},
                       {"usage", usage}});
+  }
 
   http::response<http::empty_body> head{http::status::ok, req.version()};
   head.set(http::field::server, "cairn-mock-llm");
@@ -283,6 +323,11 @@ void chat_completions(tcp::socket& socket, const request& req, const server& s) 
   };
   write_sse(socket, chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
   for (const auto& t : tokens) write_sse(socket, chunk({{"content", t}}, nullptr));
+  for (std::size_t i = 0; i < reply.tool_calls.size(); ++i) {
+    json call = reply.tool_calls[i];
+    call["index"] = i;
+    write_sse(socket, chunk({{"tool_calls", json::array({call})}}, nullptr));
+  }
   write_sse(socket, chunk(json::object(), finish_reason));
   const json& options = body.value("stream_options", json::object());
   if (options.is_object() && options.value("include_usage", json(false)) == true)
@@ -384,6 +429,7 @@ void respond(tcp::socket& socket, const request& req, server& s) {
 }
 
 void log_request(const request& req, server& s) {
+  static std::atomic<std::uint64_t> requests{0};
   json headers = json::object();
   std::string authorization = "absent";
   for (const auto& field : req) {
@@ -396,8 +442,10 @@ void log_request(const request& req, server& s) {
     headers[std::string(field.name_string())] = std::string(field.value());
   }
   json body = json::parse(req.body(), nullptr, false);
-  s.log.write({{"method", std::string(req.method_string())},
+  s.log.write({{"request", ++requests},
+               {"method", std::string(req.method_string())},
                {"path", std::string(req.target())},
+               {"body_hash", fnv1a(req.body())},
                {"headers", headers},
                {"authorization", authorization},
                {"body", body.is_discarded() ? json(req.body()) : body}});
@@ -441,7 +489,9 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "port on 127.0.0.1 (0: pick a free one)");
   app.add_option("--port-file", port_file, "write the port here once listening");
   app.add_option("--script", script_file,
-                 "replies: {\"replies\": [{\"match\": ..., \"content\": ...}], \"default\": ...}")
+                 "replies: {\"replies\": [{\"match\": ..., \"content\": ...}], \"default\": ...}; a reply may "
+                 "also ask for \"last\" (in the last message) and \"system\" (in the system message), and answer "
+                 "\"tool_calls\": [{\"name\": ..., \"arguments\": {...}}]")
       ->check(CLI::ExistingFile);
   app.add_option("--require-key", config.require_key, "answer 401 unless Authorization is \"Bearer KEY\"");
   app.add_option("--log", log_file, "append one JSON line per request (never the key)");
@@ -452,12 +502,23 @@ int main(int argc, char** argv) {
     std::ifstream in(script_file);
     config.script = json::parse(in, nullptr, false);
     const auto& replies = config.script.is_object() ? config.script.value("replies", json::array()) : json();
-    bool valid = replies.is_array() && std::all_of(replies.begin(), replies.end(), [](const json& r) {
-      return r.is_object() && r.value("match", json()).is_string() && r.value("content", json()).is_string();
+    auto string_or_absent = [](const json& r, const char* key) { return !r.contains(key) || r[key].is_string(); };
+    auto valid_call = [](const json& c) {
+      return c.is_object() && c.value("name", json()).is_string() && c.contains("arguments") &&
+             (c["arguments"].is_string() || c["arguments"].is_object());
+    };
+    bool valid = replies.is_array() && std::all_of(replies.begin(), replies.end(), [&](const json& r) {
+      const auto& calls = r.is_object() ? r.value("tool_calls", json::array()) : json();
+      return r.is_object() && string_or_absent(r, "match") && string_or_absent(r, "last") &&
+             string_or_absent(r, "system") && string_or_absent(r, "content") &&
+             (r.contains("content") || r.contains("tool_calls")) && calls.is_array() &&
+             std::all_of(calls.begin(), calls.end(), valid_call);
     });
     if (!valid) {
       std::cerr << "cairn-mock-llm: " << script_file
-                << " must be {\"replies\": [{\"match\": \"...\", \"content\": \"...\"}], \"default\": \"...\"}\n";
+                << " must be {\"replies\": [{\"match\": \"...\", \"content\": \"...\"}], \"default\": \"...\"}; "
+                   "a reply may add \"last\" and \"system\" strings and answer \"tool_calls\": [{\"name\": \"...\", "
+                   "\"arguments\": {...}}] instead of \"content\"\n";
       return 2;
     }
   }
