@@ -181,12 +181,15 @@ started_bwrap start_bwrap(const bwrap_context& c, const resource_limits& limits,
 }
 
 // The agent's environment inside the sandbox: the run's over a minimal base.
-std::map<std::string, std::string> sandbox_environment(const sandbox_spec& spec) {
-  return agent_environment(spec, {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
-                                  {"HOME", "/workspace"},
-                                  {"TMPDIR", "/tmp"},
-                                  {"LANG", "C.UTF-8"},
-                                  {"PYTHONPATH", sandbox_python_sdk}});
+// Without a cgroup, RLIMIT_AS bounds each process (spawn.cpp).
+std::map<std::string, std::string> sandbox_environment(const sandbox_spec& spec, bool cgroup) {
+  std::map<std::string, std::string> base = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+                                             {"HOME", "/workspace"},
+                                             {"TMPDIR", "/tmp"},
+                                             {"LANG", "C.UTF-8"},
+                                             {"PYTHONPATH", sandbox_python_sdk}};
+  if (!cgroup) add_address_space_environment(base);
+  return agent_environment(spec, std::move(base));
 }
 
 // Whether a sandbox made with `pooled` enforces what `wanted` asks; the
@@ -248,7 +251,7 @@ class bwrap_sandbox final : public sandbox {
     auto cgroup = resources_->cgroup();
     // Before the start: counters count from what the cgroup held until now.
     auto watch = std::make_unique<limit_watch>(spec_.limits, cgroup, resources_->workspace());
-    const auto env = sandbox_environment(spec_);
+    const auto env = sandbox_environment(spec_, cgroup != nullptr);
 
     std::shared_ptr<child_handle> handle;
     unique_fd channel;

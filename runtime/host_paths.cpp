@@ -113,6 +113,11 @@ unique_fd open_log(const fs::path& log_file) {
   }
 }
 
+void add_address_space_environment(std::map<std::string, std::string>& base) {
+  base["MALLOC_ARENA_MAX"] = "2";
+  base["NODE_OPTIONS"] = "--disable-wasm-trap-handler";
+}
+
 std::map<std::string, std::string> agent_environment(const sandbox_spec& spec,
                                                      std::map<std::string, std::string> base) {
   for (const auto& [name, value] : spec.env) {

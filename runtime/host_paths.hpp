@@ -45,6 +45,15 @@ void check_agent_args(const std::vector<std::string>& args);
 // close-on-exec, never through a symbolic link. Throws sandbox_error(bad_spec).
 unique_fd open_log(const std::filesystem::path& log_file);
 
+// Adds to an agent's base environment what runtimes need to start under
+// RLIMIT_AS, which stands in for a cgroup's memory total where there is none
+// and counts address space only reserved: glibc reserves 64 MiB per thread's
+// malloc arena (MALLOC_ARENA_MAX=2), Node 20 about 10 GiB for WebAssembly on
+// its first fetch (NODE_OPTIONS=--disable-wasm-trap-handler). Measured: the
+// OpenAI Agents example needed 1.2 GiB and 12 GiB of it without them, and
+// runs under 1 GiB with them.
+void add_address_space_environment(std::map<std::string, std::string>& base);
+
 // The agent's whole environment: `base`, then spec.env (which may override
 // it), then CAIRN_CHANNEL_FD=3 and CAIRN_RUN_ID (which it may not).
 // Throws sandbox_error(bad_spec) for a name or value that cannot be passed.

@@ -37,9 +37,10 @@ class process_sandbox final : public sandbox {
     spawn_request request;
     request.argv = {agent.string()};
     request.argv.insert(request.argv.end(), args.begin(), args.end());
-    auto env = agent_environment(
-        spec_,
-        {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", workspace_.string()}, {"LANG", "C.UTF-8"}});
+    std::map<std::string, std::string> base = {
+        {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", workspace_.string()}, {"LANG", "C.UTF-8"}};
+    add_address_space_environment(base);  // no cgroup: RLIMIT_AS bounds each process
+    auto env = agent_environment(spec_, std::move(base));
     // A Python agent imports the SDK from the host's copy.
     if (const auto& python = find_agent_sdks().python; !python.empty() && !env.contains("PYTHONPATH"))
       env["PYTHONPATH"] = python.string();

@@ -28,10 +28,14 @@ TEST_CASE_METHOD(bwrap_fixture,
   CHECK(detail["hostname"] == "cairn");
   std::vector<std::string> env = detail["env"];
   std::sort(env.begin(), env.end());
-  // bwrap adds PWD for --chdir.
-  CHECK(env == std::vector<std::string>{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1", "HOME=/workspace",
-                                        "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin", "PWD=/workspace",
-                                        "PYTHONPATH=/run/cairn/python", "TMPDIR=/tmp"});
+  // bwrap adds PWD for --chdir; without a cgroup, what runtimes need under RLIMIT_AS comes too.
+  std::vector<std::string> expected{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1", "HOME=/workspace",
+                                    "LANG=C.UTF-8"};
+  if (detect_cgroups().mode == cgroup_mode::none)
+    expected.insert(expected.end(), {"MALLOC_ARENA_MAX=2", "NODE_OPTIONS=--disable-wasm-trap-handler"});
+  expected.insert(expected.end(), {"PATH=/usr/local/bin:/usr/bin:/bin", "PWD=/workspace",
+                                   "PYTHONPATH=/run/cairn/python", "TMPDIR=/tmp"});
+  CHECK(env == expected);
   // Nothing but stdio and the channel is inherited.
   std::vector<std::string> fds = detail["fds"];
   std::sort(fds.begin(), fds.end());

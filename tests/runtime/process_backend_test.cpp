@@ -20,8 +20,13 @@ TEST_CASE("process backend: the probe runs in the workspace with a minimal envir
   CHECK(status["cwd"] == workspace.string());
   std::vector<std::string> env = status["env"];
   std::sort(env.begin(), env.end());
-  std::vector<std::string> expected{"CAIRN_CHANNEL_FD=3", "CAIRN_RUN_ID=run-test-1", "HOME=" + workspace.string(),
-                                    "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin"};
+  std::vector<std::string> expected{"CAIRN_CHANNEL_FD=3",
+                                    "CAIRN_RUN_ID=run-test-1",
+                                    "HOME=" + workspace.string(),
+                                    "LANG=C.UTF-8",
+                                    "MALLOC_ARENA_MAX=2",
+                                    "NODE_OPTIONS=--disable-wasm-trap-handler",
+                                    "PATH=/usr/local/bin:/usr/bin:/bin"};
   // A Python agent imports the SDK from the host's copy.
   if (!find_agent_sdks().python.empty()) expected.push_back("PYTHONPATH=" + find_agent_sdks().python.string());
   CHECK(env == expected);
