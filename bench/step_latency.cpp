@@ -3,6 +3,8 @@
 //   - a raw SQLite WAL commit of the same row (synchronous=FULL and NORMAL)
 //   - a round trip over a Unix socket pair (what the channel uses)
 // Target: step p50 <= 1.3 x (raw commit + round trip) at FULL; < 100 us at NORMAL.
+// The same empty step from the Python and JavaScript SDKs, against the C++
+// SDK's: p50 <= 2 x for Python, <= 1.5 x for JavaScript.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -67,16 +69,17 @@ summary round_trip(int n) {
   return summarize(us);
 }
 
-void durable_steps(const fs::path& dir, storage::sync_mode sync, int round, int n, std::vector<double>& us) {
+void durable_steps(const fs::path& dir, storage::sync_mode sync, int round, int n, std::vector<double>& us,
+                   const char* agent = BENCH_AGENT, const std::string& sdk = "cpp") {
   std::string db = sync == storage::sync_mode::full ? "full" : "normal";
-  std::string name = db + "-" + std::to_string(round);
+  std::string name = db + "-" + sdk + "-" + std::to_string(round);
   storage::journal journal(dir / (db + ".db"), {.sync = sync});
   engine::engine_options options;
   options.home = dir / "home";
   engine::engine eng(journal, options);
   engine::run_request r;
   r.id = name;
-  r.agent = BENCH_AGENT;
+  r.agent = agent;
   r.input = {{"steps", n}};
   r.workspace = dir / "ws" / name;
   eng.submit(r);
@@ -98,15 +101,18 @@ int main(int argc, char** argv) {
   fs::path dir = fs::temp_directory_path() / ("cairn-bench-" + std::to_string(getpid()));
   fs::create_directories(dir);
 
-  std::vector<double> full, normal, step_full, step_normal;
+  std::vector<double> full, normal, step_full, step_normal, step_python, step_js;
   auto rtt = round_trip(n);
   for (int round = 0; round < rounds; ++round) {
     raw_commit(dir, "FULL", round, per_round, full);
     durable_steps(dir, storage::sync_mode::full, round, per_round, step_full);
+    durable_steps(dir, storage::sync_mode::full, round, per_round, step_python, PYTHON_BENCH_AGENT, "python");
+    durable_steps(dir, storage::sync_mode::full, round, per_round, step_js, JS_BENCH_AGENT, "js");
     raw_commit(dir, "NORMAL", round, per_round, normal);
     durable_steps(dir, storage::sync_mode::normal, round, per_round, step_normal);
   }
   auto f = summarize(full), nm = summarize(normal), sf = summarize(step_full), sn = summarize(step_normal);
+  auto py = summarize(step_python), js = summarize(step_js);
 
   std::printf("step_latency: %d empty steps per mode in one bwrap sandbox per round, %d rounds; microseconds\n",
               per_round * rounds, rounds);
@@ -116,10 +122,14 @@ int main(int argc, char** argv) {
   std::printf("%-40s %10.1f %10.1f\n", "raw SQLite WAL commit, synchronous=NORMAL", nm.p50, nm.p99);
   std::printf("%-40s %10.1f %10.1f\n", "durable step, journal FULL", sf.p50, sf.p99);
   std::printf("%-40s %10.1f %10.1f\n", "durable step, journal NORMAL", sn.p50, sn.p99);
+  std::printf("%-40s %10.1f %10.1f\n", "durable step, FULL, Python SDK", py.p50, py.p99);
+  std::printf("%-40s %10.1f %10.1f\n", "durable step, FULL, JavaScript SDK", js.p50, js.p99);
   std::printf("ratio FULL:   step p50 / (raw commit + round trip) p50 = %.2f (target <= 1.30)\n",
               sf.p50 / (f.p50 + rtt.p50));
   std::printf("ratio NORMAL: step p50 / (raw commit + round trip) p50 = %.2f; step p50 = %.1f us (target < 100)\n",
               sn.p50 / (nm.p50 + rtt.p50), sn.p50);
+  std::printf("ratio Python:     step p50 / C++ SDK step p50 (FULL) = %.2f (target <= 2.00)\n", py.p50 / sf.p50);
+  std::printf("ratio JavaScript: step p50 / C++ SDK step p50 (FULL) = %.2f (target <= 1.50)\n", js.p50 / sf.p50);
   fs::remove_all(dir);
   return 0;
 }

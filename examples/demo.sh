@@ -3,8 +3,9 @@
 # its sources and asks a model through the host (tools under its policy; a
 # local OpenAI-compatible mock stands in for the LLM, so no network or API key
 # is needed); a flaky agent crashes and is retried; the host process of a run
-# is killed with SIGKILL mid-run and the run resumed from the journal; an
-# agent built with the OpenAI Agents SDK calls two tools and hands off. Then
+# is killed with SIGKILL mid-run and the run resumed from the journal; the
+# research agent again, in Python; an agent built with the OpenAI Agents SDK
+# (TypeScript/JavaScript) calls two tools and hands off. Then
 # the daemon, `cairn serve`: a refund waits for a human's approval (a signal),
 # a lead agent fans work out to child agents, a run and its children are
 # cancelled, and the daemon stops gracefully on SIGTERM.
@@ -83,6 +84,13 @@ echo "--- the report it wrote, collected from its workspace on the host:"
 head -n 16 "$CAIRN_HOME/workspaces/research-$tag/report.md"
 echo "--- the mail the send_email tool queued on the host:"
 ls "$CAIRN_HOME/outbox/"
+
+step "The same research agent in Python (examples/python/research_agent.py), under the same policy"
+echo "(a script agent runs from a read-only bind of its folder; the sandbox imports cairn's Python SDK)"
+show "$cairn" run "$here/python/research_agent.py" --policy "$here/research_agent.policy.json" \
+  --input "{\"topic\":\"SQLite WAL for durable agents\",\"sources\":$sources}" --id "research-py-$tag"
+echo "--- the first lines of its report:"
+show "$cairn" workspace "research-py-$tag" report.md | head -n 6
 
 step "The host dies just after a mail went out, before the result was journaled"
 echo "(cairn's crash-test hook CAIRN_CRASH_POINT kills the host at exactly that point)"
