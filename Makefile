@@ -37,6 +37,7 @@ bench: build
 	@$(BUILD)/bench/live_runs
 	@$(BUILD)/bench/fanout
 	@$(BUILD)/bench/replay
+	@$(BUILD)/bench/conversation
 
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

@@ -53,6 +53,7 @@ struct settings {
   std::string require_key;  // empty: any Authorization is accepted
   std::string pages_dir;
   json script;  // {"replies": [reply, ...], "default": ...} or null; see --script
+  std::size_t summary_bytes = 200;  // of the last user message, in a reply no script gives
 };
 
 // Live connections, so that shutdown can wake every thread blocked on one.
@@ -221,7 +222,7 @@ struct scripted_reply {
 // The script's first reply whose conditions all hold: "match" in the last user
 // message, "last" in the last message of any role (a tool's output, say),
 // "system" in the system message (which agent is asking).
-scripted_reply reply_to(const json& messages, const json& script) {
+scripted_reply reply_to(const json& messages, const json& script, std::size_t summary_bytes) {
   auto user = last_message(messages, "user");
   if (script.is_object()) {
     auto holds = [&](const json& reply, const char* key, const std::string& text) {
@@ -244,7 +245,7 @@ scripted_reply reply_to(const json& messages, const json& script) {
     }
     if (script.value("default", json()).is_string()) return {script["default"].get<std::string>()};
   }
-  return {"Summary: " + utf8_prefix(user, 200)};
+  return {"Summary: " + utf8_prefix(user, summary_bytes)};
 }
 
 // "a b  c" -> "a ", "b  ", "c": each token ends after its spaces.
@@ -280,7 +281,7 @@ void chat_completions(tcp::socket& socket, const request& req, const server& s) 
   static std::atomic<int> counter{0};
   std::string id = fmt::format("chatcmpl-mock-{}", ++counter);
   std::string model = body.value("model", json()).is_string() ? body["model"].get<std::string>() : "mock-model";
-  auto reply = reply_to(body["messages"], s.config.script);
+  auto reply = reply_to(body["messages"], s.config.script, s.config.summary_bytes);
   auto tokens = tokens_of(reply.content);
   std::string finish_reason = reply.tool_calls.empty() ? "stop" : "tool_calls";
   json limit = body.value("max_completion_tokens", body.value("max_tokens", json()));
@@ -494,6 +495,8 @@ int main(int argc, char** argv) {
                  "\"tool_calls\": [{\"name\": ..., \"arguments\": {...}}]")
       ->check(CLI::ExistingFile);
   app.add_option("--require-key", config.require_key, "answer 401 unless Authorization is \"Bearer KEY\"");
+  app.add_option("--summary-bytes", config.summary_bytes,
+                 "a reply no script gives is \"Summary: \" and this many bytes of the last user message (default 200)");
   app.add_option("--log", log_file, "append one JSON line per request (never the key)");
   app.add_option("--pages", config.pages_dir, "serve GET /pages/NAME from this folder")->check(CLI::ExistingDirectory);
   CLI11_PARSE(app, argc, argv);
