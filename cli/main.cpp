@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   if (*run_cmd) return cairn::cli::run_command(paths, run, as_json);
   if (*resume_cmd) {
     if (resume_all == !resume_id.empty()) {
-      std::cerr << "cairn resume: give a run id or --all\n";
+      std::cerr << "cairn: give a run id or --all\nRun 'cairn resume --help' for what it takes.\n";
       return 2;
     }
     return cairn::cli::resume_command(paths, resume_id, resume_all, as_json);
