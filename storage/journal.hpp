@@ -99,6 +99,10 @@ struct run_record {
   std::optional<wait_spec> wait;   // set only while status is waiting
   std::optional<std::int64_t> cancel_requested_at_ms;
   std::optional<std::int64_t> deadline_ms;  // the run's overall timeout
+  // The machine whose disk holds the run's workspace ("" when the workspace
+  // is on storage every worker reaches): only a worker on that machine may
+  // execute the run. Set at creation, never changed.
+  std::string workspace_host;
   // Why input, output or policy could not be loaded (that field is null
   // then); "" when all were. Such a run cannot be executed.
   std::string unreadable;
@@ -115,6 +119,7 @@ struct new_run {
   std::string parent_id;  // "" for a top-level run
   std::string owner;      // initial owner, "" = none
   std::optional<std::int64_t> deadline_ms;
+  std::string workspace_host;  // see run_record
 };
 
 // A step's journaled outcome. Written once, never changed.
@@ -142,6 +147,23 @@ struct run_brief {
   run_status status = run_status::pending;
   std::string owner;
   std::string parent_id;
+  std::string workspace_host;
+};
+
+// A `cairn serve` process sharing the journal with others (a worker). Its id
+// is its owner string (engine/owner.hpp): the runs it owns are the runs whose
+// owner is that id. It holds them while its lease is current; once the lease
+// has expired any other worker may take them over (claim_run with the id as
+// expected owner), and the run's epoch fences every later write of the old one.
+struct worker_record {
+  std::string id;
+  std::string host;            // the machine it runs on (where workspaces it made live)
+  std::string workspace_root;  // "" or the shared folder its workspaces are made in
+  std::int64_t started_at_ms = 0;
+  std::int64_t renewed_at_ms = 0;
+  std::int64_t lease_expires_at_ms = 0;
+  std::int64_t fenced_writes = 0;  // writes of this worker the journal refused (stale epoch), as it last reported
+  int runs = 0;                    // runs it owns now (filled in by workers() and find_worker())
 };
 
 struct event_record {
@@ -165,8 +187,11 @@ struct journal_options {
 
 class journal {
  public:
-  // Opens (creating and migrating when writable) the journal at `path`.
-  // Throws storage_error with an actionable message.
+  // Opens (creating and migrating when writable) the journal at `path`: a
+  // SQLite file, or, when `path` is a URL "postgresql://..." (or
+  // "postgres://..."), a PostgreSQL database (libpq's URI syntax; read_only
+  // then never migrates and refuses writes). Throws storage_error with an
+  // actionable message.
   explicit journal(const std::filesystem::path& path, journal_options options = {});
   ~journal();
   journal(const journal&) = delete;
@@ -307,10 +332,32 @@ class journal {
   // (its JSON text), error message and type; each event's kind and data.
   std::uint64_t bytes_of_run(std::string_view run_id);
 
+  // Workers and their leases. register_worker inserts the worker or replaces
+  // its row (a restarted worker of the same id). renew_lease sets a new
+  // expiry and the fenced-writes count; false when the row is gone or its
+  // lease had already expired at now_ms() (the worker must assume its runs
+  // were taken: it re-registers, and the fence refuses its stale writes).
+  // remove_worker deletes the row (a worker shutting down, after handing its
+  // runs back). workers() lists every row, oldest first, expired ones too.
+  void register_worker(const worker_record& worker);
+  bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes);
+  void remove_worker(std::string_view worker_id);
+  std::vector<worker_record> workers();
+  std::optional<worker_record> find_worker(std::string_view worker_id);
+
+  // "sqlite" or "postgresql"; for a PostgreSQL journal, the server's version
+  // ("PostgreSQL 15.18"), for SQLite the library's ("SQLite 3.40.1").
+  std::string_view backend() const;
+  std::string server_version();
+
  private:
   struct impl;
   std::unique_ptr<impl> impl_;
 };
+
+// Whether `db` names a PostgreSQL database ("postgresql://..." or
+// "postgres://...") rather than a SQLite file.
+bool is_postgres_url(std::string_view db);
 
 // Milliseconds since the Unix epoch, the journal's time unit.
 std::int64_t now_ms();
