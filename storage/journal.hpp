@@ -100,8 +100,8 @@ struct run_record {
   std::optional<std::int64_t> cancel_requested_at_ms;
   std::optional<std::int64_t> deadline_ms;  // the run's overall timeout
   // The machine whose disk holds the run's workspace ("" when the workspace
-  // is on storage every worker reaches): only a worker on that machine may
-  // execute the run. Set at creation, never changed.
+  // is on storage every worker reaches, or not assigned yet): only a worker
+  // on that machine may execute the run. Set with the workspace.
   std::string workspace_host;
   // Why input, output or policy could not be loaded (that field is null
   // then); "" when all were. Such a run cannot be executed.
@@ -331,6 +331,12 @@ class journal {
   // The bytes the run's steps and events occupy: each step's name, output
   // (its JSON text), error message and type; each event's kind and data.
   std::uint64_t bytes_of_run(std::string_view run_id);
+
+  // Gives a run created without a workspace (workspace "") its workspace
+  // folder and the machine holding it ("" = shared storage), once: a fenced
+  // write of the run's owner. A run whose workspace is already set is
+  // storage_error(conflict) and nothing changes.
+  void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host);
 
   // Workers and their leases. register_worker inserts the worker or replaces
   // its row (a restarted worker of the same id). renew_lease sets a new
