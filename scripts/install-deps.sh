@@ -10,6 +10,7 @@ packages=(
   libssl-dev ca-certificates e2fsprogs
   procps util-linux sqlite3
   python3 python3-venv python3-setuptools python3-mypy
+  libpq-dev postgresql-15
 )
 
 missing=()
@@ -28,4 +29,15 @@ fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The tests start private PostgreSQL clusters of their own: the package's
+# system service must not start (policy-rc.d refuses it during this install).
+policy=""
+if [[ " ${missing[*]} " == *" postgresql-15 "* && ! -e /usr/sbin/policy-rc.d ]]; then
+  policy=/usr/sbin/policy-rc.d
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+fi
+status=0
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" || status=$?
+[ -n "$policy" ] && $sudo rm -f "$policy"
+exit $status
