@@ -37,7 +37,7 @@ void must(PGresult* r) {
 int main(int argc, char** argv) {
   std::optional<testing::pg_cluster> cluster;
   std::string url;
-  if (argc > 1) {
+  if (argc > 1 && *argv[1]) {
     url = argv[1];
   } else {
     cluster.emplace();

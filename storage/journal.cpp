@@ -636,61 +636,13 @@ struct journal::impl {
 
 std::vector<std::exception_ptr> journal::write_together(std::span<const std::function<void(journal&)>> writes) {
   if (pg_) return pg_->write_together(*this, writes);
-  std::vector<std::exception_ptr> errors(writes.size());
   auto& j = *impl_;
-  std::exception_ptr fatal;
-  try {
-    j.guard({}, [&] { j.run("BEGIN IMMEDIATE"); });
-  } catch (...) {
-    std::fill(errors.begin(), errors.end(), std::current_exception());
-    return errors;
-  }
-  j.grouped = true;
-  j.deferred.clear();
-  for (std::size_t i = 0; i < writes.size() && !fatal; ++i) {
-    const auto mark = j.deferred.size();
-    try {
-      j.guard({}, [&] { j.run("SAVEPOINT member"); });
-      writes[i](*this);
-      j.guard({}, [&] { j.run("RELEASE member"); });
-    } catch (...) {
-      errors[i] = std::current_exception();
-      j.deferred.resize(mark);
-      // A full disk or an I/O error may have rolled the whole transaction
-      // back: then nobody's write is kept.
-      if (sqlite3_get_autocommit(j.db.getHandle())) fatal = errors[i];
-      else
-        try {
-          j.guard({}, [&] {
-            j.run("ROLLBACK TO member");
-            j.run("RELEASE member");
-          });
-        } catch (...) {
-          fatal = std::current_exception();
-        }
-    }
-  }
-  j.grouped = false;
-  if (!fatal)
-    try {
-      j.guard({}, [&] { j.run("COMMIT"); });
-    } catch (...) {
-      fatal = std::current_exception();
-    }
-  if (fatal) {
-    if (!sqlite3_get_autocommit(j.db.getHandle()))
-      try {
-        j.run("ROLLBACK");
-      } catch (const SQLite::Exception&) {
-        // rolled back already
-      }
-    j.deferred.clear();
-    std::fill(errors.begin(), errors.end(), fatal);
-    return errors;
-  }
-  for (auto& f : j.deferred) f();
-  j.deferred.clear();
-  return errors;
+  return group_commit(*this, writes,
+                      {.run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); },
+                       .in_transaction = [&j] { return sqlite3_get_autocommit(j.db.getHandle()) == 0; },
+                       .begin = "BEGIN IMMEDIATE",
+                       .grouped = j.grouped,
+                       .deferred = j.deferred});
 }
 
 journal::journal(const fs::path& path, journal_options options) {

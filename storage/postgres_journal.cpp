@@ -675,60 +675,13 @@ int postgres_journal::schema_version() { return latest_version; }
 
 std::vector<std::exception_ptr> postgres_journal::write_together(
     journal& self, std::span<const std::function<void(journal&)>> writes) {
-  std::vector<std::exception_ptr> errors(writes.size());
   auto& j = *impl_;
-  try {
-    j.guard({}, [&] { j.run("BEGIN"); });
-  } catch (...) {
-    std::fill(errors.begin(), errors.end(), std::current_exception());
-    return errors;
-  }
-  j.grouped = true;
-  j.deferred.clear();
-  std::exception_ptr fatal;
-  for (std::size_t i = 0; i < writes.size() && !fatal; ++i) {
-    const auto mark = j.deferred.size();
-    try {
-      j.guard({}, [&] { j.run("SAVEPOINT member"); });
-      writes[i](self);
-      j.guard({}, [&] { j.run("RELEASE SAVEPOINT member"); });
-    } catch (...) {
-      errors[i] = std::current_exception();
-      j.deferred.resize(mark);
-      // A lost connection took the whole transaction with it.
-      if (PQstatus(j.conn) != CONNECTION_OK) fatal = errors[i];
-      else
-        try {
-          j.guard({}, [&] {
-            j.run("ROLLBACK TO SAVEPOINT member");
-            j.run("RELEASE SAVEPOINT member");
-          });
-        } catch (...) {
-          fatal = std::current_exception();
-        }
-    }
-  }
-  j.grouped = false;
-  if (!fatal)
-    try {
-      j.guard({}, [&] { j.run("COMMIT"); });
-    } catch (...) {
-      fatal = std::current_exception();
-    }
-  if (fatal) {
-    if (PQstatus(j.conn) == CONNECTION_OK && j.in_transaction())
-      try {
-        j.run("ROLLBACK");
-      } catch (const pg_failure&) {
-        // rolled back already
-      }
-    j.deferred.clear();
-    std::fill(errors.begin(), errors.end(), fatal);
-    return errors;
-  }
-  for (auto& f : j.deferred) f();
-  j.deferred.clear();
-  return errors;
+  return group_commit(self, writes,
+                      {.run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); },
+                       .in_transaction = [&j] { return PQstatus(j.conn) == CONNECTION_OK && j.in_transaction(); },
+                       .begin = "BEGIN",
+                       .grouped = j.grouped,
+                       .deferred = j.deferred});
 }
 
 std::pair<run_record, bool> postgres_journal::create_run(const new_run& run) {

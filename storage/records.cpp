@@ -1,5 +1,6 @@
 #include "storage/records.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "protocol/bounded_json.hpp"
@@ -134,6 +135,62 @@ void check_wait(const wait_spec& w) {
 
 json wait_event_data(const wait_spec& w) {
   return {{"kind", w.kind}, {"key", w.key}, {"seq", w.seq}, {"wake_at_ms", w.wake_at_ms ? json(*w.wake_at_ms) : json()}};
+}
+
+std::vector<std::exception_ptr> group_commit(journal& self, std::span<const std::function<void(journal&)>> writes,
+                                             const group_commit_backend& backend) {
+  std::vector<std::exception_ptr> errors(writes.size());
+  std::exception_ptr fatal;
+  try {
+    backend.run(backend.begin);
+  } catch (...) {
+    std::fill(errors.begin(), errors.end(), std::current_exception());
+    return errors;
+  }
+  backend.grouped = true;
+  backend.deferred.clear();
+  for (std::size_t i = 0; i < writes.size() && !fatal; ++i) {
+    const auto mark = backend.deferred.size();
+    try {
+      backend.run("SAVEPOINT member");
+      writes[i](self);
+      backend.run("RELEASE member");
+    } catch (...) {
+      errors[i] = std::current_exception();
+      backend.deferred.resize(mark);
+      // A full disk, an I/O error or a lost connection may have ended the
+      // whole transaction: then nobody's write is kept.
+      if (!backend.in_transaction()) fatal = errors[i];
+      else
+        try {
+          backend.run("ROLLBACK TO member");
+          backend.run("RELEASE member");
+        } catch (...) {
+          fatal = std::current_exception();
+        }
+    }
+  }
+  backend.grouped = false;
+  if (!fatal)
+    try {
+      backend.run("COMMIT");
+    } catch (...) {
+      fatal = std::current_exception();
+    }
+  if (fatal) {
+    if (backend.in_transaction())
+      try {
+        backend.run("ROLLBACK");
+      } catch (...) {
+        // rolled back already
+      }
+    backend.deferred.clear();
+    std::fill(errors.begin(), errors.end(), fatal);
+    return errors;
+  }
+  for (auto& f : backend.deferred) f();
+  backend.deferred.clear();
+  return errors;
 }
 
 }  // namespace cairn::storage::detail

@@ -5,10 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -163,5 +166,20 @@ storage_error workspace_set_error(std::string_view run_id, std::string_view jour
 void check_finish(run_status status, const std::optional<protocol::error_info>& error);
 void check_wait(const wait_spec& w);
 json wait_event_data(const wait_spec& w);
+
+// A group commit (journal::write_together) on a backend: `run` executes a
+// statement (BEGIN, SAVEPOINT member, ...; a failure is storage_error) and
+// `in_transaction` says whether the group's transaction is still open (a
+// full disk or a lost connection ends it). While the writes run, `grouped`
+// is set and claims wait in `deferred` for the commit.
+struct group_commit_backend {
+  std::function<void(const char* sql)> run;
+  std::function<bool()> in_transaction;
+  const char* begin;  // the statement that opens the transaction
+  bool& grouped;
+  std::vector<std::function<void()>>& deferred;
+};
+std::vector<std::exception_ptr> group_commit(journal& self, std::span<const std::function<void(journal&)>> writes,
+                                             const group_commit_backend& backend);
 
 }  // namespace cairn::storage::detail

@@ -20,11 +20,13 @@
 #include <catch2/catch.hpp>
 
 #include "tests/capabilities.hpp"
+#include "tests/storage/journal_samples.hpp"
 #include "tests/support/pg_cluster.hpp"
 
 namespace fs = std::filesystem;
 using namespace cairn;
 using namespace cairn::storage;
+using namespace cairn::storage::samples;
 using namespace std::chrono_literals;
 
 namespace Catch {
@@ -121,41 +123,6 @@ struct tiny_disk {
   tiny_disk(const tiny_disk&) = delete;
   tiny_disk& operator=(const tiny_disk&) = delete;
 };
-
-template <class F>
-std::optional<storage_error> error_from(F&& f) {
-  try {
-    f();
-  } catch (const storage_error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
-
-new_run a_run(const std::string& id, json input = {{"question", "why"}}) {
-  new_run r;
-  r.id = id;
-  r.agent = "/opt/agents/researcher";
-  r.input = std::move(input);
-  r.max_attempts = 4;
-  r.sandbox = "none";
-  r.workspace = "/tmp/ws-" + id;
-  return r;
-}
-
-step_record ok_step(const std::string& run, std::uint64_t seq, json output) {
-  step_record s;
-  s.run_id = run;
-  s.result.seq = seq;
-  s.result.name = "step-" + std::to_string(seq);
-  s.result.ok = true;
-  s.result.output = std::move(output);
-  s.result.attempt = 1;
-  s.result.duration_us = 1234 + static_cast<std::int64_t>(seq);
-  s.started_at_ms = 1'700'000'000'000 + static_cast<std::int64_t>(seq);
-  s.finished_at_ms = s.started_at_ms + 2;
-  return s;
-}
 
 step_record error_step(const std::string& run, std::uint64_t seq, std::string message, std::string type) {
   step_record s = ok_step(run, seq, nullptr);

@@ -15,10 +15,12 @@
 
 #include "storage/journal.hpp"
 #include "storage/wakeup.hpp"
+#include "tests/storage/journal_samples.hpp"
 #include "tests/support/pg_cluster.hpp"
 
 using namespace cairn;
 using namespace cairn::storage;
+using namespace cairn::storage::samples;
 using namespace std::chrono_literals;
 
 namespace {
@@ -44,36 +46,6 @@ class raw_connection {
  private:
   PGconn* conn_;
 };
-
-template <class F>
-std::optional<storage_error> error_from(F&& f) {
-  try {
-    f();
-  } catch (const storage_error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
-
-new_run a_run(const std::string& id) {
-  new_run r;
-  r.id = id;
-  r.agent = "/opt/agents/researcher";
-  r.sandbox = "none";
-  r.workspace = "/tmp/ws-" + id;
-  return r;
-}
-
-step_record a_step(const std::string& run, std::uint64_t seq) {
-  step_record s;
-  s.run_id = run;
-  s.result.seq = seq;
-  s.result.name = "step-" + std::to_string(seq);
-  s.result.ok = true;
-  s.result.output = {{"n", seq}};
-  s.result.attempt = 1;
-  return s;
-}
 
 template <class F>
 bool eventually(F&& condition, std::chrono::seconds deadline = 60s) {
@@ -179,8 +151,8 @@ TEST_CASE("postgres: a journaled step is final, for the journal and for any othe
   const auto url = testing::shared_pg_cluster().fresh_database();
   journal j(url);
   j.create_run(a_run("r"));
-  j.append_step(a_step("r", 0));
-  auto again = error_from([&] { j.append_step(a_step("r", 0)); });
+  j.append_step(ok_step("r", 0, {{"n", 1}}));
+  auto again = error_from([&] { j.append_step(ok_step("r", 0, {{"n", 1}})); });
   REQUIRE(again);
   CHECK(again->code() == errc::conflict);
   CHECK_THAT(again->what(), Catch::Contains("r/0 is already journaled"));
@@ -199,11 +171,11 @@ TEST_CASE("postgres: a run another worker claimed fences every write of the one 
   journal first(url), second(url);
   first.create_run(a_run("r"));
   REQUIRE(first.claim_run("r", "", "worker-1"));
-  first.append_step(a_step("r", 0));
+  first.append_step(ok_step("r", 0, {{"n", 1}}));
   REQUIRE(second.claim_run("r", "worker-1", "worker-2"));
 
   for (auto write : std::vector<std::function<void()>>{
-           [&] { first.append_step(a_step("r", 1)); },
+           [&] { first.append_step(ok_step("r", 1, {{"n", 1}})); },
            [&] { first.append_event("r", "late", {}); },
            [&] { first.begin_attempt("r"); },
            [&] { first.finish_run("r", run_status::completed, "done", std::nullopt); },
@@ -215,7 +187,7 @@ TEST_CASE("postgres: a run another worker claimed fences every write of the one 
   }
   CHECK(second.step_count("r") == 1);
   CHECK(second.find_run("r")->status == run_status::running);
-  second.append_step(a_step("r", 1));
+  second.append_step(ok_step("r", 1, {{"n", 1}}));
   CHECK(second.step_count("r") == 2);
 }
 
@@ -237,15 +209,15 @@ TEST_CASE("postgres: in a group commit one refused write fails alone and the oth
   const auto url = testing::shared_pg_cluster().fresh_database();
   journal j(url);
   for (auto id : {"a", "b", "c"}) j.create_run(a_run(id));
-  j.append_step(a_step("b", 0));
+  j.append_step(ok_step("b", 0, {{"n", 1}}));
   std::vector<std::function<void(journal&)>> writes = {
-      [](journal& w) { w.append_step(a_step("a", 0)); },
+      [](journal& w) { w.append_step(ok_step("a", 0, {{"n", 1}})); },
       [](journal& w) {
         w.append_event("b", "before_conflict", {});
-        w.append_step(a_step("b", 0));
+        w.append_step(ok_step("b", 0, {{"n", 1}}));
       },
-      [](journal& w) { w.append_step(a_step("c", 0)); },
-      [](journal& w) { w.append_step(a_step("nope", 0)); },
+      [](journal& w) { w.append_step(ok_step("c", 0, {{"n", 1}})); },
+      [](journal& w) { w.append_step(ok_step("nope", 0, {{"n", 1}})); },
   };
   auto errors = j.write_together(writes);
   REQUIRE(errors.size() == 4);
@@ -273,20 +245,20 @@ TEST_CASE("postgres: after a server restart the journal reconnects, and nothing 
   journal j(url);
   j.create_run(a_run("r"));
   REQUIRE(j.claim_run("r", "", "worker-1"));
-  j.append_step(a_step("r", 0));
+  j.append_step(ok_step("r", 0, {{"n", 1}}));
 
   std::uint64_t seq = 1;
   for (bool fast : {true, false}) {
     INFO((fast ? "fast" : "immediate") << " shutdown");
     cluster.stop(fast);
-    auto down = error_from([&] { j.append_step(a_step("r", seq)); });
+    auto down = error_from([&] { j.append_step(ok_step("r", seq, {{"n", 1}})); });
     REQUIRE(down);
     CHECK(down->code() == errc::io);
     CHECK_THAT(down->what(), Catch::Contains("check --db"));
     cluster.start();
     // The call after a failed one succeeds: the journal reconnected.
     CHECK(j.step_count("r") == seq);
-    j.append_step(a_step("r", seq++));
+    j.append_step(ok_step("r", seq++, {{"n", 1}}));
     CHECK(j.step_count("r") == seq);
     j.append_event("r", "still_held", {});  // the claim outlives the connection
   }
