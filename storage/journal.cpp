@@ -561,36 +561,8 @@ struct journal::impl {
     else f();
   }
 
-  // A write transaction; inside write_together, a savepoint of the group's.
-  // Rolls back unless committed.
-  class write_txn {
-   public:
-    explicit write_txn(impl& j) : j_(j) { j_.run(j_.grouped ? "SAVEPOINT write" : "BEGIN IMMEDIATE"); }
-    ~write_txn() {
-      if (done_) return;
-      try {
-        if (j_.grouped) {
-          j_.run("ROLLBACK TO write");
-          j_.run("RELEASE write");
-        } else {
-          j_.run("ROLLBACK");
-        }
-      } catch (const SQLite::Exception&) {
-        // SQLite rolled the transaction back itself (an I/O error, a full disk).
-      }
-    }
-    write_txn(const write_txn&) = delete;
-    write_txn& operator=(const write_txn&) = delete;
-
-    void commit() {
-      j_.run(j_.grouped ? "RELEASE write" : "COMMIT");
-      done_ = true;
-    }
-
-   private:
-    impl& j_;
-    bool done_ = false;
-  };
+  static constexpr const char* begin_statement = "BEGIN IMMEDIATE";
+  using write_txn = write_transaction<impl, SQLite::Exception>;
 
   // `write` under the fence: in one transaction with the check when this
   // object holds the run, else as it is (a single statement commits alone).
@@ -640,7 +612,7 @@ std::vector<std::exception_ptr> journal::write_together(std::span<const std::fun
   return group_commit(*this, writes,
                       {.run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); },
                        .in_transaction = [&j] { return sqlite3_get_autocommit(j.db.getHandle()) == 0; },
-                       .begin = "BEGIN IMMEDIATE",
+                       .begin = impl::begin_statement,
                        .grouped = j.grouped,
                        .deferred = j.deferred});
 }

@@ -437,35 +437,8 @@ struct postgres_journal::impl {
     ~depth_counter() { --depth; }
   };
 
-  // A write transaction; inside write_together, a savepoint of the group's.
-  // Rolls back unless committed.
-  class txn {
-   public:
-    explicit txn(impl& j) : j_(j) { j_.run(j_.grouped ? "SAVEPOINT write" : "BEGIN"); }
-    ~txn() {
-      if (done_) return;
-      try {
-        if (j_.grouped) {
-          j_.run("ROLLBACK TO SAVEPOINT write");
-          j_.run("RELEASE SAVEPOINT write");
-        } else {
-          j_.run("ROLLBACK");
-        }
-      } catch (const pg_failure&) {
-        // The connection is gone, and the transaction with it.
-      }
-    }
-    txn(const txn&) = delete;
-    txn& operator=(const txn&) = delete;
-    void commit() {
-      j_.run(j_.grouped ? "RELEASE SAVEPOINT write" : "COMMIT");
-      done_ = true;
-    }
-
-   private:
-    impl& j_;
-    bool done_ = false;
-  };
+  static constexpr const char* begin_statement = "BEGIN";
+  using txn = write_transaction<impl, pg_failure>;
 
   // Migrations under an advisory lock, in one transaction: two workers
   // opening a fresh database at once create the schema once.
@@ -679,7 +652,7 @@ std::vector<std::exception_ptr> postgres_journal::write_together(
   return group_commit(self, writes,
                       {.run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); },
                        .in_transaction = [&j] { return PQstatus(j.conn) == CONNECTION_OK && j.in_transaction(); },
-                       .begin = "BEGIN",
+                       .begin = impl::begin_statement,
                        .grouped = j.grouped,
                        .deferred = j.deferred});
 }

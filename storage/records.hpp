@@ -167,6 +167,39 @@ void check_finish(run_status status, const std::optional<protocol::error_info>& 
 void check_wait(const wait_spec& w);
 json wait_event_data(const wait_spec& w);
 
+// A write transaction; inside write_together, a savepoint of the group's.
+// Rolls back unless committed. Backend has run(const char*), whose failures
+// are of type Failure, `grouped`, and its BEGIN statement as begin_statement.
+template <class Backend, class Failure>
+class write_transaction {
+ public:
+  explicit write_transaction(Backend& b) : b_(b) { b_.run(b_.grouped ? "SAVEPOINT write" : Backend::begin_statement); }
+  ~write_transaction() {
+    if (done_) return;
+    try {
+      if (b_.grouped) {
+        b_.run("ROLLBACK TO write");
+        b_.run("RELEASE write");
+      } else {
+        b_.run("ROLLBACK");
+      }
+    } catch (const Failure&) {
+      // The transaction is gone already (an I/O error, a full disk, a lost connection).
+    }
+  }
+  write_transaction(const write_transaction&) = delete;
+  write_transaction& operator=(const write_transaction&) = delete;
+
+  void commit() {
+    b_.run(b_.grouped ? "RELEASE write" : "COMMIT");
+    done_ = true;
+  }
+
+ private:
+  Backend& b_;
+  bool done_ = false;
+};
+
 // A group commit (journal::write_together) on a backend: `run` executes a
 // statement (BEGIN, SAVEPOINT member, ...; a failure is storage_error) and
 // `in_transaction` says whether the group's transaction is still open (a
