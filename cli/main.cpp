@@ -81,6 +81,13 @@ int main(int argc, char** argv) {
                         "a policy file whose limits the pooled sandboxes get (default: the default policy's)")
       ->check(CLI::ExistingFile);
   serve_cmd->add_flag("--verbose", serve.verbose, "log every step, not only each run's start and end");
+  serve_cmd->add_option("--lease", serve.lease_seconds,
+                        "seconds this worker's lease lasts unrenewed (default 15): once it has expired (the "
+                        "process died, was paused or cut off), other workers on the journal take its runs over")
+      ->check(CLI::Range(1, 3600));
+  serve_cmd->add_option("--workspace-root", serve.workspace_root,
+                        "a folder on storage every worker reaches: workspaces this worker assigns are made there, "
+                        "so any worker may resume their runs (default: $CAIRN_HOME/workspaces, this machine only)");
 
   std::string signal_run, signal_name, signal_data = "null";
   auto* signal_cmd = app.add_subcommand("signal", "send a signal to a run (ctx.wait_signal); queued until it waits");
