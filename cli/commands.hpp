@@ -31,6 +31,8 @@ struct settle_args {
 
 int run_command(const paths& p, const run_args& args, bool as_json);
 int resume_command(const paths& p, const std::string& run_id, bool all, bool as_json);
+// `cairn workers`: the workers sharing the journal, their leases and runs.
+int workers_command(const paths& p, bool as_json);
 int ls_command(const paths& p, bool as_json);
 int show_command(const paths& p, const std::string& run_id, bool as_json);
 int doctor_command(const paths& p, bool as_json);

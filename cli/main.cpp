@@ -115,6 +115,10 @@ int main(int argc, char** argv) {
   auto* ls_cmd = app.add_subcommand("ls", "list runs, newest first");
   ls_cmd->add_flag("--json", as_json, "JSON output");
 
+  auto* workers_cmd = app.add_subcommand("workers", "the `cairn serve` workers sharing the journal: their host, the "
+                                                   "runs each holds, their lease and refused writes");
+  workers_cmd->add_flag("--json", as_json, "JSON output");
+
   std::string show_id;
   auto* show_cmd = app.add_subcommand("show", "a run and its step journal");
   show_cmd->add_option("run", show_id, "run id")->required();
@@ -165,6 +169,7 @@ int main(int argc, char** argv) {
     return cairn::cli::resume_command(paths, resume_id, resume_all, as_json);
   }
   if (*ls_cmd) return cairn::cli::ls_command(paths, as_json);
+  if (*workers_cmd) return cairn::cli::workers_command(paths, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
   if (*workspace_cmd) return cairn::cli::workspace_command(paths, workspace_id, workspace_path, as_json);
   if (*doctor_cmd) return cairn::cli::doctor_command(paths, as_json);

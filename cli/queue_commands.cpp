@@ -66,7 +66,7 @@ bool served(storage::journal& journal) { return engine::worker_leases(journal).a
 
 std::string no_daemon_hint(storage::journal& journal, const paths& p, const std::string& run_id) {
   if (served(journal)) return "";
-  return fmt::format("no `cairn serve` serves {}: unless a `cairn run` follows this run, start one or continue it "
+  return fmt::format("no `cairn serve` holds {}: unless a `cairn run` follows this run, start one or continue it "
                      "with `cairn resume {}`",
                      shown_db(p), run_id);
 }
@@ -74,7 +74,7 @@ std::string no_daemon_hint(storage::journal& journal, const paths& p, const std:
 // The same after a batch: `cairn resume --all` takes every pending run.
 std::string no_daemon_hint_for_batch(storage::journal& journal, const paths& p) {
   if (served(journal)) return "";
-  return fmt::format("no `cairn serve` serves {}: start one, or execute the queued runs in this process with "
+  return fmt::format("no `cairn serve` holds {}: start one, or execute the queued runs in this process with "
                      "`cairn resume --all`",
                      shown_db(p));
 }
