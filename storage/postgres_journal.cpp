@@ -593,13 +593,9 @@ struct postgres_journal::impl {
 
   template <class... Args>
   std::vector<run_record> runs(const std::string& sql_tail, const Args&... args) {
-    auto r = exec(query(fmt::format("SELECT {}, workspace_host FROM runs {}", run_columns, sql_tail)), args...);
+    auto r = exec(query(fmt::format("SELECT {} FROM runs {}", run_columns, sql_tail)), args...);
     std::vector<run_record> out;
-    for (int i = 0; i < r.rows(); ++i) {
-      const pg_row row{r, i};
-      out.push_back(read_run(row));
-      out.back().workspace_host = row.text(24);
-    }
+    for (int i = 0; i < r.rows(); ++i) out.push_back(read_run(pg_row{r, i}));
     return out;
   }
 
