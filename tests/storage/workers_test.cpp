@@ -1,10 +1,9 @@
 // Workers, their leases and the workspaces assigned at first execution
-// (storage/journal.hpp). Runs on the backend tests/support/test_db.hpp picks.
+// (storage/journal.hpp), on both backends.
 #include <catch2/catch.hpp>
 
 #include "storage/journal.hpp"
 #include "tests/support/test_db.hpp"
-#include "tests/temp_dir.hpp"
 
 using namespace cairn;
 using namespace cairn::storage;
@@ -38,9 +37,9 @@ storage_error error_from(const std::function<void()>& f) {
 }  // namespace
 
 TEST_CASE("a registered worker is listed with its lease and the runs it owns") {
-  testing::temp_dir dir;
-  journal j(testing::test_db(dir.path()));
-  const auto p = testing::test_prefix();
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
+  const std::string p;
   auto w = a_worker(p + "w1", 60'000);
   w.workspace_root = "/mnt/shared";
   j.register_worker(w);
@@ -74,9 +73,9 @@ TEST_CASE("a registered worker is listed with its lease and the runs it owns") {
 }
 
 TEST_CASE("renew_lease extends a current lease and reports fenced writes; an expired lease is not revived") {
-  testing::temp_dir dir;
-  journal j(testing::test_db(dir.path()));
-  const auto p = testing::test_prefix();
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
+  const std::string p;
   j.register_worker(a_worker(p + "live", 60'000));
   const auto later = now_ms() + 120'000;
   CHECK(j.renew_lease(p + "live", later, 3));
@@ -102,9 +101,9 @@ TEST_CASE("renew_lease extends a current lease and reports fenced writes; an exp
 }
 
 TEST_CASE("a run created without a workspace gets one, once, from the worker that holds it") {
-  testing::temp_dir dir;
-  journal owner(testing::test_db(dir.path())), other(testing::test_db(dir.path()));
-  const auto p = testing::test_prefix();
+  ON_EACH_BACKEND(where);
+  journal owner(where.path()), other(where.path());
+  const std::string p;
   owner.create_run(a_run(p + "r"));
   CHECK(owner.find_run(p + "r")->workspace.empty());
   REQUIRE(owner.claim_run(p + "r", "", "worker-a"));
@@ -135,9 +134,9 @@ TEST_CASE("a run created without a workspace gets one, once, from the worker tha
 }
 
 TEST_CASE("new_run's workspace_host is kept") {
-  testing::temp_dir dir;
-  journal j(testing::test_db(dir.path()));
-  const auto p = testing::test_prefix();
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
+  const std::string p;
   auto r = a_run(p + "r");
   r.workspace = "/home/a/ws";
   r.workspace_host = "host-a";
