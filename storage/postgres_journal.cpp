@@ -552,13 +552,7 @@ struct postgres_journal::impl {
   // journaled is storage_error(conflict).
   void insert_step(const step_record& step) {
     const auto& r = step.result;
-    std::optional<std::string> out, message, type;
-    if (r.ok) {
-      out = dump(r.output);
-    } else {
-      message = r.error.message;
-      type = r.error.type;
-    }
+    auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
     const auto h = held.find(step.run_id);
     const std::optional<std::string> owner = h == held.end() ? std::nullopt : std::optional(h->second.owner);
     const std::optional<std::int64_t> epoch = h == held.end() ? std::nullopt : std::optional(h->second.epoch);
@@ -748,13 +742,7 @@ void postgres_journal::finish_run(std::string_view id, run_status status, const 
     const auto now = now_ms();
     impl::txn tx(j);
     j.fence(id);
-    std::optional<std::string> out, message, type;
-    if (ok) {
-      out = dump(output);
-    } else {
-      message = error->message;
-      type = error->type;
-    }
+    auto [out, message, type] = outcome_columns(ok, output, ok ? protocol::error_info{} : *error);
     auto r = j.exec("UPDATE runs SET status = $2, output = $3, error_message = $4, error_type = $5, owner = '', "
                     "finished_at_ms = $6, updated_at_ms = $7, wait_kind = NULL, wait_key = NULL, wait_seq = NULL, "
                     "wake_at_ms = NULL WHERE id = $1 RETURNING parent_id",
