@@ -227,6 +227,15 @@ std::string trimmed(std::string s) {
   return s;
 }
 
+// libpq's connection to `url`, with defaults the URL may override: a server
+// that does not answer fails the call in 10 s instead of never, and the
+// server's views name the client.
+PGconn* connect_to(const std::string& url) {
+  const char* keywords[] = {"connect_timeout", "application_name", "dbname", nullptr};
+  const char* values[] = {"10", "cairn", url.c_str(), nullptr};
+  return PQconnectdbParams(keywords, values, 1);
+}
+
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 // A statement that writes nothing: lost before its answer, it may run again.
@@ -243,7 +252,7 @@ struct postgres_journal::impl {
   int statements = 0;                                     // sent in the current call
 
   impl(const fs::path& url, const journal_options& o) : path(url), options(o), name(redacted(url.string())) {
-    conn = PQconnectdb(path.c_str());
+    conn = connect_to(path.string());
     check_connected();
     try {
       set_up_session();
@@ -301,7 +310,7 @@ struct postgres_journal::impl {
     if (conn && PQstatus(conn) == CONNECTION_OK) return;
     prepared.clear();
     if (conn) PQreset(conn);
-    else conn = PQconnectdb(path.c_str());
+    else conn = connect_to(path.string());
     if (PQstatus(conn) != CONNECTION_OK)
       throw storage_error(errc::io, fmt::format("cannot reach journal {} at {} ({}); is the server running? check --db",
                                                 name, where(), trimmed(PQerrorMessage(conn))));
@@ -1151,7 +1160,7 @@ postgres_listener::~postgres_listener() { PQfinish(conn_); }
 
 bool postgres_listener::connect() {
   if (conn_) PQreset(conn_);
-  else conn_ = PQconnectdb(url_.c_str());
+  else conn_ = connect_to(url_);
   if (PQstatus(conn_) != CONNECTION_OK) return false;
   std::unique_ptr<PGresult, decltype(&PQclear)> r(PQexec(conn_, fmt::format("LISTEN {}", wake_channel).c_str()),
                                                   &PQclear);
