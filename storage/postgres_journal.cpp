@@ -309,6 +309,7 @@ struct postgres_journal::impl {
   void reconnect_if_lost() {
     if (conn && PQstatus(conn) == CONNECTION_OK) return;
     prepared.clear();
+    pending.clear();
     if (conn) PQreset(conn);
     else conn = connect_to(path.string());
     if (PQstatus(conn) != CONNECTION_OK)
@@ -339,14 +340,21 @@ struct postgres_journal::impl {
     if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) fail(res.r.get(), sql, in_transaction);
   }
 
-  bool in_transaction() const { return PQtransactionStatus(conn) != PQTRANS_IDLE; }
+  // Also when the BEGIN is still in `pending`.
+  bool in_transaction() const { return !pending.empty() || PQtransactionStatus(conn) != PQTRANS_IDLE; }
+
+  // BEGIN, SAVEPOINT and RELEASE have no answer to wait for: they wait here
+  // and go in one pipeline with the next statement, so a group commit of one
+  // step costs two round trips (BEGIN ... INSERT, RELEASE ... COMMIT), not five.
+  std::vector<const char*> pending;
+  static bool deferrable(std::string_view sql) {
+    return sql == "BEGIN" || starts_with(sql, "SAVEPOINT ") || starts_with(sql, "RELEASE ");
+  }
 
   // A statement without parameters (BEGIN, SAVEPOINT, SET ...).
   void run(const char* sql) {
-    ++statements;
-    const bool in_tx = in_transaction();
-    result res{{PQexec(conn, sql), &PQclear}};
-    check(res, sql, in_tx);
+    if (deferrable(sql)) pending.push_back(sql);
+    else send(sql, nullptr, 0, nullptr, nullptr, nullptr);
   }
 
   // A statement with parameters ($1, $2, ...), prepared once per connection.
@@ -360,20 +368,59 @@ struct postgres_journal::impl {
       lengths[i] = params[i].value ? static_cast<int>(params[i].value->size()) : 0;
       formats[i] = params[i].binary ? 1 : 0;
     }
-    ++statements;
-    const bool in_tx = in_transaction();
     auto& statement = prepared[sql];
     if (statement.empty()) {
       const std::string fresh = fmt::format("cairn_{}", prepared.size());
+      const bool in_tx = in_transaction();
       result made{{PQprepare(conn, fresh.c_str(), sql, static_cast<int>(params.size()), nullptr), &PQclear}};
       check(made, sql, in_tx);
       statement = fresh;
     }
-    result res{{PQexecPrepared(conn, statement.c_str(), static_cast<int>(params.size()), values.data(),
-                               lengths.data(), formats.data(), 0),
-                &PQclear}};
-    check(res, sql, in_tx);
-    return res;
+    return send(sql, statement.c_str(), static_cast<int>(params.size()), values.data(), lengths.data(),
+                formats.data());
+  }
+
+  // Sends the pending statements and `sql` (the prepared statement `name`
+  // when not null) and returns the answer to `sql`; the first failure of
+  // any of them is thrown.
+  result send(const char* sql, const char* name, int n, const char* const* values, const int* lengths,
+              const int* formats) {
+    ++statements;
+    const bool in_tx = in_transaction();
+    if (pending.empty()) {
+      result res{{name ? PQexecPrepared(conn, name, n, values, lengths, formats, 0) : PQexec(conn, sql), &PQclear}};
+      check(res, sql, in_tx);
+      return res;
+    }
+    const auto queued = std::move(pending);
+    pending.clear();
+    bool sent = PQenterPipelineMode(conn) == 1;
+    for (const char* q : queued) sent = sent && PQsendQueryParams(conn, q, 0, nullptr, nullptr, nullptr, nullptr, 0);
+    sent = sent &&
+           (name ? PQsendQueryPrepared(conn, name, n, values, lengths, formats, 0)
+                 : PQsendQueryParams(conn, sql, 0, nullptr, nullptr, nullptr, nullptr, 0)) &&
+           PQpipelineSync(conn) == 1;
+    result failed, last;
+    std::string_view failed_sql;
+    // Each statement's answer ends with a null; the pipeline's with PGRES_PIPELINE_SYNC.
+    for (std::size_t i = 0; sent && i <= queued.size() && PQstatus(conn) == CONNECTION_OK; ++i) {
+      result r{{PQgetResult(conn), &PQclear}};
+      while (PGresult* rest = PQgetResult(conn)) PQclear(rest);
+      const auto status = r.r ? PQresultStatus(r.r.get()) : PGRES_FATAL_ERROR;
+      if (!failed.r && status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK && status != PGRES_PIPELINE_ABORTED) {
+        failed = std::move(r);
+        failed_sql = i < queued.size() ? queued[i] : sql;
+      } else if (i == queued.size()) {
+        last = std::move(r);
+      }
+    }
+    if (sent && PQstatus(conn) == CONNECTION_OK) {
+      result sync{{PQgetResult(conn), &PQclear}};
+      sent = sync.r && PQresultStatus(sync.r.get()) == PGRES_PIPELINE_SYNC && PQexitPipelineMode(conn) == 1;
+    }
+    if (failed.r) fail(failed.r.get(), failed_sql, in_tx);
+    if (!sent || !last.r) fail(nullptr, sql, in_tx);
+    return last;
   }
 
   // What a failed statement means for the user, with what to do about it.

@@ -256,6 +256,17 @@ TEST_CASE("postgres: after a server restart the journal reconnects, and nothing 
     j.append_step(ok_step("r", seq++, {{"n", 1}}));
     CHECK(j.step_count("r") == seq);
     j.append_event("r", "still_held", {});  // the claim outlives the connection
+
+    // The same through a group commit, whose BEGIN goes with its first statement.
+    cluster.stop(fast);
+    const std::function<void(journal&)> write = [&](journal& w) { w.append_step(ok_step("r", seq, {{"n", 1}})); };
+    auto errors = j.write_together({&write, 1});
+    REQUIRE(errors[0]);
+    CHECK(error_from([&] { std::rethrow_exception(errors[0]); })->code() == errc::io);
+    cluster.start();
+    errors = j.write_together({&write, 1});
+    CHECK_FALSE(errors[0]);
+    CHECK(j.step_count("r") == ++seq);
   }
   j.finish_run("r", run_status::completed, "done", std::nullopt);
   CHECK(journal(url).find_run("r")->status == run_status::completed);
