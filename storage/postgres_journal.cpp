@@ -322,7 +322,15 @@ struct postgres_journal::impl {
     }
   }
 
-  [[noreturn]] void fail(PGresult* r, std::string_view sql, bool in_transaction) {
+  // Where a statement ran: on its own (autocommit), in a transaction its own
+  // pipeline began (nothing of it can have committed), or in one already open.
+  enum class transaction { none, begun_with_it, open };
+  transaction transaction_state() const {
+    if (PQtransactionStatus(conn) != PQTRANS_IDLE) return transaction::open;
+    return pending.empty() ? transaction::none : transaction::begun_with_it;
+  }
+
+  [[noreturn]] void fail(PGresult* r, std::string_view sql, transaction tx) {
     const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
     std::string message = trimmed(r ? PQresultErrorMessage(r) : PQerrorMessage(conn));
     if (message.empty()) message = trimmed(PQerrorMessage(conn));
@@ -330,14 +338,15 @@ struct postgres_journal::impl {
     const bool lost = PQstatus(conn) != CONNECTION_OK || starts_with(sqlstate, "57P") || starts_with(sqlstate, "08");
     // Outside a transaction a write commits alone: lost with it, it may have
     // committed. COMMIT itself the same.
-    const bool ambiguous = lost && (sql == "COMMIT" || (!in_transaction && !writes_nothing(sql)));
-    const bool repeatable = lost && !in_transaction && writes_nothing(sql) && statements == 1;
+    const bool ambiguous = lost && (sql == "COMMIT" || (tx == transaction::none && !writes_nothing(sql)));
+    const bool repeatable = lost && statements == 1 && tx != transaction::open &&
+                            (writes_nothing(sql) || tx == transaction::begun_with_it);
     throw pg_failure(message, sqlstate, lost, ambiguous, repeatable);
   }
 
-  void check(const result& res, std::string_view sql, bool in_transaction) {
+  void check(const result& res, std::string_view sql, transaction tx) {
     const auto status = res.r ? PQresultStatus(res.r.get()) : PGRES_FATAL_ERROR;
-    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) fail(res.r.get(), sql, in_transaction);
+    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) fail(res.r.get(), sql, tx);
   }
 
   // Also when the BEGIN is still in `pending`.
@@ -353,8 +362,9 @@ struct postgres_journal::impl {
 
   // A statement without parameters (BEGIN, SAVEPOINT, SET ...).
   void run(const char* sql) {
-    if (deferrable(sql)) pending.push_back(sql);
-    else send(sql, nullptr, 0, nullptr, nullptr, nullptr);
+    if (deferrable(sql)) return pending.push_back(sql);
+    ++statements;
+    send(sql, nullptr, 0, nullptr, nullptr, nullptr);
   }
 
   // A statement with parameters ($1, $2, ...), prepared once per connection.
@@ -368,12 +378,13 @@ struct postgres_journal::impl {
       lengths[i] = params[i].value ? static_cast<int>(params[i].value->size()) : 0;
       formats[i] = params[i].binary ? 1 : 0;
     }
+    ++statements;
     auto& statement = prepared[sql];
     if (statement.empty()) {
       const std::string fresh = fmt::format("cairn_{}", prepared.size());
-      const bool in_tx = in_transaction();
+      const auto tx = transaction_state();
       result made{{PQprepare(conn, fresh.c_str(), sql, static_cast<int>(params.size()), nullptr), &PQclear}};
-      check(made, sql, in_tx);
+      check(made, sql, tx);
       statement = fresh;
     }
     return send(sql, statement.c_str(), static_cast<int>(params.size()), values.data(), lengths.data(),
@@ -385,11 +396,10 @@ struct postgres_journal::impl {
   // any of them is thrown.
   result send(const char* sql, const char* name, int n, const char* const* values, const int* lengths,
               const int* formats) {
-    ++statements;
-    const bool in_tx = in_transaction();
+    const auto tx = transaction_state();
     if (pending.empty()) {
       result res{{name ? PQexecPrepared(conn, name, n, values, lengths, formats, 0) : PQexec(conn, sql), &PQclear}};
-      check(res, sql, in_tx);
+      check(res, sql, tx);
       return res;
     }
     const auto queued = std::move(pending);
@@ -418,8 +428,8 @@ struct postgres_journal::impl {
       result sync{{PQgetResult(conn), &PQclear}};
       sent = sync.r && PQresultStatus(sync.r.get()) == PGRES_PIPELINE_SYNC && PQexitPipelineMode(conn) == 1;
     }
-    if (failed.r) fail(failed.r.get(), failed_sql, in_tx);
-    if (!sent || !last.r) fail(nullptr, sql, in_tx);
+    if (failed.r) fail(failed.r.get(), failed_sql, tx);
+    if (!sent || !last.r) fail(nullptr, sql, tx);
     return last;
   }
 

@@ -268,6 +268,11 @@ TEST_CASE("postgres: after a server restart the journal reconnects, and nothing 
     CHECK_FALSE(errors[0]);
     CHECK(j.step_count("r") == ++seq);
   }
+  // A call that finds the connection lost before it wrote anything (a read,
+  // or a transaction's first statement) reconnects and runs at once.
+  cluster.restart();
+  CHECK(j.step_count("r") == seq);
+  cluster.restart();
   j.finish_run("r", run_status::completed, "done", std::nullopt);
   CHECK(journal(url).find_run("r")->status == run_status::completed);
 }
