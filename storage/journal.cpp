@@ -600,13 +600,7 @@ struct journal::impl {
   // Inserts the step row; a (run, seq) already journaled is storage_error(conflict).
   void insert_step(const step_record& step) {
     const auto& r = step.result;
-    std::optional<std::string> out, message, type;
-    if (r.ok) {
-      out = dump(r.output);
-    } else {
-      message = r.error.message;
-      type = r.error.type;
-    }
+    auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
     try {
       prepared("INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
                "duration_us, started_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -754,13 +748,7 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
     const auto now = now_ms();
     impl::write_txn tx(*impl_);
     impl_->fence(id);
-    std::optional<std::string> out, message, type;
-    if (ok) {
-      out = dump(output);
-    } else {
-      message = error->message;
-      type = error->type;
-    }
+    auto [out, message, type] = outcome_columns(ok, output, ok ? protocol::error_info{} : *error);
     impl_->require_run(statement(impl_->db,
                                  "UPDATE runs SET status = ?, output = ?, error_message = ?, error_type = ?, "
                                  "owner = '', finished_at_ms = ?, updated_at_ms = ?, wait_kind = NULL, "

@@ -32,6 +32,12 @@ json load(const std::optional<std::string>& text, std::string_view what) {
   return value;
 }
 
+std::tuple<std::optional<std::string>, std::optional<std::string>, std::optional<std::string>> outcome_columns(
+    bool ok, const json& output, const protocol::error_info& error) {
+  if (ok) return {dump(output), std::nullopt, std::nullopt};
+  return {std::nullopt, error.message, error.type};
+}
+
 bool is_finished(run_status s) {
   return s == run_status::completed || s == run_status::failed || s == run_status::cancelled;
 }

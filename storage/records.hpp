@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -27,6 +28,11 @@ std::string dump(const json& j);
 json load_or_explain(const std::optional<std::string>& text, std::string_view what, std::string& why);
 // As load_or_explain, but such a value is storage_error(unreadable).
 json load(const std::optional<std::string>& text, std::string_view what);
+
+// The output, error_message and error_type columns of a step or a run's
+// outcome: the output's JSON when ok, else the error.
+std::tuple<std::optional<std::string>, std::optional<std::string>, std::optional<std::string>> outcome_columns(
+    bool ok, const json& output, const protocol::error_info& error);
 
 // completed, failed and cancelled are final; in_doubt is not (settle resumes it).
 bool is_finished(run_status s);

@@ -246,6 +246,14 @@ TEST_CASE("run status names round-trip") {
   CHECK_FALSE(parse_run_status("done"));
 }
 
+TEST_CASE("a journal names its backend and the version of its database") {
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
+  CHECK(j.backend() == where_backend);
+  CHECK_THAT(j.server_version(), Catch::StartsWith(where_backend == "sqlite" ? "SQLite 3." : "PostgreSQL 1"));
+  CHECK(j.path() == where.path());
+}
+
 TEST_CASE("create_run is idempotent: the id is the key") {
   ON_EACH_BACKEND(where);
   journal j(where.path());
