@@ -441,6 +441,22 @@ std::vector<std::pair<std::int64_t, std::int64_t>> executions_of(storage::journa
   return out;
 }
 
+// The execution of each of `ids`, each checked to have completed in one attempt.
+std::vector<std::pair<std::int64_t, std::int64_t>> single_executions(const cairn_home& h,
+                                                                     const std::vector<std::string>& ids) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> intervals;
+  auto j = h.journal();
+  for (const auto& id : ids) {
+    INFO(id);
+    auto run = j->find_run(id);
+    CHECK(run->status == run_status::completed);
+    CHECK(run->attempts == 1);
+    auto e = executions_of(*j, id);
+    intervals.insert(intervals.end(), e.begin(), e.end());
+  }
+  return intervals;
+}
+
 // The most intervals open at one instant; an interval ending at t does not
 // overlap one starting at t (a worker ends one run before it takes the next).
 int max_overlap(const std::vector<std::pair<std::int64_t, std::int64_t>>& intervals) {
@@ -507,18 +523,7 @@ TEST_CASE("serve --max-concurrent 2 runs every submitted run, never more than 2 
   }
 
   eventually("every run completed", [&] { return every_run_ended(h); }, context);
-  std::vector<std::pair<std::int64_t, std::int64_t>> intervals;
-  {
-    auto j = h.journal();
-    for (const auto& id : ids) {
-      INFO(id);
-      auto run = j->find_run(id);
-      CHECK(run->status == run_status::completed);
-      CHECK(run->attempts == 1);
-      auto e = executions_of(*j, id);
-      intervals.insert(intervals.end(), e.begin(), e.end());
-    }
-  }
+  const auto intervals = single_executions(h, ids);
   CHECK(intervals.size() == ids.size());
   CHECK(max_overlap(intervals) == 2);  // the limit holds, and is used
   for (const auto& id : ids) check_completed(h, id, plan, {});
@@ -1262,19 +1267,8 @@ TEST_CASE("two serves on one journal share the runs, and each run is executed on
   daemon_process b(h, "b", {"--max-concurrent", "2", "--lease", "3"});
   auto context = [&] { return a.log() + b.log() + show_runs(h); };
   eventually("every run ended", [&] { return every_run_ended(h); }, context, 90s);
-  std::vector<std::pair<std::int64_t, std::int64_t>> intervals;
-  {
-    auto j = h.journal();
-    for (const auto& id : ids) {
-      INFO(id);
-      auto run = j->find_run(id);
-      CHECK(run->status == run_status::completed);
-      CHECK(run->attempts == 1);
-      auto e = executions_of(*j, id);
-      CHECK(e.size() == 1);
-      intervals.insert(intervals.end(), e.begin(), e.end());
-    }
-  }
+  const auto intervals = single_executions(h, ids);
+  CHECK(intervals.size() == ids.size());
   for (const auto& id : ids) check_completed(h, id, plan, {});
   INFO(context());
   // Each took runs (one alone would run at most 2 at once), and together never more than both limits.
