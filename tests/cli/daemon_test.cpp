@@ -1364,3 +1364,53 @@ TEST_CASE("a worker paused past its lease loses its run to another; resumed, its
   a.stop();
   b.stop();
 }
+
+TEST_CASE("a run's workspace is chosen at submit on SQLite, and on PostgreSQL by the worker that first executes it") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const std::string id = p + "ws";
+  const bool shared_journal = storage::is_postgres_url(testing::test_db(h.home()));
+  const auto root = h.file("shared");
+  fs::create_directories(root);
+  h.submit(id, plan_of({step("a")}), {"--sandbox", "none"});
+  CHECK(h.journal()->find_run(id)->workspace == (shared_journal ? "" : h.workspace(id).string()));
+  daemon_process serve(h, "serve", {"--workspace-root", root.string()});
+  eventually("the run completed", [&] { return h.journal()->find_run(id)->status == run_status::completed; },
+             [&] { return serve.log() + show_runs(h); });
+  auto run = h.journal()->find_run(id);
+  // Under --workspace-root the workspace is on storage every worker reaches: no machine is named.
+  CHECK(run->workspace == (shared_journal ? (root / id).string() : h.workspace(id).string()));
+  CHECK(run->workspace_host.empty());
+  CHECK(slurp(fs::path(run->workspace) / "exec.log") == "step a\n");
+  serve.stop();
+}
+
+TEST_CASE("a worker never takes a run whose workspace is on another machine") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  h.submit(p + "first", plan_of({step("a")}), {"--sandbox", "none"});  // creates the journal
+  {
+    storage::journal j(testing::test_db(h.home()));
+    storage::new_run elsewhere;
+    elsewhere.id = p + "elsewhere";
+    elsewhere.agent = WAIT_AGENT;
+    elsewhere.input = {{"plan", plan_of({step("a")})}};
+    elsewhere.sandbox = "none";
+    elsewhere.workspace = "/srv/other-machine/workspaces/" + elsewhere.id;
+    elsewhere.workspace_host = "another-machine-" + p;
+    j.create_run(elsewhere);
+  }
+  h.submit(p + "after", plan_of({step("a")}), {"--sandbox", "none"});
+  daemon_process serve(h, "serve");
+  // Runs are looked at oldest first: once the later one completed, the one between was passed over.
+  eventually("the runs beside it completed", [&] {
+    auto j = h.journal();
+    return j->find_run(p + "first")->status == run_status::completed &&
+           j->find_run(p + "after")->status == run_status::completed;
+  }, [&] { return serve.log() + show_runs(h); });
+  auto run = h.journal()->find_run(p + "elsewhere");
+  CHECK(run->status == run_status::pending);
+  CHECK(run->attempts == 0);
+  CHECK(run->owner.empty());
+  serve.stop();
+}
