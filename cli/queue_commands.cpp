@@ -63,7 +63,7 @@ class serve_log : public engine::run_observer {
 };
 
 // Whether a `cairn serve` (a worker with a current lease) serves the journal.
-bool served(storage::journal& journal) { return engine::worker_leases(journal).any_current(); }
+bool served(storage::journal& journal) { return engine::worker_leases(journal).any_alive(); }
 
 std::string no_daemon_hint(storage::journal& journal, const paths& p, const std::string& run_id) {
   if (served(journal)) return "";
