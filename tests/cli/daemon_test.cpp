@@ -1333,6 +1333,15 @@ TEST_CASE("a worker paused past its lease loses its run to another; resumed, its
   CHECK(worker_of(h, a.pid())->id == a_owner);
   const auto agents = descendants(a.pid());
   REQUIRE_FALSE(agents.empty());
+  // `cairn ls` says who holds it.
+  auto listed = h.cli({"ls"});
+  CHECK_THAT(listed.out, Catch::Contains("pid " + std::to_string(a.pid()) + " on " + this_host()));
+  listed = h.cli({"ls", "--json"});
+  for (const auto& r : json::parse(listed.out))
+    if (r["id"] == id) {
+      CHECK(r["owner"] == a_owner);
+      CHECK(r["workspace_host"] == "");
+    }
 
   daemon_process b(h, "b", {"--lease", "2"});
   REQUIRE(::kill(a.pid(), SIGSTOP) == 0);
