@@ -1,5 +1,5 @@
 // The `cairn serve` daemon driven from outside, as users and scripts drive
-// it: submit, concurrency limit, one daemon per journal, graceful SIGTERM;
+// it: submit, concurrency limit, many daemons on one journal and their leases, graceful SIGTERM;
 // SIGKILL of the daemon while runs sleep, wait for signals, have children in
 // flight and are being cancelled (from outside, and at exact engine points),
 // then a new daemon; and bad input through the CLI. Everything is checked in
