@@ -4,7 +4,11 @@
 // fails, saying what to install).
 #pragma once
 
+#include <unistd.h>
+
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -24,6 +28,22 @@ class journal_location {
   temp_dir folder_;
   std::filesystem::path path_;
 };
+
+// For tests that start cairn processes: the PostgreSQL database named by
+// CAIRN_TEST_DB_URL when it is set (catch_main gives the whole test process
+// one fresh database when CAIRN_TEST_ON_POSTGRES=1; tests/CMakeLists.txt
+// registers such runs), else a SQLite file in `dir`. On PostgreSQL the tests
+// of a process share that database and keep apart by their ids.
+inline std::string test_db(const std::filesystem::path& dir) {
+  if (const char* url = std::getenv("CAIRN_TEST_DB_URL"); url && *url) return url;
+  return (dir / "cairn.db").string();
+}
+
+// "t<pid>-<n>-": prefix the ids a test creates with it.
+inline std::string test_prefix() {
+  static std::atomic<int> counter{0};
+  return "t" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-";
+}
 
 }  // namespace cairn::testing
 
