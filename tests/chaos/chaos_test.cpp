@@ -373,16 +373,34 @@ std::int64_t fenced_writes(const chaos_home& home) {
 
 std::string run_id(int i) { return "c-" + std::to_string(i); }
 
-void run_chaos(const chaos_shape& shape, const std::string& db, testing::pg_cluster* cluster) {
-  chaos_home home(db);
+// Queues runs c-0 ... c-(n-1) with one `cairn submit --from`.
+void submit_runs(const chaos_home& home, int n) {
   {
     std::ofstream lines(home.log("runs.jsonl"));
-    for (int i = 0; i < shape.runs; ++i) lines << json{{"id", run_id(i)}, {"input", run_input}}.dump() << "\n";
+    for (int i = 0; i < n; ++i) lines << json{{"id", run_id(i)}, {"input", run_input}}.dump() << "\n";
   }
   auto submitted = home.cli({"submit", "--from", home.log("runs.jsonl").string(), CHAOS_AGENT, "--policy",
                              home.policy().string(), "--sandbox", "none"});
   INFO(submitted.err);
   REQUIRE(submitted.code == 0);
+}
+
+// `cairn signal` of run i with payload {"n": i}; whether the signal is queued.
+bool send_signal(const chaos_home& home, int i, int& retries) {
+  const std::string id = run_id(i);
+  if (home.cli({"signal", id, "go", "--data", json{{"n", i}}.dump()}).code == 0) return true;
+  // It may have been queued before the command failed (the database went away at its commit).
+  ++retries;
+  try {
+    return !home.journal()->signals(id).empty();
+  } catch (const storage::storage_error&) {
+    return false;
+  }
+}
+
+void run_chaos(const chaos_shape& shape, const std::string& db, testing::pg_cluster* cluster) {
+  chaos_home home(db);
+  submit_runs(home, shape.runs);
 
   std::mt19937 random(std::random_device{}());
   auto between = [&](int lo_ms, int hi_ms) {
@@ -420,18 +438,7 @@ void run_chaos(const chaos_shape& shape, const std::string& db, testing::pg_clus
 
     // Signals go out a few at a time, so some runs find theirs queued and some wait for it.
     for (int k = 0; k < 4 && signalled < shape.runs; ++k) {
-      const std::string id = run_id(signalled);
-      auto r = home.cli({"signal", id, "go", "--data", json{{"n", signalled}}.dump()});
-      bool sent = r.code == 0;
-      if (!sent) {
-        // It may have been queued before the command failed (the database went away at its commit).
-        ++signal_retries;
-        try {
-          sent = !home.journal()->signals(id).empty();
-        } catch (const storage::storage_error&) {
-        }
-      }
-      if (!sent) break;
+      if (!send_signal(home, signalled, signal_retries)) break;
       ++signalled;
     }
 
@@ -495,4 +502,35 @@ TEST_CASE("chaos on PostgreSQL: 3 workers, 300 runs, a worker SIGKILLed every 2-
 
 TEST_CASE("chaos on SQLite: 3 workers on one file, 60 runs, a worker SIGKILLed every 2-5 s", "[sqlite]") {
   run_chaos({.workers = 3, .runs = 60, .deadline = 300s}, "", nullptr);
+}
+
+// The checks above are only worth their silence if they speak: one run,
+// undisturbed, passes them; then a step body and the tool are made to look
+// as if they ran once more after their results were journaled, and both are caught.
+TEST_CASE("chaos checks: an acknowledged step or tool call that ran again is reported", "[sqlite]") {
+  chaos_home home("");
+  submit_runs(home, 1);
+  worker_pool workers(home, 1);
+  int retries = 0;
+  REQUIRE(send_signal(home, 0, retries));
+  const auto deadline = steady::now() + 60s;
+  while (home.journal()->count_by_status()[run_status::completed] < 2 && steady::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  REQUIRE(workers.stop_all(30s));
+
+  auto j = home.journal();
+  findings clean;
+  check_run(*j, home, run_id(0), run_input, json{{"n", 0}}, clean);
+  INFO(clean.problems.size() << " problems, the first: " << (clean.problems.empty() ? "" : clean.problems[0]));
+  REQUIRE(clean.problems.empty());
+  REQUIRE(clean.runs == 2);
+
+  const fs::path count_b = fs::path(j->find_run(run_id(0))->workspace) / "count-b";
+  std::ofstream(count_b, std::ios::trunc) << 2 << "\n";
+  std::ofstream(home.tool_dir() / (run_id(0) + "_1"), std::ios::trunc) << 2 << "\n";
+  findings tampered;
+  check_run(*j, home, run_id(0), run_input, json{{"n", 0}}, tampered);
+  REQUIRE(tampered.problems.size() == 2);
+  CHECK_THAT(tampered.problems[0], Catch::Contains("an acknowledged call ran again"));
+  CHECK_THAT(tampered.problems[1], Catch::Contains("step b journaled execution 1 but ran 2 times"));
 }
