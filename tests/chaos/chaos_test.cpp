@@ -258,7 +258,8 @@ void check_run(storage::journal& j, const chaos_home& home, const std::string& i
   // When each attempt began: a step written by attempt A must be committed by then for A + 1.
   std::map<int, std::int64_t> attempt_began;
   for (const auto& e : j.events(id))
-    if (e.kind == "attempt_started") attempt_began.emplace(e.data.value("attempt", 0), e.at_ms);
+    if (e.kind == "attempt_started" && !attempt_began.emplace(e.data.value("attempt", 0), e.at_ms).second)
+      f.problem(id, "attempt " + e.data.dump() + " started twice");
 
   json counts = json::object(), child_output;
   std::string child_id;
@@ -393,7 +394,7 @@ bool send_signal(const chaos_home& home, int i, int& retries) {
   ++retries;
   try {
     return !home.journal()->signals(id).empty();
-  } catch (const storage::storage_error&) {
+  } catch (const std::exception&) {
     return false;
   }
 }
@@ -449,7 +450,7 @@ void run_chaos(const chaos_shape& shape, const std::string& db, testing::pg_clus
         all_ended = counts[run_status::completed] + counts[run_status::failed] + counts[run_status::cancelled] +
                         counts[run_status::in_doubt] ==
                     total_runs;
-      } catch (const storage::storage_error&) {
+      } catch (const std::exception&) {
         ++polls_failed;  // the database is restarting
       }
       if (all_ended && signalled == shape.runs) break;
