@@ -20,9 +20,12 @@
 
 #include "protocol/bounded_json.hpp"
 #include "storage/payloads.hpp"
+#include "storage/postgres_journal.hpp"
+#include "storage/records.hpp"
 
 namespace cairn::storage {
 namespace fs = std::filesystem;
+using namespace detail;
 
 namespace {
 
@@ -172,29 +175,13 @@ constexpr int latest_version = static_cast<int>(std::size(migrations));
 constexpr long shm_first_exclusive_lock = 120;
 constexpr long shm_last_exclusive_lock = 122;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-// What cairn ever stores: values that fit in a frame.
-constexpr protocol::json_bounds stored_bounds{protocol::max_depth, protocol::default_max_frame};
-
-// The value of a JSON column, or null with `why` set when it is beyond
-// stored_bounds or not JSON. `what` names the value in `why`.
-json load_or_explain(const SQLite::Column& c, std::string_view what, std::string& why) {
-  if (c.isNull()) return json();
-  try {
-    return protocol::parse_bounded(c.getString(), what, stored_bounds);
-  } catch (const protocol::json_error& e) {
-    why = fmt::format("{}; cairn never stores such a value (an older cairn or another program wrote it)", e.what());
-    return json();
-  }
-}
-
-json load(const SQLite::Column& c, std::string_view what) {
-  std::string why;
-  json value = load_or_explain(c, what, why);
-  if (!why.empty()) throw storage_error(errc::unreadable, why);
-  return value;
-}
+// A row of a SQLite statement, as records.hpp reads rows.
+struct sqlite_row {
+  SQLite::Statement& s;
+  bool null(int i) const { return s.getColumn(i).isNull(); }
+  std::string text(int i) const { return s.getColumn(i).getString(); }
+  std::int64_t int64(int i) const { return s.getColumn(i).getInt64(); }
+};
 
 void bind_one(SQLite::Statement& s, int i, std::string_view v) { s.bind(i, std::string(v)); }
 void bind_one(SQLite::Statement& s, int i, std::int64_t v) { s.bind(i, v); }
@@ -297,11 +284,7 @@ storage_error translate(const SQLite::Exception& e, const fs::path& path, std::s
 }
 
 void check_not_too_new(int version, const fs::path& path) {
-  if (version > latest_version)
-    throw storage_error(errc::schema_too_new,
-                        fmt::format("journal {} has schema version {}, newer than this cairn knows ({}); "
-                                    "upgrade cairn to open it",
-                                    path.string(), version, latest_version));
+  if (version > latest_version) throw schema_too_new_error(path.string(), version, latest_version);
 }
 
 // Runs with foreign keys off (a rebuilt table is briefly missing, as SQLite's
@@ -410,87 +393,12 @@ SQLite::Database open_read_only(const fs::path& path, const journal_options& opt
   return db;
 }
 
-constexpr const char* run_columns =
-    "SELECT id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner, sandbox, "
-    "workspace, created_at_ms, updated_at_ms, finished_at_ms, policy, parent_id, wait_kind, wait_key, wait_seq, "
-    "wake_at_ms, cancel_requested_at_ms, deadline_ms, epoch FROM runs ";
-
-std::optional<std::int64_t> optional_int64(const SQLite::Column& c) {
-  if (c.isNull()) return std::nullopt;
-  return c.getInt64();
-}
-
-std::optional<std::string> null_if_empty(std::string_view s) {
-  if (s.empty()) return std::nullopt;
-  return std::string(s);
-}
-
-// completed, failed and cancelled are final; in_doubt is not (settle resumes it).
-bool is_finished(run_status s) {
-  return s == run_status::completed || s == run_status::failed || s == run_status::cancelled;
-}
-
-run_record read_run(SQLite::Statement& s) {
-  run_record r;
-  r.id = s.getColumn(0).getString();
-  r.agent = s.getColumn(1).getString();
-  auto field = [&](int column, const char* name) {
-    return load_or_explain(s.getColumn(column), fmt::format("the {} of run {}", name, r.id), r.unreadable);
-  };
-  r.input = field(2, "input");
-  auto status = parse_run_status(s.getColumn(3).getString());
-  if (!status) throw storage_error(errc::corrupt, "run " + r.id + " has an unknown status");
-  r.status = *status;
-  r.output = field(4, "output");
-  if (!s.getColumn(5).isNull()) r.error = protocol::error_info{s.getColumn(5).getString(), s.getColumn(6).getString()};
-  r.attempts = s.getColumn(7).getInt();
-  r.max_attempts = s.getColumn(8).getInt();
-  r.owner = s.getColumn(9).getString();
-  r.sandbox = s.getColumn(10).getString();
-  r.workspace = s.getColumn(11).getString();
-  r.created_at_ms = s.getColumn(12).getInt64();
-  r.updated_at_ms = s.getColumn(13).getInt64();
-  if (!s.getColumn(14).isNull()) r.finished_at_ms = s.getColumn(14).getInt64();
-  r.policy = field(15, "policy");
-  if (!s.getColumn(16).isNull()) r.parent_id = s.getColumn(16).getString();
-  if (!s.getColumn(17).isNull())
-    r.wait = wait_spec{s.getColumn(17).getString(), s.getColumn(18).getString(),
-                       static_cast<std::uint64_t>(s.getColumn(19).getInt64()), optional_int64(s.getColumn(20))};
-  r.cancel_requested_at_ms = optional_int64(s.getColumn(21));
-  r.deadline_ms = optional_int64(s.getColumn(22));
-  r.epoch = s.getColumn(23).getInt64();
-  return r;
-}
+const std::string run_select = fmt::format("SELECT {} FROM runs ", run_columns);
+const std::string step_select = fmt::format("SELECT {} FROM steps ", step_columns);
+const std::string signal_select = fmt::format("SELECT {} FROM signals ", signal_columns);
+const std::string event_select = fmt::format("SELECT {} FROM events ", event_columns);
 
 std::vector<event_record> read_events(SQLite::Database& db, SQLite::Statement& s, std::string_view run_id);
-
-constexpr const char* step_columns =
-    "SELECT seq, name, kind, status, output, error_message, error_type, attempt, duration_us, started_at_ms, "
-    "finished_at_ms FROM steps ";
-// The row `s` (selected with step_columns) holds.
-step_record read_step(SQLite::Statement& s, std::string_view run_id);
-
-constexpr const char* signal_columns =
-    "SELECT id, run_id, name, payload, sent_at_ms, delivered_seq, delivered_at_ms FROM signals ";
-
-signal_record read_signal(SQLite::Statement& s) {
-  signal_record r;
-  r.id = s.getColumn(0).getInt64();
-  r.run_id = s.getColumn(1).getString();
-  r.name = s.getColumn(2).getString();
-  r.payload = load(s.getColumn(3), fmt::format("the payload of signal {} of run {}", r.id, r.run_id));
-  r.sent_at_ms = s.getColumn(4).getInt64();
-  if (!s.getColumn(5).isNull()) r.delivered_seq = static_cast<std::uint64_t>(s.getColumn(5).getInt64());
-  r.delivered_at_ms = optional_int64(s.getColumn(6));
-  return r;
-}
-
-protocol::step_kind parse_kind(const std::string& s) {
-  using kind = protocol::step_kind;
-  for (auto k : {kind::step, kind::now, kind::random, kind::tool, kind::sleep, kind::signal, kind::child, kind::join})
-    if (protocol::to_string(k) == s) return k;
-  throw storage_error(errc::corrupt, "a journaled step has an unknown kind '" + s + "'");
-}
 
 }  // namespace
 
@@ -606,7 +514,7 @@ struct journal::impl {
   }
 
   void require_run(int changed, std::string_view run_id) {
-    if (changed == 0) throw storage_error(errc::not_found, fmt::format("no run '{}' in journal {}", run_id, path.string()));
+    if (changed == 0) throw no_run_error(run_id, path.string());
   }
 
   // The run's status; storage_error(not_found) if there is no such run.
@@ -638,11 +546,7 @@ struct journal::impl {
     s.reset();
     require_run(found ? 1 : 0, run_id);
     if (owner == h->second.owner && epoch == h->second.epoch) return;
-    throw storage_error(errc::fenced,
-                        fmt::format("run {} was taken over by {} (epoch {}); this process (epoch {}) no longer "
-                                    "holds it and writes nothing more to it",
-                                    run_id, owner.empty() ? "another process, which has let it go since" : owner,
-                                    epoch, h->second.epoch));
+    throw fenced_error(run_id, owner, epoch, h->second.epoch);
   }
 
   // Inside write_together: every write is a savepoint of the group's
@@ -657,36 +561,8 @@ struct journal::impl {
     else f();
   }
 
-  // A write transaction; inside write_together, a savepoint of the group's.
-  // Rolls back unless committed.
-  class write_txn {
-   public:
-    explicit write_txn(impl& j) : j_(j) { j_.run(j_.grouped ? "SAVEPOINT write" : "BEGIN IMMEDIATE"); }
-    ~write_txn() {
-      if (done_) return;
-      try {
-        if (j_.grouped) {
-          j_.run("ROLLBACK TO write");
-          j_.run("RELEASE write");
-        } else {
-          j_.run("ROLLBACK");
-        }
-      } catch (const SQLite::Exception&) {
-        // SQLite rolled the transaction back itself (an I/O error, a full disk).
-      }
-    }
-    write_txn(const write_txn&) = delete;
-    write_txn& operator=(const write_txn&) = delete;
-
-    void commit() {
-      j_.run(j_.grouped ? "RELEASE write" : "COMMIT");
-      done_ = true;
-    }
-
-   private:
-    impl& j_;
-    bool done_ = false;
-  };
+  static constexpr const char* begin_statement = "BEGIN IMMEDIATE";
+  using write_txn = write_transaction<impl, SQLite::Exception>;
 
   // `write` under the fence: in one transaction with the check when this
   // object holds the run, else as it is (a single statement commits alone).
@@ -701,21 +577,13 @@ struct journal::impl {
 
   // Why an update guarded by "not finished" changed nothing.
   [[noreturn]] void throw_finished_or_missing(std::string_view run_id, std::string_view doing) {
-    const auto status = status_of(run_id);
-    throw storage_error(errc::finished,
-                        fmt::format("run {} already finished ({}); cannot {}", run_id, to_string(status), doing));
+    throw finished_error(run_id, status_of(run_id), doing);
   }
 
   // Inserts the step row; a (run, seq) already journaled is storage_error(conflict).
   void insert_step(const step_record& step) {
     const auto& r = step.result;
-    std::optional<std::string> out, message, type;
-    if (r.ok) {
-      out = dump(r.output);
-    } else {
-      message = r.error.message;
-      type = r.error.type;
-    }
+    auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
     try {
       prepared("INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
                "duration_us, started_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -727,82 +595,37 @@ struct journal::impl {
       if ((e.getExtendedErrorCode() & 0xff) != SQLITE_CONSTRAINT ||
           e.getExtendedErrorCode() == SQLITE_CONSTRAINT_FOREIGNKEY)
         throw;
-      throw storage_error(errc::conflict, fmt::format("step {}/{} is already journaled in {}; a journaled step is "
-                                                      "final and is never written again",
-                                                      step.run_id, r.seq, path.string()));
+      throw step_conflict_error(step.run_id, r.seq, path.string());
     }
   }
 };
 
 std::vector<std::exception_ptr> journal::write_together(std::span<const std::function<void(journal&)>> writes) {
-  std::vector<std::exception_ptr> errors(writes.size());
+  if (pg_) return pg_->write_together(*this, writes);
   auto& j = *impl_;
-  std::exception_ptr fatal;
-  try {
-    j.guard({}, [&] { j.run("BEGIN IMMEDIATE"); });
-  } catch (...) {
-    std::fill(errors.begin(), errors.end(), std::current_exception());
-    return errors;
-  }
-  j.grouped = true;
-  j.deferred.clear();
-  for (std::size_t i = 0; i < writes.size() && !fatal; ++i) {
-    const auto mark = j.deferred.size();
-    try {
-      j.guard({}, [&] { j.run("SAVEPOINT member"); });
-      writes[i](*this);
-      j.guard({}, [&] { j.run("RELEASE member"); });
-    } catch (...) {
-      errors[i] = std::current_exception();
-      j.deferred.resize(mark);
-      // A full disk or an I/O error may have rolled the whole transaction
-      // back: then nobody's write is kept.
-      if (sqlite3_get_autocommit(j.db.getHandle())) fatal = errors[i];
-      else
-        try {
-          j.guard({}, [&] {
-            j.run("ROLLBACK TO member");
-            j.run("RELEASE member");
-          });
-        } catch (...) {
-          fatal = std::current_exception();
-        }
-    }
-  }
-  j.grouped = false;
-  if (!fatal)
-    try {
-      j.guard({}, [&] { j.run("COMMIT"); });
-    } catch (...) {
-      fatal = std::current_exception();
-    }
-  if (fatal) {
-    if (!sqlite3_get_autocommit(j.db.getHandle()))
-      try {
-        j.run("ROLLBACK");
-      } catch (const SQLite::Exception&) {
-        // rolled back already
-      }
-    j.deferred.clear();
-    std::fill(errors.begin(), errors.end(), fatal);
-    return errors;
-  }
-  for (auto& f : j.deferred) f();
-  j.deferred.clear();
-  return errors;
+  return group_commit(*this, writes,
+                      {.run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); },
+                       .in_transaction = [&j] { return sqlite3_get_autocommit(j.db.getHandle()) == 0; },
+                       .begin = impl::begin_statement,
+                       .grouped = j.grouped,
+                       .deferred = j.deferred});
 }
 
-journal::journal(const fs::path& path, journal_options options) : impl_(std::make_unique<impl>(path, options)) {}
+journal::journal(const fs::path& path, journal_options options) {
+  if (is_postgres_url(path.string())) pg_ = std::make_unique<postgres_journal>(path, options);
+  else impl_ = std::make_unique<impl>(path, options);
+}
 
 journal::~journal() = default;
 
-const fs::path& journal::path() const { return impl_->path; }
+const fs::path& journal::path() const { return pg_ ? pg_->path() : impl_->path; }
 
-const journal_options& journal::options() const { return impl_->options; }
+const journal_options& journal::options() const { return pg_ ? pg_->options() : impl_->options; }
 
 int journal::schema_version() { return latest_version; }
 
 std::pair<run_record, bool> journal::create_run(const new_run& run) {
+  if (pg_) return pg_->create_run(run);
   return impl_->guard(run.id, [&] {
     const auto now = now_ms();
     int inserted = 0;
@@ -823,34 +646,38 @@ std::pair<run_record, bool> journal::create_run(const new_run& run) {
 }
 
 std::optional<run_record> journal::find_run(std::string_view id) {
+  if (pg_) return pg_->find_run(id);
   return impl_->guard(id, [&]() -> std::optional<run_record> {
-    auto s = statement(impl_->db, (std::string(run_columns) + "WHERE id = ?").c_str(), id);
+    auto s = statement(impl_->db, (run_select + "WHERE id = ?").c_str(), id);
     if (!s.executeStep()) return std::nullopt;
-    return read_run(s);
+    return read_run(sqlite_row{s});
   });
 }
 
 std::vector<run_record> journal::children(std::string_view parent_id) {
+  if (pg_) return pg_->children(parent_id);
   return impl_->guard(parent_id, [&] {
-    auto s = statement(impl_->db, (std::string(run_columns) + "WHERE parent_id = ? ORDER BY created_at_ms, rowid").c_str(),
+    auto s = statement(impl_->db, (run_select + "WHERE parent_id = ? ORDER BY created_at_ms, rowid").c_str(),
                        parent_id);
     std::vector<run_record> runs;
-    while (s.executeStep()) runs.push_back(read_run(s));
+    while (s.executeStep()) runs.push_back(read_run(sqlite_row{s}));
     return runs;
   });
 }
 
 std::vector<run_record> journal::list_runs() {
+  if (pg_) return pg_->list_runs();
   return impl_->guard({}, [&] {
     // rowid breaks ties within a millisecond in insertion order.
-    auto s = statement(impl_->db, (std::string(run_columns) + "ORDER BY created_at_ms DESC, rowid DESC").c_str());
+    auto s = statement(impl_->db, (run_select + "ORDER BY created_at_ms DESC, rowid DESC").c_str());
     std::vector<run_record> runs;
-    while (s.executeStep()) runs.push_back(read_run(s));
+    while (s.executeStep()) runs.push_back(read_run(sqlite_row{s}));
     return runs;
   });
 }
 
 bool journal::claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) {
+  if (pg_) return pg_->claim_run(id, expected_owner, new_owner);
   return impl_->guard(id, [&] {
     impl::write_txn tx(*impl_);
     if (statement(impl_->db,
@@ -872,10 +699,12 @@ bool journal::claim_run(std::string_view id, std::string_view expected_owner, st
 }
 
 void journal::confirm_held(std::string_view id) {
+  if (pg_) return pg_->confirm_held(id);
   impl_->guard(id, [&] { impl_->fence(id); });
 }
 
 int journal::begin_attempt(std::string_view id) {
+  if (pg_) return pg_->begin_attempt(id);
   return impl_->guard(id, [&] {
     impl::write_txn tx(*impl_);
     impl_->fence(id);
@@ -894,22 +723,14 @@ int journal::begin_attempt(std::string_view id) {
 
 void journal::finish_run(std::string_view id, run_status status, const json& output,
                          const std::optional<protocol::error_info>& error) {
-  if (status != run_status::completed && status != run_status::failed && status != run_status::cancelled &&
-      status != run_status::in_doubt)
-    throw std::invalid_argument("finish_run: status must be completed, failed, cancelled or in_doubt");
-  if (status != run_status::completed && !error) throw std::invalid_argument("finish_run: this status needs an error");
+  if (pg_) return pg_->finish_run(id, status, output, error);
+  check_finish(status, error);
   impl_->guard(id, [&] {
     const bool ok = status == run_status::completed;
     const auto now = now_ms();
     impl::write_txn tx(*impl_);
     impl_->fence(id);
-    std::optional<std::string> out, message, type;
-    if (ok) {
-      out = dump(output);
-    } else {
-      message = error->message;
-      type = error->type;
-    }
+    auto [out, message, type] = outcome_columns(ok, output, ok ? protocol::error_info{} : *error);
     impl_->require_run(statement(impl_->db,
                                  "UPDATE runs SET status = ?, output = ?, error_message = ?, error_type = ?, "
                                  "owner = '', finished_at_ms = ?, updated_at_ms = ?, wait_kind = NULL, "
@@ -918,18 +739,14 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
                                  status == run_status::in_doubt ? std::optional<std::int64_t>() : std::optional(now), now, id)
                            .exec(),
                        id);
-    if (ok) impl_->event(id, "run_completed", json::object(), std::nullopt);
-    else impl_->event(id,
-                      status == run_status::failed      ? "run_failed"
-                      : status == run_status::cancelled ? "run_cancelled"
-                                                        : "run_in_doubt",
-                      {{"error", {{"message", *message}, {"type", *type}}}}, std::nullopt);
+    impl_->event(id, finish_event_kind(status), ok ? json::object() : error_data(*message, *type), std::nullopt);
     tx.commit();
     impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
   });
 }
 
 void journal::reset_attempts(std::string_view id) {
+  if (pg_) return pg_->reset_attempts(id);
   impl_->guard(id, [&] {
     impl::write_txn tx(*impl_);
     impl_->fence(id);
@@ -949,9 +766,8 @@ void journal::reset_attempts(std::string_view id) {
 }
 
 void journal::suspend_run(std::string_view id, const wait_spec& w) {
-  if (w.kind != "timer" && w.kind != "signal" && w.kind != "child")
-    throw std::invalid_argument("suspend_run: wait kind must be timer, signal or child, not '" + w.kind + "'");
-  if (w.kind == "timer" && !w.wake_at_ms) throw std::invalid_argument("suspend_run: a timer needs wake_at_ms");
+  if (pg_) return pg_->suspend_run(id, w);
+  check_wait(w);
   const auto seq = static_cast<std::int64_t>(w.seq);
   impl_->guard(id, [&] {
     impl::write_txn tx(*impl_);
@@ -962,15 +778,14 @@ void journal::suspend_run(std::string_view id, const wait_spec& w) {
                   w.kind, w.key, seq, w.wake_at_ms, now_ms(), id)
             .exec() == 0)
       impl_->throw_finished_or_missing(id, "make it wait");
-    impl_->event(id, "run_waiting",
-                 {{"kind", w.kind}, {"key", w.key}, {"seq", w.seq}, {"wake_at_ms", w.wake_at_ms ? json(*w.wake_at_ms) : json()}},
-                 seq);
+    impl_->event(id, "run_waiting", wait_event_data(w), seq);
     tx.commit();
     impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
   });
 }
 
 void journal::release_run(std::string_view id, std::string_view reason) {
+  if (pg_) return pg_->release_run(id, reason);
   impl_->guard(id, [&] {
     impl::write_txn tx(*impl_);
     impl_->fence(id);
@@ -988,6 +803,7 @@ void journal::release_run(std::string_view id, std::string_view reason) {
 }
 
 bool journal::request_cancel(std::string_view id, std::string_view reason) {
+  if (pg_) return pg_->request_cancel(id, reason);
   return impl_->guard(id, [&] {
     impl::write_txn tx(*impl_);
     if (is_finished(impl_->status_of(id))) return false;
@@ -1005,6 +821,7 @@ bool journal::request_cancel(std::string_view id, std::string_view reason) {
 }
 
 bool journal::cancel_idle_run(std::string_view id, const std::string& message) {
+  if (pg_) return pg_->cancel_idle_run(id, message);
   return impl_->guard(id, [&] {
     impl::write_txn tx(*impl_);
     const auto now = now_ms();
@@ -1017,13 +834,14 @@ bool journal::cancel_idle_run(std::string_view id, const std::string& message) {
       impl_->status_of(id);  // not_found if there is no such run
       return false;
     }
-    impl_->event(id, "run_cancelled", {{"error", {{"message", message}, {"type", "cancelled"}}}}, std::nullopt);
+    impl_->event(id, "run_cancelled", error_data(message, "cancelled"), std::nullopt);
     tx.commit();
     return true;
   });
 }
 
 std::vector<run_brief> journal::schedulable(std::int64_t now) {
+  if (pg_) return pg_->schedulable(now);
   return impl_->guard({}, [&] {
     // Finished runs cost nothing. Each waiting run costs one entry of the
     // runs_waiting index, plus one probe of signals_undelivered or of the runs
@@ -1057,6 +875,7 @@ std::vector<run_brief> journal::schedulable(std::int64_t now) {
 }
 
 std::optional<std::int64_t> journal::next_due_ms(std::int64_t after) {
+  if (pg_) return pg_->next_due_ms(after);
   return impl_->guard({}, [&]() -> std::optional<std::int64_t> {
     // The first is a seek in runs_by_wake; the second scans runs_waiting,
     // which holds only the waiting runs and is covering.
@@ -1074,6 +893,7 @@ std::optional<std::int64_t> journal::next_due_ms(std::int64_t after) {
 }
 
 std::map<run_status, int> journal::count_by_status() {
+  if (pg_) return pg_->count_by_status();
   return impl_->guard({}, [&] {
     std::map<run_status, int> counts;
     using enum run_status;
@@ -1092,6 +912,7 @@ std::map<run_status, int> journal::count_by_status() {
 
 signal_record journal::enqueue_signal(std::string_view run_id, std::string_view name, const json& payload,
                                      std::uint64_t max_signals) {
+  if (pg_) return pg_->enqueue_signal(run_id, name, payload, max_signals);
   return impl_->guard(run_id, [&] {
     impl::write_txn tx(*impl_);
     const auto status = impl_->status_of(run_id);
@@ -1102,9 +923,7 @@ signal_record journal::enqueue_signal(std::string_view run_id, std::string_view 
     auto held = statement(impl_->db, "SELECT count(*) FROM signals WHERE run_id = ?", run_id);
     held.executeStep();
     if (static_cast<std::uint64_t>(held.getColumn(0).getInt64()) >= max_signals)
-      throw storage_error(errc::limit_reached, fmt::format("run {} already holds {} signals (queued and delivered), "
-                                                           "the most it may; signal '{}' was not queued",
-                                                           run_id, held.getColumn(0).getInt64(), name));
+      throw signal_limit_error(run_id, held.getColumn(0).getInt64(), name);
     signal_record r{0, std::string(run_id), std::string(name), payload, now_ms(), std::nullopt, std::nullopt};
     statement(impl_->db, "INSERT INTO signals (run_id, name, payload, sent_at_ms) VALUES (?, ?, ?, ?)", run_id, name,
               dump(payload), r.sent_at_ms)
@@ -1117,6 +936,7 @@ signal_record journal::enqueue_signal(std::string_view run_id, std::string_view 
 }
 
 bool journal::has_pending_signal(std::string_view run_id, std::string_view name) {
+  if (pg_) return pg_->has_pending_signal(run_id, name);
   return impl_->guard(run_id, [&] {
     return statement(impl_->db, "SELECT 1 FROM signals WHERE run_id = ? AND name = ? AND delivered_seq IS NULL LIMIT 1",
                      run_id, name)
@@ -1125,18 +945,20 @@ bool journal::has_pending_signal(std::string_view run_id, std::string_view name)
 }
 
 std::optional<signal_record> journal::pending_signal(std::string_view run_id, std::string_view name) {
+  if (pg_) return pg_->pending_signal(run_id, name);
   return impl_->guard(run_id, [&]() -> std::optional<signal_record> {
     auto s = statement(
         impl_->db,
-        (std::string(signal_columns) + "WHERE run_id = ? AND name = ? AND delivered_seq IS NULL ORDER BY id LIMIT 1")
+        (signal_select + "WHERE run_id = ? AND name = ? AND delivered_seq IS NULL ORDER BY id LIMIT 1")
             .c_str(),
         run_id, name);
     if (!s.executeStep()) return std::nullopt;
-    return read_signal(s);
+    return read_signal(sqlite_row{s});
   });
 }
 
 void journal::deliver_signal(std::int64_t signal_id, const step_record& step) {
+  if (pg_) return pg_->deliver_signal(signal_id, step);
   const auto seq = static_cast<std::int64_t>(step.result.seq);
   impl_->guard(step.run_id, [&] {
     // The check and both writes share one write transaction: two hosts racing
@@ -1154,10 +976,7 @@ void journal::deliver_signal(std::int64_t signal_id, const step_record& step) {
                                                 s.getColumn(0).getString(), step.run_id));
       name = s.getColumn(1).getString();
       if (!s.getColumn(2).isNull())
-        throw storage_error(errc::conflict,
-                            fmt::format("signal {} ('{}') of run {} was already delivered at step {}; a signal is "
-                                        "delivered once",
-                                        signal_id, name, step.run_id, s.getColumn(2).getInt64()));
+        throw signal_delivered_error(signal_id, name, step.run_id, s.getColumn(2).getInt64());
     }
     statement(impl_->db, "UPDATE signals SET delivered_seq = ?, delivered_at_ms = ? WHERE id = ?", seq, now_ms(),
               signal_id)
@@ -1169,33 +988,37 @@ void journal::deliver_signal(std::int64_t signal_id, const step_record& step) {
 }
 
 std::vector<signal_record> journal::signals(std::string_view run_id) {
+  if (pg_) return pg_->signals(run_id);
   return impl_->guard(run_id, [&] {
-    auto s = statement(impl_->db, (std::string(signal_columns) + "WHERE run_id = ? ORDER BY id").c_str(), run_id);
+    auto s = statement(impl_->db, (signal_select + "WHERE run_id = ? ORDER BY id").c_str(), run_id);
     std::vector<signal_record> out;
-    while (s.executeStep()) out.push_back(read_signal(s));
+    while (s.executeStep()) out.push_back(read_signal(sqlite_row{s}));
     return out;
   });
 }
 
 void journal::append_step(const step_record& step) {
+  if (pg_) return pg_->append_step(step);
   // Durable when it returns.
   impl_->guard(step.run_id, [&] { impl_->fenced(step.run_id, [&] { impl_->insert_step(step); }); });
 }
 
 std::vector<step_record> journal::steps(std::string_view run_id) {
+  if (pg_) return pg_->steps(run_id);
   return impl_->guard(run_id, [&] {
-    auto s = statement(impl_->db, (std::string(step_columns) + "WHERE run_id = ? ORDER BY seq").c_str(), run_id);
+    auto s = statement(impl_->db, (step_select + "WHERE run_id = ? ORDER BY seq").c_str(), run_id);
     std::vector<step_record> steps;
-    while (s.executeStep()) steps.push_back(read_step(s, run_id));
+    while (s.executeStep()) steps.push_back(read_step(sqlite_row{s}, run_id));
     return steps;
   });
 }
 
 std::vector<step_record> journal::steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq,
                                              std::uint64_t max_bytes) {
+  if (pg_) return pg_->steps_from(run_id, from_seq, end_seq, max_bytes);
   return impl_->guard(run_id, [&] {
     auto s = statement(impl_->db,
-                       (std::string(step_columns) + "WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq").c_str(),
+                       (step_select + "WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq").c_str(),
                        run_id, static_cast<std::int64_t>(std::min<std::uint64_t>(from_seq, INT64_MAX)),
                        static_cast<std::int64_t>(std::min<std::uint64_t>(end_seq, INT64_MAX)));
     std::vector<step_record> steps;
@@ -1205,7 +1028,7 @@ std::vector<step_record> journal::steps_from(std::string_view run_id, std::uint6
       bytes += static_cast<std::uint64_t>(s.getColumn(1).getBytes() + s.getColumn(4).getBytes() +
                                           s.getColumn(5).getBytes() + s.getColumn(6).getBytes());
       if (!steps.empty() && bytes > max_bytes) break;
-      steps.push_back(read_step(s, run_id));
+      steps.push_back(read_step(sqlite_row{s}, run_id));
     }
     return steps;
   });
@@ -1213,27 +1036,31 @@ std::vector<step_record> journal::steps_from(std::string_view run_id, std::uint6
 
 void journal::append_event(std::string_view run_id, std::string_view kind, const json& data,
                            std::optional<std::uint64_t> seq) {
+  if (pg_) return pg_->append_event(run_id, kind, data, seq);
   std::optional<std::int64_t> s;
   if (seq) s = static_cast<std::int64_t>(*seq);
   impl_->guard(run_id, [&] { impl_->fenced(run_id, [&] { impl_->event(run_id, kind, data, s); }); });
 }
 
 std::vector<event_record> journal::events(std::string_view run_id) {
+  if (pg_) return pg_->events(run_id);
   return impl_->guard(run_id, [&] {
-    auto s = statement(impl_->db, "SELECT id, seq, kind, data, at_ms FROM events WHERE run_id = ? ORDER BY id", run_id);
+    auto s = statement(impl_->db, (event_select + "WHERE run_id = ? ORDER BY id").c_str(), run_id);
     return read_events(impl_->db, s, run_id);
   });
 }
 
 std::vector<event_record> journal::events_at(std::string_view run_id, std::uint64_t seq) {
+  if (pg_) return pg_->events_at(run_id, seq);
   return impl_->guard(run_id, [&] {
-    auto s = statement(impl_->db, "SELECT id, seq, kind, data, at_ms FROM events WHERE run_id = ? AND seq = ? ORDER BY id",
+    auto s = statement(impl_->db, (event_select + "WHERE run_id = ? AND seq = ? ORDER BY id").c_str(),
                        run_id, static_cast<std::int64_t>(seq));
     return read_events(impl_->db, s, run_id);
   });
 }
 
 std::uint64_t journal::step_count(std::string_view run_id) {
+  if (pg_) return pg_->step_count(run_id);
   return impl_->guard(run_id, [&] {
     auto s = statement(impl_->db, "SELECT count(*) FROM steps WHERE run_id = ?", run_id);
     s.executeStep();
@@ -1242,6 +1069,7 @@ std::uint64_t journal::step_count(std::string_view run_id) {
 }
 
 std::uint64_t journal::bytes_of_run(std::string_view run_id) {
+  if (pg_) return pg_->bytes_of_run(run_id);
   return impl_->guard(run_id, [&] {
     // CAST AS BLOB: length() of a text counts characters, the budget counts bytes.
     auto s = statement(impl_->db,
@@ -1260,48 +1088,67 @@ std::uint64_t journal::bytes_of_run(std::string_view run_id) {
 
 namespace {
 
-step_record read_step(SQLite::Statement& s, std::string_view run_id) {
-  step_record rec;
-  rec.run_id = std::string(run_id);
-  auto& r = rec.result;
-  r.seq = static_cast<std::uint64_t>(s.getColumn(0).getInt64());
-  r.name = s.getColumn(1).getString();
-  r.kind = parse_kind(s.getColumn(2).getString());
-  r.ok = s.getColumn(3).getString() == "ok";
-  if (r.ok) r.output = load(s.getColumn(4), fmt::format("the output of step {} of run {}", r.seq, run_id));
-  else r.error = {s.getColumn(5).getString(), s.getColumn(6).getString()};
-  r.attempt = s.getColumn(7).getInt();
-  r.duration_us = s.getColumn(8).getInt64();
-  rec.started_at_ms = s.getColumn(9).getInt64();
-  rec.finished_at_ms = s.getColumn(10).getInt64();
-  return rec;
-}
-
 std::vector<event_record> read_events(SQLite::Database& db, SQLite::Statement& s, std::string_view run_id) {
   std::vector<event_record> events;
-  while (s.executeStep()) {
-    event_record e;
-    e.id = s.getColumn(0).getInt64();
-    e.run_id = std::string(run_id);
-    if (!s.getColumn(1).isNull()) e.seq = static_cast<std::uint64_t>(s.getColumn(1).getInt64());
-    e.kind = s.getColumn(2).getString();
-    e.data = join_payloads(load(s.getColumn(3), fmt::format("the data of event {} of run {}", e.id, run_id)),
-                           [&](const std::string& digest) {
-                             auto body = statement(db, "SELECT body FROM payloads WHERE run_id = ? AND digest = ?",
-                                                   run_id, digest);
-                             if (!body.executeStep())
-                               throw storage_error(errc::corrupt,
-                                                   fmt::format("event {} of run {} refers to payload {}, which the "
-                                                               "journal does not hold; restore it from a backup",
-                                                               e.id, run_id, digest));
-                             return body.getColumn(0).getString();
-                           });
-    e.at_ms = s.getColumn(4).getInt64();
-    events.push_back(std::move(e));
-  }
+  while (s.executeStep())
+    events.push_back(read_event(sqlite_row{s}, run_id, [&](const std::string& digest) -> std::optional<std::string> {
+      auto body = statement(db, "SELECT body FROM payloads WHERE run_id = ? AND digest = ?", run_id, digest);
+      if (!body.executeStep()) return std::nullopt;
+      return body.getColumn(0).getString();
+    }));
   return events;
 }
 
 }  // namespace
+
+// The backend's name and version, and which paths are PostgreSQL URLs.
+
+std::string_view journal::backend() const { return pg_ ? "postgresql" : "sqlite"; }
+
+std::string journal::server_version() {
+  if (pg_) return pg_->server_version();
+  return std::string("SQLite ") + sqlite3_libversion();
+}
+
+bool is_postgres_url(std::string_view db) { return db.starts_with("postgresql://") || db.starts_with("postgres://"); }
+
+// Workers, leases and late workspaces on SQLite belong to the workers branch
+// (migration v6); until it is merged these only dispatch to PostgreSQL.
+
+namespace {
+[[noreturn]] void sqlite_lacks(const char* what) {
+  throw storage_error(errc::io, fmt::format("{} needs a PostgreSQL journal in this build", what));
+}
+}  // namespace
+
+void journal::assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) {
+  if (pg_) return pg_->assign_workspace(id, workspace, workspace_host);
+  sqlite_lacks("assign_workspace");
+}
+
+void journal::register_worker(const worker_record& worker) {
+  if (pg_) return pg_->register_worker(worker);
+  sqlite_lacks("register_worker");
+}
+
+bool journal::renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) {
+  if (pg_) return pg_->renew_lease(worker_id, lease_expires_at_ms, fenced_writes);
+  sqlite_lacks("renew_lease");
+}
+
+void journal::remove_worker(std::string_view worker_id) {
+  if (pg_) return pg_->remove_worker(worker_id);
+  sqlite_lacks("remove_worker");
+}
+
+std::vector<worker_record> journal::workers() {
+  if (pg_) return pg_->workers();
+  sqlite_lacks("workers");
+}
+
+std::optional<worker_record> journal::find_worker(std::string_view worker_id) {
+  if (pg_) return pg_->find_worker(worker_id);
+  sqlite_lacks("find_worker");
+}
 
 }  // namespace cairn::storage

@@ -1,6 +1,7 @@
 // The journal: the durable record of runs, their steps and events, in one
-// SQLite database (WAL mode). The schema and its migrations are at the top of
-// journal.cpp. SQLiteCpp stays inside storage/; callers see only these types.
+// SQLite database (WAL mode) or one PostgreSQL database, with one contract.
+// The schemas and their migrations are at the top of journal.cpp and
+// postgres_journal.cpp. SQLiteCpp stays inside storage/; callers see only these types.
 //
 // Every JSON value is loaded within the bounds of what cairn writes
 // (protocol::max_depth levels, protocol::default_max_frame bytes), so copying
@@ -10,7 +11,9 @@
 // that run, never the process.
 //
 // Threading: one journal object per thread. Many processes may open the same
-// file; SQLite serializes their writers and readers never block a writer.
+// file; SQLite serializes their writers and readers never block a writer. On
+// PostgreSQL each journal object is one connection; row locks serialize the
+// writers of one run.
 #pragma once
 
 #include <chrono>
@@ -33,6 +36,7 @@
 namespace cairn::storage {
 
 using json = nlohmann::json;
+class postgres_journal;
 
 enum class errc {
   locked,          // another process holds the write lock past busy_timeout
@@ -358,7 +362,8 @@ class journal {
 
  private:
   struct impl;
-  std::unique_ptr<impl> impl_;
+  std::unique_ptr<impl> impl_;                // the SQLite journal, or null
+  std::unique_ptr<postgres_journal> pg_;      // the PostgreSQL journal (postgres_journal.hpp), or null
 };
 
 // Whether `db` names a PostgreSQL database ("postgresql://..." or

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "storage/journal.hpp"
+#include "storage/postgres_journal.hpp"
 
 namespace cairn::storage {
 namespace {
@@ -71,8 +72,14 @@ void forget(int dir_fd, const char* name) {
     ::unlinkat(dir_fd, name, 0);
 }
 
-// "WHAT RUN_ID": a known word, a space, printable ASCII without spaces.
-std::optional<std::pair<std::string, change>> parse(std::string_view text) {
+}  // namespace
+
+std::string wakeup_text(std::string_view run_id, change what) {
+  return fmt::format("{} {}", change_names[static_cast<std::size_t>(what)], run_id);
+}
+
+// A known word, a space, printable ASCII without spaces.
+std::optional<std::pair<std::string, change>> parse_wakeup(std::string_view text) {
   const auto space = text.find(' ');
   if (space == std::string_view::npos || space + 1 == text.size()) return std::nullopt;
   std::optional<change> what;
@@ -85,10 +92,10 @@ std::optional<std::pair<std::string, change>> parse(std::string_view text) {
   return std::pair{std::string(id), *what};
 }
 
-}  // namespace
-
 void notify(const std::filesystem::path& db, std::string_view run_id, change what) noexcept {
-  const std::string message = fmt::format("{} {}", change_names[static_cast<std::size_t>(what)], run_id);
+  // PostgreSQL: the journal NOTIFYs inside the transaction that made the change.
+  if (is_postgres_url(db.string())) return;
+  const std::string message = wakeup_text(run_id, what);
   if (message.size() > max_wakeup_bytes) return;
   fd_guard dir(::open(folder_of(db).c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (dir.get() < 0) return;  // no listener ever ran here, or not ours to reach
@@ -117,6 +124,7 @@ struct wake_listener::impl {
   int dir = -1, sock = -1, stop = -1;
   std::string name;
   callback on_wake;
+  std::unique_ptr<postgres_listener> postgres;  // for a PostgreSQL journal, instead of the socket
   std::thread thread;
 
   void listen() {
@@ -131,7 +139,7 @@ struct wake_listener::impl {
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) break;
         if (static_cast<std::size_t>(n) > max_wakeup_bytes) continue;
-        if (auto hint = parse(std::string_view(buffer.data(), static_cast<std::size_t>(n))))
+        if (auto hint = parse_wakeup(std::string_view(buffer.data(), static_cast<std::size_t>(n))))
           on_wake(hint->first, hint->second);
       }
     }
@@ -145,6 +153,15 @@ struct wake_listener::impl {
 };
 
 wake_listener::wake_listener(const std::filesystem::path& db, callback on_wake) : impl_(std::make_unique<impl>()) {
+  if (is_postgres_url(db.string())) {
+    impl_->postgres = std::make_unique<postgres_listener>(db.string());
+    impl_->stop = ::eventfd(0, EFD_CLOEXEC);
+    if (impl_->stop < 0)
+      throw storage_error(errc::io, fmt::format("cannot listen for wake-ups: eventfd: {}", std::strerror(errno)));
+    impl_->on_wake = std::move(on_wake);
+    impl_->thread = std::thread([this] { impl_->postgres->listen(impl_->stop, impl_->on_wake); });
+    return;
+  }
   const auto folder = folder_of(db);
   auto fail = [&](const std::string& what) {
     return storage_error(errc::io, fmt::format("cannot listen for wake-ups in {}: {}: {}", folder.string(), what,

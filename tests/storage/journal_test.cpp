@@ -20,10 +20,13 @@
 #include <catch2/catch.hpp>
 
 #include "tests/capabilities.hpp"
+#include "tests/storage/journal_samples.hpp"
+#include "tests/support/pg_cluster.hpp"
 
 namespace fs = std::filesystem;
 using namespace cairn;
 using namespace cairn::storage;
+using namespace cairn::storage::samples;
 using namespace std::chrono_literals;
 
 namespace Catch {
@@ -81,6 +84,28 @@ class temp_dir {
   fs::path path_;
 };
 
+// Where a test's journal is, on each backend in turn: a SQLite file in a
+// fresh folder, or a fresh database of this process's PostgreSQL cluster
+// (tests/support/pg_cluster.hpp: without PostgreSQL such a test fails,
+// saying what to install).
+class journal_location {
+ public:
+  explicit journal_location(const std::string& backend)
+      : path_(backend == "sqlite" ? folder_ / "cairn.db"
+                                  : fs::path(cairn::testing::shared_pg_cluster().fresh_database())) {}
+  const fs::path& path() const { return path_; }
+
+ private:
+  temp_dir folder_;
+  fs::path path_;
+};
+
+// Runs the test case once per backend, with `where` the journal's location.
+#define ON_EACH_BACKEND(where)                                                             \
+  const std::string where##_backend = GENERATE(as<std::string>{}, "sqlite", "postgresql"); \
+  INFO("backend: " << where##_backend);                                                    \
+  journal_location where(where##_backend)
+
 // A full disk: a tmpfs of `size` at `at`, unmounted at the end. Only root
 // mounts one; for anyone else `mounted` is false and the test says so.
 struct tiny_disk {
@@ -98,41 +123,6 @@ struct tiny_disk {
   tiny_disk(const tiny_disk&) = delete;
   tiny_disk& operator=(const tiny_disk&) = delete;
 };
-
-template <class F>
-std::optional<storage_error> error_from(F&& f) {
-  try {
-    f();
-  } catch (const storage_error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
-
-new_run a_run(const std::string& id, json input = {{"question", "why"}}) {
-  new_run r;
-  r.id = id;
-  r.agent = "/opt/agents/researcher";
-  r.input = std::move(input);
-  r.max_attempts = 4;
-  r.sandbox = "none";
-  r.workspace = "/tmp/ws-" + id;
-  return r;
-}
-
-step_record ok_step(const std::string& run, std::uint64_t seq, json output) {
-  step_record s;
-  s.run_id = run;
-  s.result.seq = seq;
-  s.result.name = "step-" + std::to_string(seq);
-  s.result.ok = true;
-  s.result.output = std::move(output);
-  s.result.attempt = 1;
-  s.result.duration_us = 1234 + static_cast<std::int64_t>(seq);
-  s.started_at_ms = 1'700'000'000'000 + static_cast<std::int64_t>(seq);
-  s.finished_at_ms = s.started_at_ms + 2;
-  return s;
-}
 
 step_record error_step(const std::string& run, std::uint64_t seq, std::string message, std::string type) {
   step_record s = ok_step(run, seq, nullptr);
@@ -278,8 +268,8 @@ TEST_CASE("run status names round-trip") {
 }
 
 TEST_CASE("create_run is idempotent: the id is the key") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
 
   auto [first, created] = j.create_run(a_run("r1", {{"n", 1}}));
   CHECK(created);
@@ -309,8 +299,8 @@ TEST_CASE("create_run is idempotent: the id is the key") {
 }
 
 TEST_CASE("list_runs is newest first") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   for (auto id : {"b", "c", "a"}) j.create_run(a_run(id));
   std::vector<std::string> ids;
   for (const auto& r : j.list_runs()) ids.push_back(r.id);
@@ -318,8 +308,8 @@ TEST_CASE("list_runs is newest first") {
 }
 
 TEST_CASE("steps round-trip exactly, in seq order") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
 
   auto s0 = ok_step("r", 0, json::parse(R"({"text":"héllo ✓ \u0000 \"q\"","n":18446744073709551615,
@@ -345,8 +335,8 @@ TEST_CASE("steps round-trip exactly, in seq order") {
 }
 
 TEST_CASE("a step of an unknown run is refused") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   auto err = error_from([&] { j.append_step(ok_step("ghost", 0, 1)); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
@@ -391,8 +381,8 @@ TEST_CASE("steps are write-once") {
 }
 
 TEST_CASE("claim_run is a compare-and-set of the owner") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
 
   CHECK_FALSE(j.claim_run("r", "someone-else", "host-a"));
@@ -415,8 +405,8 @@ TEST_CASE("claim_run is a compare-and-set of the owner") {
 }
 
 TEST_CASE("begin_attempt counts attempts and records each") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   CHECK(j.begin_attempt("r") == 1);
   CHECK(j.begin_attempt("r") == 2);
@@ -439,8 +429,8 @@ TEST_CASE("begin_attempt counts attempts and records each") {
 }
 
 TEST_CASE("events keep their order, seq and data") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.append_event("r", "step_retry", {{"delay_ms", 250}}, 7);
   j.append_event("r", "note", json::array({1, "two"}));
@@ -459,8 +449,8 @@ TEST_CASE("events keep their order, seq and data") {
 }
 
 TEST_CASE("finish_run records the outcome and frees the run") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("ok"));
   j.create_run(a_run("bad"));
   j.claim_run("ok", "", "me");
@@ -497,8 +487,8 @@ TEST_CASE("finish_run records the outcome and frees the run") {
 }
 
 TEST_CASE("reset_attempts makes a failed run pending again, keeping its steps") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.claim_run("r", "", "me");
   j.begin_attempt("r");
@@ -527,8 +517,8 @@ TEST_CASE("reset_attempts makes a failed run pending again, keeping its steps") 
 }
 
 TEST_CASE("create_run records the parent, initial owner and deadline; children() lists them oldest first") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("parent"));
   auto child = a_run("kid-b");
   child.parent_id = "parent";
@@ -561,8 +551,8 @@ TEST_CASE("create_run records the parent, initial owner and deadline; children()
 }
 
 TEST_CASE("suspend_run parks the run, ownerless, with what it waits for") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   REQUIRE(j.claim_run("r", "", "host-a"));
 
@@ -611,8 +601,8 @@ TEST_CASE("suspend_run parks the run, ownerless, with what it waits for") {
 }
 
 TEST_CASE("a cancelled run is final: finish_run records it and claim_run refuses it") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.claim_run("r", "", "host-a");
   j.suspend_run("r", wait_for("timer", "", 2, 1'700'000'000'000));
@@ -635,8 +625,8 @@ TEST_CASE("a cancelled run is final: finish_run records it and claim_run refuses
 }
 
 TEST_CASE("release_run hands a run back to be scheduled again") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.claim_run("r", "", "host-a");
   j.release_run("r", "host shutting down");
@@ -663,8 +653,8 @@ TEST_CASE("release_run hands a run back to be scheduled again") {
 }
 
 TEST_CASE("reset_attempts also forgets the wait and the cancel request") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.claim_run("r", "", "me");
   j.suspend_run("r", wait_for("signal", "go", 1));
@@ -707,8 +697,8 @@ TEST_CASE("enqueue_signal refuses an unknown or finished run and writes nothing"
 }
 
 TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives the oldest undelivered of a name") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.create_run(a_run("other"));
   CHECK_FALSE(j.pending_signal("r", "a"));
@@ -754,8 +744,8 @@ TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives th
 }
 
 TEST_CASE("deliver_signal puts each signal into exactly one step, atomically") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.create_run(a_run("other"));
   const auto go = j.enqueue_signal("r", "go", {{"approved", true}}).id;
@@ -805,8 +795,8 @@ TEST_CASE("deliver_signal puts each signal into exactly one step, atomically") {
 }
 
 TEST_CASE("steps of every kind round-trip") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   using kind = protocol::step_kind;
   const std::vector<kind> kinds{kind::step,  kind::now,    kind::random, kind::tool,
@@ -822,8 +812,8 @@ TEST_CASE("steps of every kind round-trip") {
 }
 
 TEST_CASE("request_cancel marks an unfinished run once and reports a finished one") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.claim_run("r", "", "host");
   CHECK(j.request_cancel("r"));
@@ -850,8 +840,8 @@ TEST_CASE("request_cancel marks an unfinished run once and reports a finished on
 }
 
 TEST_CASE("cancel_idle_run cancels only a pending or waiting run that nobody owns") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("running"));
   j.claim_run("running", "", "host");
   auto owned = a_run("owned-pending");
@@ -893,8 +883,8 @@ TEST_CASE("cancel_idle_run cancels only a pending or waiting run that nobody own
 }
 
 TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs that can move") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   const std::int64_t now = 1'000'000;
   std::vector<std::string> expected;  // in creation order
   auto create = [&](const std::string& id, bool schedulable, std::string parent = "",
@@ -978,8 +968,8 @@ TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs 
 }
 
 TEST_CASE("count_by_status counts every status, zero included") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   for (auto id : {"a", "b", "c", "d", "e"}) j.create_run(a_run(id));
   j.claim_run("b", "", "host");
   j.claim_run("c", "", "host");
@@ -1231,8 +1221,8 @@ TEST_CASE("a full disk loses nothing that was committed") {
 }
 
 TEST_CASE("a journal that lost its run to another is fenced: none of its writes reach the journal") {
-  temp_dir dir;
-  journal a(dir / "cairn.db"), b(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal a(where.path()), b(where.path());
   a.create_run(a_run("r"));
   a.create_run(a_run("other"));
   const auto queued = a.enqueue_signal("r", "go", 1).id;
@@ -1297,8 +1287,8 @@ TEST_CASE("a journal that lost its run to another is fenced: none of its writes 
 }
 
 TEST_CASE("two journal objects of one process with the same owner are told apart by the epoch") {
-  temp_dir dir;
-  journal first(dir / "cairn.db"), second(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal first(where.path()), second(where.path());
   first.create_run(a_run("r"));
   REQUIRE(first.claim_run("r", "", "host-a"));
   first.append_step(ok_step("r", 0, "first"));
@@ -1353,8 +1343,8 @@ TEST_CASE("a value stored past the bounds makes only its run unreadable, and say
 }
 
 TEST_CASE("enqueue_signal refuses a run that holds max_signals signals, delivered ones included") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   const auto first = j.enqueue_signal("r", "go", 1, 2);
   CHECK(first.run_id == "r");
@@ -1371,8 +1361,8 @@ TEST_CASE("enqueue_signal refuses a run that holds max_signals signals, delivere
 }
 
 TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other runs'") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.create_run(a_run("other"));
   const auto before = j.bytes_of_run("r");
@@ -1391,8 +1381,8 @@ TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other 
 }
 
 TEST_CASE("a long string journaled in many events is stored once, and every event reads back as written") {
-  temp_dir dir;
-  journal j(dir / "cairn.db");
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
   j.create_run(a_run("r"));
   j.create_run(a_run("other"));
   const std::string conversation(100'000, 'c');
@@ -1431,8 +1421,8 @@ std::optional<storage_error> error_at(const std::vector<std::exception_ptr>& err
 }  // namespace
 
 TEST_CASE("one group commit makes the writes of many runs durable, and a refused write fails alone") {
-  temp_dir dir;
-  const auto db = dir / "cairn.db";
+  ON_EACH_BACKEND(where);
+  const auto db = where.path();
   {
     journal j(db);
     for (const auto* id : {"a", "b", "c"}) j.create_run(a_run(id));
@@ -1468,8 +1458,8 @@ TEST_CASE("one group commit makes the writes of many runs durable, and a refused
 }
 
 TEST_CASE("in a group commit, a run taken over is refused alone, and claims count once committed") {
-  temp_dir dir;
-  const auto db = dir / "cairn.db";
+  ON_EACH_BACKEND(where);
+  const auto db = where.path();
   journal mine(db), theirs(db);
   for (const auto* id : {"kept", "lost", "new"}) mine.create_run(a_run(id));
   REQUIRE(mine.claim_run("kept", "", "me"));

@@ -1,0 +1,86 @@
+// One step's commit on a PostgreSQL journal against the floor the server
+// sets: a raw one-row INSERT committed alone (one round trip), same row
+// shape, same connection settings, measured in the same run, interleaved.
+// The goal of issue 13 is a ratio <= 1.3.
+//
+// pg_step_latency [URL] [STEPS]: without a URL, a private throwaway cluster
+// (tests/support/pg_cluster.hpp).
+#include <libpq-fe.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "bench/stats.hpp"
+#include "storage/journal.hpp"
+#include "tests/support/pg_cluster.hpp"
+
+using namespace cairn;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double micros_since(clock_type::time_point t) {
+  return std::chrono::duration<double, std::micro>(clock_type::now() - t).count();
+}
+
+void must(PGresult* r) {
+  std::unique_ptr<PGresult, decltype(&PQclear)> guard(r, &PQclear);
+  const auto s = PQresultStatus(r);
+  if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) throw std::runtime_error(PQresultErrorMessage(r));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<testing::pg_cluster> cluster;
+  std::string url;
+  if (argc > 1 && *argv[1]) {
+    url = argv[1];
+  } else {
+    cluster.emplace();
+    url = cluster->fresh_database();
+  }
+  const int steps = argc > 2 ? std::stoi(argv[2]) : 2000;
+
+  storage::journal j(url);
+  j.create_run({.id = "bench", .agent = "/bench", .sandbox = "none", .workspace = "/tmp/bench"});
+  if (!j.claim_run("bench", "", "bench-worker")) return 1;  // the fenced path, as a worker writes
+
+  PGconn* raw = PQconnectdb(url.c_str());
+  if (PQstatus(raw) != CONNECTION_OK) return std::fprintf(stderr, "%s", PQerrorMessage(raw)), 1;
+  must(PQexec(raw, "CREATE TABLE raw_steps (LIKE steps)"));
+  const char* insert =
+      "INSERT INTO raw_steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
+      "duration_us, started_at_ms, finished_at_ms) VALUES ('bench', $1, 'step', 'step', 'ok', '{\"n\":1}', NULL, "
+      "NULL, 1, 10, 0, 0)";
+  must(PQprepare(raw, "insert", insert, 1, nullptr));
+
+  std::vector<double> journal_us, raw_us;
+  for (int i = 0; i < steps; ++i) {
+    storage::step_record s;
+    s.run_id = "bench";
+    s.result.seq = static_cast<std::uint64_t>(i);
+    s.result.name = "step";
+    s.result.ok = true;
+    s.result.output = {{"n", 1}};
+    s.result.attempt = 1;
+    auto t = clock_type::now();
+    j.append_step(s);
+    journal_us.push_back(micros_since(t));
+
+    const std::string seq = std::to_string(i);
+    const char* values[] = {seq.c_str()};
+    t = clock_type::now();
+    must(PQexecPrepared(raw, "insert", 1, values, nullptr, nullptr, 0));
+    raw_us.push_back(micros_since(t));
+  }
+  PQfinish(raw);
+  const auto a = summarize(journal_us), b = summarize(raw_us);
+  std::printf("%s, %d steps\n", j.server_version().c_str(), steps);
+  std::printf("append_step (fenced) p50 %.0f us  p99 %.0f us\n", a.p50, a.p99);
+  std::printf("raw INSERT; COMMIT   p50 %.0f us  p99 %.0f us\n", b.p50, b.p99);
+  std::printf("ratio p50 %.2fx  p99 %.2fx\n", a.p50 / b.p50, a.p99 / b.p99);
+}

@@ -1,0 +1,202 @@
+#include "storage/records.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "protocol/bounded_json.hpp"
+#include "storage/payloads.hpp"
+
+namespace cairn::storage::detail {
+
+namespace {
+// What cairn ever stores: values that fit in a frame.
+constexpr protocol::json_bounds stored_bounds{protocol::max_depth, protocol::default_max_frame};
+}  // namespace
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json load_or_explain(const std::optional<std::string>& text, std::string_view what, std::string& why) {
+  if (!text) return json();
+  try {
+    return protocol::parse_bounded(*text, what, stored_bounds);
+  } catch (const protocol::json_error& e) {
+    why = fmt::format("{}; cairn never stores such a value (an older cairn or another program wrote it)", e.what());
+    return json();
+  }
+}
+
+json load(const std::optional<std::string>& text, std::string_view what) {
+  std::string why;
+  json value = load_or_explain(text, what, why);
+  if (!why.empty()) throw storage_error(errc::unreadable, why);
+  return value;
+}
+
+std::tuple<std::optional<std::string>, std::optional<std::string>, std::optional<std::string>> outcome_columns(
+    bool ok, const json& output, const protocol::error_info& error) {
+  if (ok) return {dump(output), std::nullopt, std::nullopt};
+  return {std::nullopt, error.message, error.type};
+}
+
+bool is_finished(run_status s) {
+  return s == run_status::completed || s == run_status::failed || s == run_status::cancelled;
+}
+
+protocol::step_kind parse_kind(const std::string& s) {
+  using kind = protocol::step_kind;
+  for (auto k : {kind::step, kind::now, kind::random, kind::tool, kind::sleep, kind::signal, kind::child, kind::join})
+    if (protocol::to_string(k) == s) return k;
+  throw storage_error(errc::corrupt, "a journaled step has an unknown kind '" + s + "'");
+}
+
+std::optional<std::string> null_if_empty(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  return std::string(s);
+}
+
+json join_event_data(const json& manifest, std::int64_t event_id, std::string_view run_id,
+                     const std::function<std::optional<std::string>(const std::string& digest)>& body_of) {
+  return join_payloads(manifest, [&](const std::string& digest) {
+    auto body = body_of(digest);
+    if (!body)
+      throw storage_error(errc::corrupt, fmt::format("event {} of run {} refers to payload {}, which the journal "
+                                                     "does not hold; restore it from a backup",
+                                                     event_id, run_id, digest));
+    return std::move(*body);
+  });
+}
+
+std::string_view finish_event_kind(run_status status) {
+  switch (status) {
+    case run_status::completed: return "run_completed";
+    case run_status::failed: return "run_failed";
+    case run_status::cancelled: return "run_cancelled";
+    default: return "run_in_doubt";
+  }
+}
+
+json error_data(const std::string& message, const std::string& type) {
+  return {{"error", {{"message", message}, {"type", type}}}};
+}
+
+storage_error no_run_error(std::string_view run_id, std::string_view journal) {
+  return {errc::not_found, fmt::format("no run '{}' in journal {}", run_id, journal)};
+}
+
+storage_error fenced_error(std::string_view run_id, const std::string& owner, std::int64_t epoch,
+                           std::int64_t held_epoch) {
+  return {errc::fenced, fmt::format("run {} was taken over by {} (epoch {}); this process (epoch {}) no longer "
+                                    "holds it and writes nothing more to it",
+                                    run_id, owner.empty() ? "another process, which has let it go since" : owner,
+                                    epoch, held_epoch)};
+}
+
+storage_error step_conflict_error(std::string_view run_id, std::uint64_t seq, std::string_view journal) {
+  return {errc::conflict, fmt::format("step {}/{} is already journaled in {}; a journaled step is final and is never "
+                                      "written again",
+                                      run_id, seq, journal)};
+}
+
+storage_error finished_error(std::string_view run_id, run_status status, std::string_view doing) {
+  return {errc::finished, fmt::format("run {} already finished ({}); cannot {}", run_id, to_string(status), doing)};
+}
+
+storage_error schema_too_new_error(std::string_view journal, int version, int latest) {
+  return {errc::schema_too_new, fmt::format("journal {} has schema version {}, newer than this cairn knows ({}); "
+                                            "upgrade cairn to open it",
+                                            journal, version, latest)};
+}
+
+storage_error signal_limit_error(std::string_view run_id, std::int64_t held, std::string_view name) {
+  return {errc::limit_reached, fmt::format("run {} already holds {} signals (queued and delivered), the most it may; "
+                                           "signal '{}' was not queued",
+                                           run_id, held, name)};
+}
+
+storage_error signal_delivered_error(std::int64_t signal_id, const std::string& name, std::string_view run_id,
+                                     std::int64_t delivered_seq) {
+  return {errc::conflict, fmt::format("signal {} ('{}') of run {} was already delivered at step {}; a signal is "
+                                      "delivered once",
+                                      signal_id, name, run_id, delivered_seq)};
+}
+
+storage_error workspace_set_error(std::string_view run_id, std::string_view journal) {
+  return {errc::conflict, fmt::format("run {} in journal {} already has its workspace; a run's workspace is "
+                                      "assigned once",
+                                      run_id, journal)};
+}
+
+void check_finish(run_status status, const std::optional<protocol::error_info>& error) {
+  if (status != run_status::completed && status != run_status::failed && status != run_status::cancelled &&
+      status != run_status::in_doubt)
+    throw std::invalid_argument("finish_run: status must be completed, failed, cancelled or in_doubt");
+  if (status != run_status::completed && !error) throw std::invalid_argument("finish_run: this status needs an error");
+}
+
+void check_wait(const wait_spec& w) {
+  if (w.kind != "timer" && w.kind != "signal" && w.kind != "child")
+    throw std::invalid_argument("suspend_run: wait kind must be timer, signal or child, not '" + w.kind + "'");
+  if (w.kind == "timer" && !w.wake_at_ms) throw std::invalid_argument("suspend_run: a timer needs wake_at_ms");
+}
+
+json wait_event_data(const wait_spec& w) {
+  return {{"kind", w.kind}, {"key", w.key}, {"seq", w.seq}, {"wake_at_ms", w.wake_at_ms ? json(*w.wake_at_ms) : json()}};
+}
+
+std::vector<std::exception_ptr> group_commit(journal& self, std::span<const std::function<void(journal&)>> writes,
+                                             const group_commit_backend& backend) {
+  std::vector<std::exception_ptr> errors(writes.size());
+  std::exception_ptr fatal;
+  try {
+    backend.run(backend.begin);
+  } catch (...) {
+    std::fill(errors.begin(), errors.end(), std::current_exception());
+    return errors;
+  }
+  backend.grouped = true;
+  backend.deferred.clear();
+  for (std::size_t i = 0; i < writes.size() && !fatal; ++i) {
+    const auto mark = backend.deferred.size();
+    try {
+      backend.run("SAVEPOINT member");
+      writes[i](self);
+      backend.run("RELEASE member");
+    } catch (...) {
+      errors[i] = std::current_exception();
+      backend.deferred.resize(mark);
+      // A full disk, an I/O error or a lost connection may have ended the
+      // whole transaction: then nobody's write is kept.
+      if (!backend.in_transaction()) fatal = errors[i];
+      else
+        try {
+          backend.run("ROLLBACK TO member");
+          backend.run("RELEASE member");
+        } catch (...) {
+          fatal = std::current_exception();
+        }
+    }
+  }
+  backend.grouped = false;
+  if (!fatal)
+    try {
+      backend.run("COMMIT");
+    } catch (...) {
+      fatal = std::current_exception();
+    }
+  if (fatal) {
+    if (backend.in_transaction())
+      try {
+        backend.run("ROLLBACK");
+      } catch (...) {
+        // rolled back already
+      }
+    backend.deferred.clear();
+    std::fill(errors.begin(), errors.end(), fatal);
+    return errors;
+  }
+  for (auto& f : backend.deferred) f();
+  backend.deferred.clear();
+  return errors;
+}
+
+}  // namespace cairn::storage::detail

@@ -1,0 +1,308 @@
+// What the PostgreSQL journal adds to the contract every backend keeps
+// (journal_test.cpp runs that on both): migrations shared by workers that
+// start at once, surviving a server restart, errors a user can act on,
+// claims that do not wait for a row another worker holds, and wake-ups by
+// LISTEN/NOTIFY. Each test has a fresh database of one private cluster.
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "storage/journal.hpp"
+#include "storage/wakeup.hpp"
+#include "tests/storage/journal_samples.hpp"
+#include "tests/support/pg_cluster.hpp"
+
+using namespace cairn;
+using namespace cairn::storage;
+using namespace cairn::storage::samples;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A plain libpq connection, to do what no journal call does.
+class raw_connection {
+ public:
+  explicit raw_connection(const std::string& url) : conn_(PQconnectdb(url.c_str())) {
+    REQUIRE(PQstatus(conn_) == CONNECTION_OK);
+  }
+  ~raw_connection() { PQfinish(conn_); }
+  raw_connection(const raw_connection&) = delete;
+  raw_connection& operator=(const raw_connection&) = delete;
+
+  // The first column of the first row ("" when none); throws with the server's message on failure.
+  std::string exec(const std::string& sql) {
+    std::unique_ptr<PGresult, decltype(&PQclear)> r(PQexec(conn_, sql.c_str()), &PQclear);
+    const auto status = PQresultStatus(r.get());
+    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) throw std::runtime_error(PQresultErrorMessage(r.get()));
+    return PQntuples(r.get()) > 0 ? PQgetvalue(r.get(), 0, 0) : "";
+  }
+
+ private:
+  PGconn* conn_;
+};
+
+template <class F>
+bool eventually(F&& condition, std::chrono::seconds deadline = 60s) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < until) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return condition();
+}
+
+}  // namespace
+
+TEST_CASE("postgres: a URL opens PostgreSQL, and the journal names its backend and the server's version") {
+  CHECK(is_postgres_url("postgresql://cairn@127.0.0.1:5432/db"));
+  CHECK(is_postgres_url("postgres://db.example/cairn"));
+  CHECK_FALSE(is_postgres_url("/var/lib/cairn/postgresql://x"));
+  CHECK_FALSE(is_postgres_url("cairn.db"));
+
+  journal j(testing::shared_pg_cluster().fresh_database());
+  CHECK(j.backend() == "postgresql");
+  CHECK_THAT(j.server_version(), Catch::StartsWith("PostgreSQL 1"));
+  CHECK(j.path().string().starts_with("postgresql://"));
+}
+
+TEST_CASE("postgres: workers opening a fresh database at once create the schema once") {
+  auto& cluster = testing::shared_pg_cluster();
+  for (int round = 0; round < 3; ++round) {
+    const auto url = cluster.fresh_database();
+    std::atomic<int> opened{0};
+    std::mutex failures_mutex;
+    std::vector<std::string> failures;
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 4; ++w)
+      workers.emplace_back([&, w] {
+        try {
+          journal j(url);
+          j.create_run(a_run("r" + std::to_string(w)));
+          ++opened;
+        } catch (const std::exception& e) {
+          std::lock_guard lock(failures_mutex);
+          failures.push_back(e.what());
+        }
+      });
+    for (auto& t : workers) t.join();
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(opened == 4);
+    raw_connection raw(url);
+    CHECK(raw.exec("SELECT count(*) FROM cairn_schema") == "1");
+    CHECK(journal(url).list_runs().size() == 4);
+  }
+}
+
+TEST_CASE("postgres: a schema newer than this cairn is refused; a read-only journal never creates one") {
+  auto& cluster = testing::shared_pg_cluster();
+  const auto empty = cluster.fresh_database();
+  auto none = error_from([&] { journal j(empty, {.read_only = true}); });
+  REQUIRE(none);
+  CHECK(none->code() == errc::not_found);
+  CHECK_THAT(none->what(), Catch::Contains("no cairn journal in"));
+  raw_connection raw(empty);
+  CHECK(raw.exec("SELECT to_regclass('cairn_schema') IS NULL") == "t");
+
+  const auto url = cluster.fresh_database();
+  { journal j(url); j.create_run(a_run("r")); }
+  {
+    journal reader(url, {.read_only = true});
+    CHECK(reader.list_runs().size() == 1);
+    auto refused = error_from([&] { reader.append_event("r", "x", {}); });
+    REQUIRE(refused);
+    CHECK(refused->code() == errc::read_only);
+    CHECK(reader.events("r").empty());
+  }
+  raw_connection(url).exec("UPDATE cairn_schema SET version = 999");
+  for (bool read_only : {false, true}) {
+    auto newer = error_from([&] { journal j(url, {.read_only = read_only}); });
+    REQUIRE(newer);
+    CHECK(newer->code() == errc::schema_too_new);
+    CHECK_THAT(newer->what(), Catch::Contains("999") && Catch::Contains("upgrade cairn"));
+  }
+}
+
+TEST_CASE("postgres: a server that is not there is an io error naming host and port and what to check") {
+  auto refused = error_from([] { journal j("postgresql://cairn@127.0.0.1:1/none"); });
+  REQUIRE(refused);
+  CHECK(refused->code() == errc::io);
+  CHECK_THAT(refused->what(), Catch::Contains("127.0.0.1:1") && Catch::Contains("is the server running? check --db"));
+
+  auto& cluster = testing::shared_pg_cluster();
+  auto missing = error_from([&] { journal j(cluster.url("no_such_database")); });
+  REQUIRE(missing);
+  CHECK(missing->code() == errc::io);
+  CHECK_THAT(missing->what(), Catch::Contains("no_such_database"));
+  auto unknown_user = error_from([&] {
+    journal j("postgresql://nobody_here@127.0.0.1:" + std::to_string(cluster.port()) + "/postgres");
+  });
+  REQUIRE(unknown_user);
+  CHECK(unknown_user->code() == errc::io);
+  CHECK_THAT(unknown_user->what(), Catch::Contains("as user nobody_here"));
+}
+
+TEST_CASE("postgres: a journaled step is final, for the journal and for any other client") {
+  const auto url = testing::shared_pg_cluster().fresh_database();
+  journal j(url);
+  j.create_run(a_run("r"));
+  j.append_step(ok_step("r", 0, {{"n", 1}}));
+  auto again = error_from([&] { j.append_step(ok_step("r", 0, {{"n", 1}})); });
+  REQUIRE(again);
+  CHECK(again->code() == errc::conflict);
+  CHECK_THAT(again->what(), Catch::Contains("r/0 is already journaled"));
+
+  raw_connection raw(url);
+  CHECK_THROWS_WITH(raw.exec("UPDATE steps SET name = 'x'"), Catch::Contains("write-once"));
+  CHECK_THROWS_WITH(raw.exec("DELETE FROM steps"), Catch::Contains("write-once"));
+  CHECK_THROWS_WITH(raw.exec("TRUNCATE steps"), Catch::Contains("write-once"));
+  CHECK_THROWS(raw.exec("INSERT INTO steps SELECT * FROM steps ON CONFLICT (run_id, seq) DO UPDATE SET name = 'x'"));
+  REQUIRE(j.steps("r").size() == 1);
+  CHECK(j.steps("r")[0].result.name == "step-0");
+}
+
+TEST_CASE("postgres: a run another worker claimed fences every write of the one that lost it") {
+  const auto url = testing::shared_pg_cluster().fresh_database();
+  journal first(url), second(url);
+  first.create_run(a_run("r"));
+  REQUIRE(first.claim_run("r", "", "worker-1"));
+  first.append_step(ok_step("r", 0, {{"n", 1}}));
+  REQUIRE(second.claim_run("r", "worker-1", "worker-2"));
+
+  for (auto write : std::vector<std::function<void()>>{
+           [&] { first.append_step(ok_step("r", 1, {{"n", 1}})); },
+           [&] { first.append_event("r", "late", {}); },
+           [&] { first.begin_attempt("r"); },
+           [&] { first.finish_run("r", run_status::completed, "done", std::nullopt); },
+       }) {
+    auto fenced = error_from(write);
+    REQUIRE(fenced);
+    CHECK(fenced->code() == errc::fenced);
+    CHECK_THAT(fenced->what(), Catch::Contains("worker-2"));
+  }
+  CHECK(second.step_count("r") == 1);
+  CHECK(second.find_run("r")->status == run_status::running);
+  second.append_step(ok_step("r", 1, {{"n", 1}}));
+  CHECK(second.step_count("r") == 2);
+}
+
+TEST_CASE("postgres: claim_run does not wait for a run another worker is holding this moment") {
+  const auto url = testing::shared_pg_cluster().fresh_database();
+  journal j(url, {.busy_timeout = 30s});
+  j.create_run(a_run("r"));
+  raw_connection other(url);
+  other.exec("BEGIN");
+  other.exec("SELECT 1 FROM runs WHERE id = 'r' FOR UPDATE");
+  const auto before = std::chrono::steady_clock::now();
+  CHECK_FALSE(j.claim_run("r", "", "worker-1"));
+  CHECK(std::chrono::steady_clock::now() - before < 10s);  // far below busy_timeout: it did not wait
+  other.exec("ROLLBACK");
+  CHECK(j.claim_run("r", "", "worker-1"));
+}
+
+TEST_CASE("postgres: in a group commit one refused write fails alone and the others commit together") {
+  const auto url = testing::shared_pg_cluster().fresh_database();
+  journal j(url);
+  for (auto id : {"a", "b", "c"}) j.create_run(a_run(id));
+  j.append_step(ok_step("b", 0, {{"n", 1}}));
+  std::vector<std::function<void(journal&)>> writes = {
+      [](journal& w) { w.append_step(ok_step("a", 0, {{"n", 1}})); },
+      [](journal& w) {
+        w.append_event("b", "before_conflict", {});
+        w.append_step(ok_step("b", 0, {{"n", 1}}));
+      },
+      [](journal& w) { w.append_step(ok_step("c", 0, {{"n", 1}})); },
+      [](journal& w) { w.append_step(ok_step("nope", 0, {{"n", 1}})); },
+  };
+  auto errors = j.write_together(writes);
+  REQUIRE(errors.size() == 4);
+  CHECK_FALSE(errors[0]);
+  CHECK_FALSE(errors[2]);
+  auto code = [](const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const storage_error& err) {
+      return err.code();
+    }
+  };
+  REQUIRE(errors[1]);
+  CHECK(code(errors[1]) == errc::conflict);
+  REQUIRE(errors[3]);
+  CHECK(code(errors[3]) == errc::not_found);
+  CHECK(j.step_count("a") == 1);
+  CHECK(j.step_count("c") == 1);
+  CHECK(j.events("b").empty());  // rolled back with its member
+}
+
+TEST_CASE("postgres: after a server restart the journal reconnects, and nothing committed is lost") {
+  auto& cluster = testing::shared_pg_cluster();
+  const auto url = cluster.fresh_database();
+  journal j(url);
+  j.create_run(a_run("r"));
+  REQUIRE(j.claim_run("r", "", "worker-1"));
+  j.append_step(ok_step("r", 0, {{"n", 1}}));
+
+  std::uint64_t seq = 1;
+  for (bool fast : {true, false}) {
+    INFO((fast ? "fast" : "immediate") << " shutdown");
+    cluster.stop(fast);
+    auto down = error_from([&] { j.append_step(ok_step("r", seq, {{"n", 1}})); });
+    REQUIRE(down);
+    CHECK(down->code() == errc::io);
+    CHECK_THAT(down->what(), Catch::Contains("check --db"));
+    cluster.start();
+    // The call after a failed one succeeds: the journal reconnected.
+    CHECK(j.step_count("r") == seq);
+    j.append_step(ok_step("r", seq++, {{"n", 1}}));
+    CHECK(j.step_count("r") == seq);
+    j.append_event("r", "still_held", {});  // the claim outlives the connection
+  }
+  j.finish_run("r", run_status::completed, "done", std::nullopt);
+  CHECK(journal(url).find_run("r")->status == run_status::completed);
+}
+
+TEST_CASE("postgres: a wake_listener hears the journal's changes at commit, and again after a restart") {
+  auto& cluster = testing::shared_pg_cluster();
+  const auto url = cluster.fresh_database();
+  journal j(url);
+  std::mutex mutex;
+  std::vector<std::pair<std::string, change>> heard;
+  auto heard_has = [&](const std::string& id, change what) {
+    std::lock_guard lock(mutex);
+    return std::find(heard.begin(), heard.end(), std::pair{id, what}) != heard.end();
+  };
+  wake_listener listener(url, [&](const std::string& id, change what) {
+    std::lock_guard lock(mutex);
+    heard.emplace_back(id, what);
+  });
+  notify(url, "r", change::submitted);  // a no-op: the journal notifies
+
+  j.create_run(a_run("parent"));
+  auto child = a_run("child");
+  child.parent_id = "parent";
+  j.create_run(child);
+  CHECK(eventually([&] { return heard_has("parent", change::submitted) && heard_has("child", change::submitted); }));
+  j.enqueue_signal("parent", "go", {{"x", 1}});
+  CHECK(eventually([&] { return heard_has("parent", change::signalled); }));
+  j.request_cancel("parent", "enough");
+  CHECK(eventually([&] { return heard_has("parent", change::cancel_requested); }));
+  REQUIRE(j.claim_run("child", "", "worker-1"));
+  j.finish_run("child", run_status::completed, "ok", std::nullopt);
+  CHECK(eventually([&] { return heard_has("child", change::ended) && heard_has("parent", change::child_ended); }));
+
+  // A refused change is never heard.
+  auto refused = error_from([&] { j.enqueue_signal("child", "late", {}); });
+  REQUIRE(refused);
+  CHECK(refused->code() == errc::finished);
+
+  cluster.restart();
+  CHECK(eventually([&] { return heard_has("", change::submitted); }));  // "re-read everything"
+  eventually([&] { return !error_from([&] { j.create_run(a_run("after")); }); });
+  CHECK(eventually([&] { return heard_has("after", change::submitted); }));
+  CHECK_FALSE(heard_has("child", change::signalled));
+}
