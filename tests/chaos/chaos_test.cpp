@@ -166,12 +166,19 @@ class worker_pool {
     return exited;
   }
 
-  // SIGTERM to every worker; true when all exited 0 within `limit`.
+  // SIGTERM to every worker; true when all exited 0 within `limit`. A worker
+  // has its SIGTERM handler once it has said where it serves: one started
+  // a moment ago is given until then.
   bool stop_all(std::chrono::seconds limit) {
     bool clean = true;
-    for (auto& s : slots_)
-      if (s.pid > 0) ::kill(s.pid, SIGTERM);
     const auto deadline = steady::now() + limit;
+    for (int i = 0; i < size(); ++i) {
+      while (slots_[i].pid > 0 && steady::now() < deadline &&
+             testing::slurp(home_.log(log_name(i, slots_[i].incarnation))).find("cairn serve: journal") ==
+                 std::string::npos)
+        std::this_thread::sleep_for(20ms);
+      if (slots_[i].pid > 0) ::kill(slots_[i].pid, SIGTERM);
+    }
     for (auto& s : slots_) {
       while (s.pid > 0) {
         int status = 0;
