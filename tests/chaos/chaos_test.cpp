@@ -488,8 +488,8 @@ void run_chaos(const chaos_shape& shape, const std::string& db, testing::pg_clus
           << " writes fenced (stale epoch) as the workers last reported; " << signal_retries
           << " `cairn signal` retries, " << polls_failed << " journal polls failed; "
           << f.problems.size() << " problems.";
+  for (const auto& note : workers.exit_notes()) summary << "\n" << note;
   WARN(summary.str());
-  for (const auto& note : workers.exit_notes()) UNSCOPED_INFO(note);
 
   std::string shown;
   for (std::size_t k = 0; k < std::min<std::size_t>(f.problems.size(), 40); ++k) shown += f.problems[k] + "\n";
