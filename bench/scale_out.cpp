@@ -17,12 +17,11 @@
 // Anchor (issue 13): DBOS on PostgreSQL 15 on this machine, ~1.6-2.0 ms per
 // step and ~775 steps/s with 64 concurrent 10-step workflows.
 // usage: scale_out [ROUNDS (default 3)]
-#include <libpq-fe.h>
-
 #include <cstdio>
 #include <fstream>
 
 #include "bench/host_probe.hpp"
+#include "bench/raw_pg_journal.hpp"
 #include "bench/stats.hpp"
 #include "storage/journal.hpp"
 #include "tests/support/pg_cluster.hpp"
@@ -98,40 +97,15 @@ std::pair<double, double> throughput_round(const fs::path& home, const std::stri
   return {runs_per_s, runs_per_s * steps_per_run};
 }
 
-// A connection to `url`; dies when there is none.
-PGconn* connect(const std::string& url) {
-  PGconn* c = PQconnectdb(url.c_str());
-  if (PQstatus(c) != CONNECTION_OK) bench::die(std::string("cannot connect: ") + PQerrorMessage(c));
-  return c;
-}
-
-void exec(PGconn* c, const char* sql) {
-  PGresult* r = PQexec(c, sql);
-  const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-  PQclear(r);
-  if (!ok) bench::die(std::string("raw PostgreSQL: ") + PQerrorMessage(c));
-}
-
-// `n` single-row INSERTs, each committed on its own, into a steps-shaped table; microseconds each.
+// `n` single-row INSERTs, each committed on its own (bench/raw_pg_journal.hpp); microseconds each.
 std::vector<double> raw_inserts(const std::string& url, int round, int n) {
-  PGconn* c = connect(url);
-  exec(c, "CREATE TABLE IF NOT EXISTS raw_steps (run_id TEXT, seq BIGINT, name TEXT, kind TEXT, status TEXT, "
-          "output TEXT, attempt INTEGER, duration_us BIGINT, started_at_ms BIGINT, finished_at_ms BIGINT, "
-          "PRIMARY KEY (run_id, seq))");
+  bench::raw_pg_steps raw(url);
   std::vector<double> us;
   for (int i = round * n; i < (round + 1) * n; ++i) {
-    const std::string seq = std::to_string(i), name = "s" + seq;
-    const char* values[] = {seq.c_str(), name.c_str()};
     const auto t0 = clock_type::now();
-    PGresult* r = PQexecParams(c,
-                               "INSERT INTO raw_steps VALUES ('bench', $1::bigint, $2, 'step', 'ok', 'null', 1, 0, 0, 0)",
-                               2, nullptr, values, nullptr, nullptr, 0);
-    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-    PQclear(r);
-    if (!ok) bench::die(std::string("raw INSERT: ") + PQerrorMessage(c));
+    raw.insert(i);
     us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
   }
-  PQfinish(c);
   return us;
 }
 
