@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/daemon_lock.hpp"
+#include "engine/liveness.hpp"
 #include "engine/engine.hpp"
 #include "runtime/sandbox.hpp"
 #include "storage/journal.hpp"
@@ -114,12 +114,21 @@ inline std::string read_whole_file(const std::string& path) {
   return text;
 }
 
-// Waits until the `cairn serve` at `daemon` holds the journal `db` and has
-// created it, then a little longer for it to start its threads (so that its
+// Waits until the `cairn serve` at `daemon` has created the journal `db` and
+// holds a lease in it, then a little longer for it to start its threads (so that its
 // RSS reads as idle). Dies if it exits or takes over 20 s.
 inline void wait_for_daemon(pid_t daemon, const fs::path& db, const fs::path& log) {
   auto t0 = clock_type::now();
-  while (!cairn::engine::daemon_holder(db) || !fs::exists(db)) {
+  const auto serving = [&] {
+    if (!fs::exists(db)) return false;
+    try {
+      cairn::storage::journal journal(db, {.read_only = true});
+      return cairn::engine::worker_leases(journal).any_current();
+    } catch (const cairn::storage::storage_error&) {
+      return false;  // not migrated yet
+    }
+  };
+  while (!serving()) {
     int status = 0;
     if (waitpid(daemon, &status, WNOHANG) == daemon) die("cairn serve exited; see " + log.string());
     if (ms_since(t0) > 20'000) die("cairn serve did not start within 20 s; see " + log.string());

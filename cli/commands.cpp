@@ -108,6 +108,24 @@ int ls_command(const paths& p, bool as_json) {
   });
 }
 
+int workers_command(const paths& p, bool as_json) {
+  return guarded([&] {
+    storage::journal journal(p.db, {.read_only = true});
+    const auto workers = journal.workers();
+    const auto now = storage::now_ms();
+    if (as_json) {
+      json out = json::array();
+      for (const auto& w : workers) out.push_back(to_json(w, now));
+      std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+    } else if (workers.empty()) {
+      std::cout << fmt::format("no worker has registered in {}: start `cairn serve`", shown_db(p)) << std::endl;
+    } else {
+      std::cout << workers_table(workers, now);
+    }
+    return 0;
+  });
+}
+
 int workspace_command(const paths& p, const std::string& run_id, const std::string& path, bool as_json) {
   return guarded([&] {
     std::optional<storage::run_record> run;
@@ -205,7 +223,7 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
 }
 
 int doctor_command(const paths& p, bool as_json) {
-  auto checks = engine::doctor(p.db, p.home / "config.json");
+  auto checks = engine::doctor(p.db, shown_db(p), p.home / "config.json");
   bool ok = true;
   json out = json::array();
   for (const auto& c : checks) {

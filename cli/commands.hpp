@@ -31,6 +31,8 @@ struct settle_args {
 
 int run_command(const paths& p, const run_args& args, bool as_json);
 int resume_command(const paths& p, const std::string& run_id, bool all, bool as_json);
+// `cairn workers`: the workers sharing the journal, their leases and runs.
+int workers_command(const paths& p, bool as_json);
 int ls_command(const paths& p, bool as_json);
 int show_command(const paths& p, const std::string& run_id, bool as_json);
 int doctor_command(const paths& p, bool as_json);
@@ -46,6 +48,8 @@ struct serve_args {
   bool verbose = false;  // every step, not only each run's start and end
   int warm = 0;          // pooled sandboxes (runtime::warm_pool_options)
   std::string warm_policy;  // whose limits they get; empty: the default policy
+  int lease_seconds = 15;   // how long the worker's lease lasts unrenewed (engine/worker_lease.hpp)
+  std::string workspace_root;  // shared storage for workspaces of runs made without one; empty: CAIRN_HOME's
 };
 int submit_command(const paths& p, const run_args& args, bool as_json);
 // `cairn submit --from`: every run of the batch file args.from, queued in one transaction.

@@ -5,6 +5,8 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include "engine/owner.hpp"
+
 namespace cairn::cli {
 namespace {
 
@@ -111,8 +113,8 @@ std::string steps_table(const std::vector<storage::step_record>& steps) {
 }
 
 std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs) {
-  std::string out = fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}\n", "ID", "STATUS", "AGENT", "STEPS",
-                                "ATTEMPTS", "UPDATED");
+  std::string out = fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {:<19}  {:<24}  {}\n", "ID", "STATUS", "AGENT",
+                                "STEPS", "ATTEMPTS", "UPDATED", "HELD BY", "WORKSPACE ON");
   for (const auto& r : runs) {
     std::string agent = terminal_text(std::filesystem::path(r.agent).filename().string());
     std::string wait;
@@ -120,8 +122,11 @@ std::string runs_table(storage::journal& journal, const std::vector<storage::run
       wait = r.wait->kind == "signal" ? "  signal '" + terminal_text(r.wait->key) + "'"
              : r.wait->kind == "timer" ? "  timer " + (r.wait->wake_at_ms ? format_time(*r.wait->wake_at_ms) : "")
                                        : "  child " + terminal_text(r.wait->key);
-    out += fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {}{}\n", terminal_text(r.id), storage::to_string(r.status), agent,
-                       journal.step_count(r.id), r.attempts, format_time(r.updated_at_ms), wait);
+    // The workspace's machine only when it is not on storage every worker reaches.
+    out += fmt::format("{:<20} {:<10} {:<20} {:>5} {:>8}  {:<19}  {:<24}  {}{}\n", terminal_text(r.id),
+                       storage::to_string(r.status), agent, journal.step_count(r.id), r.attempts,
+                       format_time(r.updated_at_ms), r.owner.empty() ? "-" : terminal_text(engine::describe_owner(r.owner)),
+                       r.workspace_host.empty() ? "-" : terminal_text(r.workspace_host), wait);
   }
   return out;
 }
@@ -201,6 +206,7 @@ json to_json(const storage::run_record& r) {
             {"owner", r.owner},
             {"sandbox", r.sandbox},
             {"workspace", r.workspace},
+            {"workspace_host", r.workspace_host},
             {"created_at_ms", r.created_at_ms},
             {"updated_at_ms", r.updated_at_ms},
             {"finished_at_ms", r.finished_at_ms ? json(*r.finished_at_ms) : json(nullptr)},
@@ -240,6 +246,41 @@ json to_json(const storage::signal_record& s) {
           {"sent_at_ms", s.sent_at_ms},
           {"delivered_seq", s.delivered_seq ? json(*s.delivered_seq) : json(nullptr)},
           {"delivered_at_ms", s.delivered_at_ms ? json(*s.delivered_at_ms) : json(nullptr)}};
+}
+
+}  // namespace cairn::cli
+
+namespace cairn::cli {
+namespace {
+
+std::string lease_left(const storage::worker_record& w, std::int64_t now_ms) {
+  const auto left = w.lease_expires_at_ms - now_ms;
+  if (left > 0) return fmt::format("{:.1f} s", left / 1000.0);
+  return fmt::format("expired {:.0f} s ago", -left / 1000.0);
+}
+
+}  // namespace
+
+std::string workers_table(const std::vector<storage::worker_record>& workers, std::int64_t now_ms) {
+  std::string out = fmt::format("{:<28} {:<20} {:>5}  {:<20} {:>6}  {}\n", "WORKER", "HOST", "RUNS", "LEASE",
+                                "FENCED", "STARTED");
+  for (const auto& w : workers)
+    out += fmt::format("{:<28} {:<20} {:>5}  {:<20} {:>6}  {}\n", clip(terminal_text(engine::describe_owner(w.id)), 28),
+                       clip(terminal_text(w.host), 20), w.runs, lease_left(w, now_ms), w.fenced_writes,
+                       format_time(w.started_at_ms));
+  return out;
+}
+
+json to_json(const storage::worker_record& w, std::int64_t now_ms) {
+  return {{"id", w.id},
+          {"host", w.host},
+          {"workspace_root", w.workspace_root},
+          {"runs", w.runs},
+          {"started_at_ms", w.started_at_ms},
+          {"renewed_at_ms", w.renewed_at_ms},
+          {"lease_expires_at_ms", w.lease_expires_at_ms},
+          {"lease_expired", w.lease_expires_at_ms <= now_ms},
+          {"fenced_writes", w.fenced_writes}};
 }
 
 }  // namespace cairn::cli

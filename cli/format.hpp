@@ -35,6 +35,9 @@ std::string describe_wait(const storage::run_record& run);
 std::string policy_summary(const json& policy);
 
 json to_json(const storage::run_record& run);
+// A worker (`cairn workers`): its lease as seen at `now_ms`.
+json to_json(const storage::worker_record& worker, std::int64_t now_ms);
+std::string workers_table(const std::vector<storage::worker_record>& workers, std::int64_t now_ms);
 json to_json(const storage::step_record& step);
 json to_json(const storage::event_record& event);
 json to_json(const storage::signal_record& signal);

@@ -1,5 +1,7 @@
 #include "cli/home_trust.hpp"
 
+#include "storage/journal.hpp"
+
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,9 +62,11 @@ std::vector<std::string> secure_home(const paths& p) {
   if (::mkdir(p.home.c_str(), 0700) == 0 && root) ::chmod(p.home.c_str(), 0711);
   check_owned(p.home, "CAIRN_HOME", true);
   for (const char* folder : {"workspaces", "images", "logs"}) check_owned(p.home / folder, "CAIRN_HOME", true);
-  if (p.db.parent_path() != p.home) check_owned(p.db.parent_path(), "the journal's folder", true);
-  for (const char* suffix : {"", "-wal", "-shm", "-journal", ".serve.lock"})
-    check_owned(p.db.string() + suffix, "the journal", false);
+  // A PostgreSQL journal is no file here: the server guards it.
+  if (!storage::is_postgres_url(p.db.string())) {
+    if (p.db.parent_path() != p.home) check_owned(p.db.parent_path(), "the journal's folder", true);
+    for (const char* suffix : {"", "-wal", "-shm", "-journal"}) check_owned(p.db.string() + suffix, "the journal", false);
+  }
   std::vector<std::string> warnings;
   const fs::path config = p.home / "config.json";
   check_owned(config, "the host config", false);

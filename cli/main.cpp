@@ -81,6 +81,13 @@ int main(int argc, char** argv) {
                         "a policy file whose limits the pooled sandboxes get (default: the default policy's)")
       ->check(CLI::ExistingFile);
   serve_cmd->add_flag("--verbose", serve.verbose, "log every step, not only each run's start and end");
+  serve_cmd->add_option("--lease", serve.lease_seconds,
+                        "seconds this worker's lease lasts unrenewed (default 15): once it has expired (the "
+                        "process died, was paused or cut off), other workers on the journal take its runs over")
+      ->check(CLI::Range(1, 3600));
+  serve_cmd->add_option("--workspace-root", serve.workspace_root,
+                        "a folder on storage every worker reaches: workspaces this worker assigns are made there, "
+                        "so any worker may resume their runs (default: $CAIRN_HOME/workspaces, this machine only)");
 
   std::string signal_run, signal_name, signal_data = "null";
   auto* signal_cmd = app.add_subcommand("signal", "send a signal to a run (ctx.wait_signal); queued until it waits");
@@ -107,6 +114,10 @@ int main(int argc, char** argv) {
 
   auto* ls_cmd = app.add_subcommand("ls", "list runs, newest first");
   ls_cmd->add_flag("--json", as_json, "JSON output");
+
+  auto* workers_cmd = app.add_subcommand("workers", "the `cairn serve` workers sharing the journal: their host, the "
+                                                   "runs each holds, their lease and refused writes");
+  workers_cmd->add_flag("--json", as_json, "JSON output");
 
   std::string show_id;
   auto* show_cmd = app.add_subcommand("show", "a run and its step journal");
@@ -158,6 +169,7 @@ int main(int argc, char** argv) {
     return cairn::cli::resume_command(paths, resume_id, resume_all, as_json);
   }
   if (*ls_cmd) return cairn::cli::ls_command(paths, as_json);
+  if (*workers_cmd) return cairn::cli::workers_command(paths, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
   if (*workspace_cmd) return cairn::cli::workspace_command(paths, workspace_id, workspace_path, as_json);
   if (*doctor_cmd) return cairn::cli::doctor_command(paths, as_json);

@@ -9,11 +9,19 @@ namespace cairn::cli {
 
 struct paths {
   std::filesystem::path home;
-  std::filesystem::path db;
+  std::filesystem::path db;  // a SQLite file, or a PostgreSQL URL as given (storage::is_postgres_url)
 };
 
-// `db_flag` is --db when given; the other folders then sit beside it. Both
-// paths come back absolute, with the links in them resolved.
+// `db_flag` is --db when given; for a file, the other folders then sit
+// beside it. Both paths come back absolute, with the links in them resolved.
+// A PostgreSQL URL is kept as it is, and CAIRN_HOME (default ./.cairn) still
+// holds the workspaces and logs.
 paths resolve_paths(const std::string& db_flag);
+
+// The journal as messages name it: its path, or its URL without the password
+// ("postgresql://cairn:***@db:5432/cairn").
+std::string shown_db(const paths& p);
+// `url` with the password of its user:password@ replaced by ***.
+std::string without_password(const std::string& url);
 
 }  // namespace cairn::cli

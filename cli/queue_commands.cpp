@@ -13,7 +13,7 @@
 #include "cli/commands.hpp"
 #include "cli/format.hpp"
 #include "cli/support.hpp"
-#include "engine/daemon_lock.hpp"
+#include "engine/liveness.hpp"
 #include "engine/owner.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/wakeups.hpp"
@@ -61,19 +61,22 @@ class serve_log : public engine::run_observer {
   bool verbose_;
 };
 
-std::string no_daemon_hint(const paths& p, const std::string& run_id) {
-  if (engine::daemon_holder(p.db)) return "";
+// Whether a `cairn serve` (a worker with a current lease) serves the journal.
+bool served(storage::journal& journal) { return engine::worker_leases(journal).any_current(); }
+
+std::string no_daemon_hint(storage::journal& journal, const paths& p, const std::string& run_id) {
+  if (served(journal)) return "";
   return fmt::format("no `cairn serve` holds {}: unless a `cairn run` follows this run, start one or continue it "
                      "with `cairn resume {}`",
-                     p.db.string(), run_id);
+                     shown_db(p), run_id);
 }
 
 // The same after a batch: `cairn resume --all` takes every pending run.
-std::string no_daemon_hint_for_batch(const paths& p) {
-  if (engine::daemon_holder(p.db)) return "";
+std::string no_daemon_hint_for_batch(storage::journal& journal, const paths& p) {
+  if (served(journal)) return "";
   return fmt::format("no `cairn serve` holds {}: start one, or execute the queued runs in this process with "
                      "`cairn resume --all`",
-                     p.db.string());
+                     shown_db(p));
 }
 
 }  // namespace
@@ -92,7 +95,7 @@ int submit_command(const paths& p, const run_args& args, bool as_json) {
       std::cerr << fmt::format("run {} already exists ({}); the id is an idempotency key", run.id,
                                storage::to_string(run.status))
                 << std::endl;
-    if (auto hint = no_daemon_hint(p, run.id); !hint.empty()) std::cerr << hint << std::endl;
+    if (auto hint = no_daemon_hint(journal, p, run.id); !hint.empty()) std::cerr << hint << std::endl;
     return 0;
   });
 }
@@ -152,7 +155,7 @@ int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
                                existing.size() > shown ? fmt::format(" and {} more", existing.size() - shown) : "")
                 << std::endl;
     }
-    if (auto hint = no_daemon_hint_for_batch(p); !hint.empty()) std::cerr << hint << std::endl;
+    if (auto hint = no_daemon_hint_for_batch(journal, p); !hint.empty()) std::cerr << hint << std::endl;
     return 0;
   });
 }
@@ -166,13 +169,15 @@ int serve_command(const paths& p, const serve_args& args) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, nullptr);
     sigaction(SIGINT, &sa, nullptr);
-    engine::daemon_lock lock(p.db);
 
     engine::scheduler_options o;
     o.db = p.db;
     o.engine = options_for(p);
     o.engine.suspend_after = std::chrono::milliseconds(args.suspend_after_ms);
     o.max_concurrent = args.max_concurrent;
+    // Many serves may share the journal: each holds a lease in its workers.
+    o.lease = engine::lease_settings{std::chrono::seconds(args.lease_seconds), args.workspace_root};
+    o.on_lease_note = [](const std::string& note) { log_line(note); };
     runtime::warm_pool_options warm;
     warm.size = static_cast<std::size_t>(args.warm);
     warm.folder = p.home / "warm";
@@ -200,10 +205,11 @@ int serve_command(const paths& p, const serve_args& args) {
     o.on_error = [](const std::string& id, const std::string& error) {
       log_line(fmt::format("run {}: not executed: {}", id, error));
     };
-    log_line(fmt::format("cairn serve: journal {}, up to {} runs at once{}, pid {} (SIGTERM stops it gracefully)",
-                         p.db.string(), args.max_concurrent,
+    log_line(fmt::format("cairn serve: journal {}, up to {} runs at once{}, pid {}, lease {} s (SIGTERM stops it "
+                         "gracefully)",
+                         shown_db(p), args.max_concurrent,
                          warm.size > 0 ? fmt::format(", {} sandboxes kept warm", warm.size) : "",
-                         engine::current_owner().pid));
+                         engine::current_owner().pid, args.lease_seconds));
     engine::scheduler runs(std::move(o));
     std::thread announce([&runs] {
       stop_requested.wait();
@@ -244,7 +250,7 @@ int signal_command(const paths& p, const std::string& run_id, const std::string&
                                      : "it is delivered once, when the run waits for it")
               << std::endl;
     if (run->status == storage::run_status::waiting)
-      if (auto hint = no_daemon_hint(p, run_id); !hint.empty()) std::cerr << hint << std::endl;
+      if (auto hint = no_daemon_hint(journal, p, run_id); !hint.empty()) std::cerr << hint << std::endl;
     return 0;
   });
 }
@@ -276,7 +282,7 @@ int cancel_command(const paths& p, const std::string& run_id, const std::string&
         // A host that dies announces nothing: its death is looked for once a second.
         ended.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(1));
         run = *journal.find_run(run_id);
-        if (run.owner.empty() || engine::check_owner(run.owner) == engine::owner_state::dead) {
+        if (run.owner.empty() || engine::check_owner(journal, run.owner) == engine::owner_state::dead) {
           if (run.status == storage::run_status::cancelled) break;
           eng.cancel(run_id, reason);  // its host died meanwhile: cancel it here
           run = *journal.find_run(run_id);

@@ -117,6 +117,7 @@ task<attempt_result> attempt_driver::converse_to_end(const protocol::start_msg& 
   std::optional<std::string> closed;
   std::optional<budget_exceeded> over;
   bool killed = false;  // the attempt ended itself, its sandbox killed
+  std::exception_ptr lost;  // the journal refused a write: another process took the run over
   try {
     result = co_await converse(start);
     killed = true;
@@ -131,6 +132,14 @@ task<attempt_result> attempt_driver::converse_to_end(const protocol::start_msg& 
     killed = true;
   } catch (const budget_exceeded& e) {
     over = e;
+  } catch (const storage::storage_error& e) {
+    if (e.code() != storage::errc::fenced) throw;
+    lost = std::current_exception();
+  }
+  if (lost) {
+    // Nothing more is written for this run here: the sandbox goes at once, no retry.
+    co_await kill();
+    std::rethrow_exception(lost);
   }
   if (closed) co_return co_await died(*closed);
   if (!killed) co_await kill();
@@ -232,18 +241,21 @@ task<void> attempt_driver::supervise() {
     auto timeout = timeout_of(*in_step_, policy_);
     if (timeout.count() > 0 && now - step_started_ > timeout) co_await step_timed_out();
   }
-  if (!cancel_sent_) {
-    std::optional<std::string> reason;
-    if (std::exchange(recheck_run_, false)) reason = journal_.cancel_requested();
-    if (reason) co_await start_cancel(*reason, false);
-    else if (run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms) {
-      auto [message, type] = policy_.deadline_passed();
-      if (type == "limit_exceeded") {
-        auto result = co_await exceeded(message, "run_wall_time");
-        co_await end(std::move(result));
-      }
-      co_await start_cancel(message, true);
+  if (std::exchange(recheck_run_, false)) {
+    // A wake-up may say this host lost the run (its worker's lease expired
+    // and another took it over): then the fence throws, and the attempt
+    // stops before anything else happens.
+    co_await journal_.confirm_held();
+    if (!cancel_sent_)
+      if (auto reason = journal_.cancel_requested()) co_await start_cancel(*reason, false);
+  }
+  if (!cancel_sent_ && run_.deadline_ms && storage::now_ms() >= *run_.deadline_ms) {
+    auto [message, type] = policy_.deadline_passed();
+    if (type == "limit_exceeded") {
+      auto result = co_await exceeded(message, "run_wall_time");
+      co_await end(std::move(result));
     }
+    co_await start_cancel(message, true);
   }
   if (cancel_sent_ && now >= cancel_deadline_) co_await end(cancelled_result());
   if (stopping() && !cancel_sent_) {

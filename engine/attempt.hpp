@@ -68,6 +68,8 @@ class attempt_journal {
   virtual std::optional<effects::wait_started> wait_at(std::uint64_t seq) = 0;
   // The reason given when someone asked to cancel the run; none if nobody did.
   virtual std::optional<std::string> cancel_requested() = 0;
+  // Throws storage_error(fenced) when another process has taken the run over.
+  virtual task<void> confirm_held() = 0;
   virtual std::optional<storage::signal_record> pending_signal(const std::string& name) = 0;
   virtual std::optional<storage::run_record> find_run(const std::string& id) = 0;
   // Tokens the run's journaled llm.chat calls counted.

@@ -2,7 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include <fmt/format.h>
+
+#include "engine/owner.hpp"
 
 #include "engine/tools/llm_chat.hpp"
 #include "storage/journal.hpp"
@@ -10,28 +15,94 @@
 namespace cairn::engine {
 namespace {
 
-runtime::doctor_check journal_check(const std::filesystem::path& db) {
+// One read's round trip and one committed write (a worker row added and
+// removed again: nothing is left behind), in ms, the best of a few.
+runtime::doctor_check latency_check(const std::filesystem::path& db, const std::string& shown) {
   runtime::doctor_check c;
-  c.name = "journal writable";
-  std::error_code ec;
-  if (std::filesystem::exists(db, ec)) {
-    try {
-      storage::journal j(db);
-      c.ok = true;
-      c.detail = fmt::format("{} (schema v{}, {} runs)", db.string(), storage::journal::schema_version(),
-                             j.list_runs().size());
-    } catch (const storage::storage_error& e) {
-      c.detail = e.what();
-      c.fix = "see the message above; pass --db PATH to use another journal";
+  c.name = "journal latency";
+  using clock = std::chrono::steady_clock;
+  const auto ms_since = [](clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(clock::now() - t).count();
+  };
+  try {
+    storage::journal j(db);
+    const std::string probe = "doctor:" + current_owner().str();
+    double read = 1e9, write = 1e9;
+    for (int i = 0; i < 3; ++i) {
+      auto t = clock::now();
+      j.find_worker(probe);
+      read = std::min(read, ms_since(t));
+      const auto now = storage::now_ms();
+      t = clock::now();
+      j.register_worker({probe, current_owner().hostname, "", now, now, now, 0, 0});
+      write = std::min(write, ms_since(t));
+      j.remove_worker(probe);
     }
-    return c;
+    c.ok = true;
+    c.detail = fmt::format("one read {:.2f} ms, one committed write {:.2f} ms", read, write);
+  } catch (const storage::storage_error& e) {
+    c.detail = e.what();
+    c.fix = fmt::format("{} can be read but not written: see the message above", shown);
   }
-  auto dir = db.parent_path();
-  while (!dir.empty() && !std::filesystem::exists(dir, ec)) dir = dir.parent_path();
-  c.ok = access(dir.empty() ? "." : dir.c_str(), W_OK) == 0;
-  c.detail = fmt::format("{} will be created (nothing has run yet)", db.string());
-  if (!c.ok) c.fix = fmt::format("{} is not writable: pass --db PATH or set CAIRN_HOME", dir.string());
   return c;
+}
+
+// The journal: where it is, which backend, its schema against this cairn's,
+// and what one read and one committed write cost. Read-only first: a journal
+// of an older schema is reported, not migrated, and nothing is written to one
+// from a newer cairn.
+std::vector<runtime::doctor_check> journal_checks(const std::filesystem::path& db, const std::string& shown) {
+  const bool remote = storage::is_postgres_url(db.string());
+  runtime::doctor_check reached;
+  reached.name = "journal";
+  std::error_code ec;
+  if (!remote && !std::filesystem::exists(db, ec)) {
+    auto dir = db.parent_path();
+    while (!dir.empty() && !std::filesystem::exists(dir, ec)) dir = dir.parent_path();
+    reached.ok = access(dir.empty() ? "." : dir.c_str(), W_OK) == 0;
+    reached.detail = fmt::format("{} will be created (nothing has run yet)", shown);
+    if (!reached.ok) reached.fix = fmt::format("{} is not writable: pass --db PATH or set CAIRN_HOME", dir.string());
+    return {reached};
+  }
+  runtime::doctor_check schema;
+  schema.name = "journal schema";
+  try {
+    storage::journal j(db, {.read_only = true});
+    reached.ok = true;
+    reached.detail = fmt::format("{}: {}, {}", shown, j.backend(), j.server_version());
+    schema.ok = true;
+    schema.detail = fmt::format("v{}, this cairn's", storage::journal::schema_version());
+  } catch (const storage::storage_error& e) {
+    // Told apart by code where storage has one; an older schema is the
+    // read-only open's errc::io naming it (journal.hpp's open).
+    if (e.code() == storage::errc::schema_too_new) {
+      reached.ok = true;
+      reached.detail = shown;
+      schema.detail = e.what();
+      schema.fix = "upgrade cairn on this machine (every worker on the journal needs the newer cairn)";
+      return {reached, schema};
+    }
+    if (e.code() == storage::errc::not_found) {
+      reached.ok = true;
+      reached.detail = fmt::format("{}: empty; the first writer creates the schema", shown);
+      return {reached};
+    }
+    if (e.code() == storage::errc::io && std::string_view(e.what()).find("older than this cairn") != std::string_view::npos) {
+      reached.ok = true;
+      reached.detail = shown;
+      schema.ok = true;
+      schema.detail = fmt::format("{}; it will be migrated by the next writer", e.what());
+      return {reached, schema};
+    }
+    reached.detail = e.what();
+    reached.fix = remote ? fmt::format("check that the PostgreSQL server named in {} runs, is reachable from this "
+                                       "machine (host and port), and accepts this user and database (pg_hba.conf, "
+                                       "the password); or pass another --db / CAIRN_DB",
+                                       shown)
+                         : "see the message above; pass --db PATH to use another journal";
+    return {reached};
+  }
+  return {reached, schema, latency_check(db, shown)};
 }
 
 // Informational: a run without llm.chat needs no endpoint. Never shows the key.
@@ -58,9 +129,10 @@ runtime::doctor_check llm_check(const std::filesystem::path& config_file) {
 
 }  // namespace
 
-std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db, const std::filesystem::path& config_file) {
+std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db, const std::string& shown_db,
+                                          const std::filesystem::path& config_file) {
   auto checks = runtime::make_bwrap_backend()->check();
-  checks.push_back(journal_check(db));
+  for (auto& c : journal_checks(db, shown_db)) checks.push_back(std::move(c));
   checks.push_back(llm_check(config_file));
   return checks;
 }

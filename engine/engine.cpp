@@ -10,6 +10,7 @@
 
 #include "engine/attempt.hpp"
 #include "engine/crash_point.hpp"
+#include "engine/liveness.hpp"
 #include "engine/owner.hpp"
 #include "engine/run_id.hpp"
 #include "engine/run_journal.hpp"
@@ -29,10 +30,10 @@ bool ended(storage::run_status s) {
 }
 
 // Throws unless this process may take the run: nobody alive holds it.
-void check_claimable(const storage::run_record& run) {
+void check_claimable(storage::journal& journal, const storage::run_record& run) {
   const std::string me = current_owner().str();
   if (!run.owner.empty() && run.owner != me) {
-    switch (check_owner(run.owner)) {
+    switch (check_owner(journal, run.owner)) {
       case owner_state::alive:
         throw engine_error(errc::busy, fmt::format("run {} is being executed by {}; wait for it, or stop that "
                                                    "process and `cairn resume {}`",
@@ -52,14 +53,14 @@ engine_error taken_just_now(const std::string& run_id) {
 }
 
 // Takes the run for this process, or explains who has it.
-void claim(ledger& journal, const storage::run_record& run) {
-  check_claimable(run);
-  if (!journal.claim_run(run.id, run.owner, current_owner().str())) throw taken_just_now(run.id);
+void claim(ledger& writes, storage::journal& journal, const storage::run_record& run) {
+  check_claimable(journal, run);
+  if (!writes.claim_run(run.id, run.owner, current_owner().str())) throw taken_just_now(run.id);
 }
 
-task<void> claim_async(ledger& journal, const storage::run_record& run) {
-  check_claimable(run);
-  const bool claimed = co_await journal.claim_run_async(run.id, run.owner, current_owner().str());
+task<void> claim_async(ledger& writes, storage::journal& journal, const storage::run_record& run) {
+  check_claimable(journal, run);
+  const bool claimed = co_await writes.claim_run_async(run.id, run.owner, current_owner().str());
   if (!claimed) throw taken_just_now(run.id);
 }
 
@@ -174,7 +175,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
     co_await ledger_->apply_async(run_id, effects::attempts_reset{});
     run = journal_.find_run(run_id);
   }
-  co_await claim_async(*ledger_, *run);
+  co_await claim_async(*ledger_, journal_, *run);
   if (!run->unreadable.empty()) throw storage::storage_error(storage::errc::unreadable, run->unreadable);
 
   auto& sandboxes = backend(run->sandbox);
@@ -383,8 +384,8 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
   // Held by nobody alive (in doubt, or its process died): cancel it here.
   run = journal_.find_run(run_id);
   if (ended(run->status)) return cancel_outcome::cancelled;
-  if (run->owner.empty() || check_owner(run->owner) == owner_state::dead) {
-    claim(*ledger_, *run);
+  if (run->owner.empty() || check_owner(journal_, run->owner) == owner_state::dead) {
+    claim(*ledger_, journal_, *run);
     null_observer quiet;
     run_here(end_run(run_id, storage::run_status::cancelled, nullptr, protocol::error_info{reason, "cancelled"}, quiet));
     return cancel_outcome::cancelled;
@@ -410,7 +411,7 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
   if (run->status == storage::run_status::running && !run->owner.empty() &&
-      check_owner(run->owner) == owner_state::alive)
+      check_owner(journal_, run->owner) == owner_state::alive)
     throw engine_error(errc::busy, fmt::format("run {} is being executed by {}; nothing is in doubt while it runs",
                                                run_id, describe_owner(run->owner)));
   auto doubt = find_in_doubt(journal_, run_id);
@@ -446,7 +447,8 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
 storage::run_record engine::reopen(const std::string& run_id) {
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
-  if (!run->owner.empty() && run->owner != current_owner().str() && check_owner(run->owner) != owner_state::dead)
+  if (!run->owner.empty() && run->owner != current_owner().str() &&
+      check_owner(journal_, run->owner) != owner_state::dead)
     throw engine_error(errc::busy, fmt::format("run {} is being executed by {}; wait for it, or stop that process and "
                                                "`cairn resume {}`",
                                                run_id, describe_owner(run->owner), run_id));
@@ -481,9 +483,10 @@ runtime::sandbox_backend& engine::backend(const std::string& name) {
 
 std::vector<storage::run_record> engine::orphaned_runs() {
   std::vector<storage::run_record> found;
+  const worker_leases leases(journal_);
   for (auto& run : journal_.list_runs()) {
     bool orphan = ((run.status == storage::run_status::running || run.status == storage::run_status::pending) &&
-                   (run.owner.empty() || check_owner(run.owner) == owner_state::dead)) ||
+                   (run.owner.empty() || leases.check(run.owner) == owner_state::dead)) ||
                   (run.status == storage::run_status::waiting && wait_is_over(journal_, run));
     if (orphan) found.push_back(std::move(run));
   }

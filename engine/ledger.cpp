@@ -189,6 +189,14 @@ void ledger::commit_group(std::vector<writer>& group) {
   }
   // Durable, and nobody has been answered yet.
   crash_point(group.size() > 1 ? "after_group_commit.many" : "after_group_commit.one");
+  for (const auto& e : errors)
+    if (e) try {
+        std::rethrow_exception(e);
+      } catch (const storage::storage_error& refused) {
+        if (refused.code() == storage::errc::fenced) fenced_writes_.fetch_add(1, std::memory_order_relaxed);
+      } catch (...) {
+        // told to its writer below
+      }
   for (std::size_t i = 0; i < group.size(); ++i) group[i].done(errors[i]);
 }
 
@@ -327,6 +335,31 @@ void ledger::confirm_held(const std::string& id) {
 task<void> ledger::confirm_held_async(std::string id) {
   body write = [&](storage::journal& j) { j.confirm_held(id); };
   co_await write_async(std::move(write));
+}
+
+void ledger::assign_workspace(const std::string& id, const std::string& workspace, const std::string& workspace_host) {
+  write([&](storage::journal& j) { j.assign_workspace(id, workspace, workspace_host); });
+}
+
+task<void> ledger::assign_workspace_async(std::string id, std::string workspace, std::string workspace_host) {
+  body write = [&](storage::journal& j) { j.assign_workspace(id, workspace, workspace_host); };
+  co_await write_async(std::move(write));
+}
+
+void ledger::register_worker(const storage::worker_record& worker) {
+  write([&](storage::journal& j) { j.register_worker(worker); });
+}
+
+task<bool> ledger::renew_lease_async(std::string worker_id, std::int64_t lease_expires_at_ms,
+                                     std::int64_t fenced_writes) {
+  bool renewed = false;
+  body write = [&](storage::journal& j) { renewed = j.renew_lease(worker_id, lease_expires_at_ms, fenced_writes); };
+  co_await write_async(std::move(write));
+  co_return renewed;
+}
+
+void ledger::remove_worker(const std::string& worker_id) {
+  write([&](storage::journal& j) { j.remove_worker(worker_id); });
 }
 
 int ledger::begin_attempt(const std::string& id) {

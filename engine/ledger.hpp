@@ -14,6 +14,7 @@
 // the event loop ever waits for an fsync.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -97,6 +98,15 @@ class ledger {
                                         std::uint64_t max_signals);
   bool request_cancel(const std::string& id, const std::string& reason);
   bool cancel_idle_run(const std::string& id, const std::string& message);
+  void assign_workspace(const std::string& id, const std::string& workspace, const std::string& workspace_host);
+  task<void> assign_workspace_async(std::string id, std::string workspace, std::string workspace_host);
+  void register_worker(const storage::worker_record& worker);
+  task<bool> renew_lease_async(std::string worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes);
+  void remove_worker(const std::string& worker_id);
+
+  // Writes the journal refused since this ledger opened because another
+  // process had taken their run over (storage_error(fenced)).
+  std::int64_t fenced_writes() const { return fenced_writes_.load(std::memory_order_relaxed); }
 
  private:
   using body = std::function<void(storage::journal&)>;
@@ -133,6 +143,7 @@ class ledger {
   std::deque<writer> queue_;
   bool committing_ = false;  // the committer, or a leading writer, is committing
   bool closing_ = false;
+  std::atomic<std::int64_t> fenced_writes_{0};
   std::thread committer_;
 };
 

@@ -101,6 +101,8 @@ std::optional<std::string> run_journal::cancel_requested() {
   return cancel_reason(reads_, run_id_);
 }
 
+task<void> run_journal::confirm_held() { co_await writes_.confirm_held_async(run_id_); }
+
 std::optional<storage::signal_record> run_journal::pending_signal(const std::string& name) {
   return reads_.pending_signal(run_id_, name);
 }

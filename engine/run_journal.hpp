@@ -28,6 +28,7 @@ class run_journal : public attempt_journal {
   std::optional<effects::timer_set> timer_at(std::uint64_t seq) override;
   std::optional<effects::wait_started> wait_at(std::uint64_t seq) override;
   std::optional<std::string> cancel_requested() override;
+  task<void> confirm_held() override;
   std::optional<storage::signal_record> pending_signal(const std::string& name) override;
   std::optional<storage::run_record> find_run(const std::string& id) override;
   std::uint64_t llm_tokens_spent() override;

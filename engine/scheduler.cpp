@@ -16,8 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include "engine/owner.hpp"
+#include <fmt/format.h>
+
 #include "engine/io.hpp"
+#include "engine/liveness.hpp"
+#include "engine/owner.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -111,6 +114,23 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
   const std::string me = current_owner().str();
   wake_registration any_run("", pool_->loop);
   wake_listening listening(options_.db);
+  std::optional<worker_lease> lease;
+  if (options_.lease)
+    lease.emplace(*options_.engine.ledger, pool_->lanes.front()->io, *options_.lease,
+                  [this] {
+                    // Every run in flight checks at its wake-up that it still holds its run.
+                    std::vector<std::string> live;
+                    {
+                      std::lock_guard lock(pool_->mutex);
+                      live.assign(pool_->in_flight.begin(), pool_->in_flight.end());
+                    }
+                    if (options_.on_lease_note)
+                      options_.on_lease_note(fmt::format("this worker's lease had expired (was it paused?); its {} "
+                                                         "run{} in flight give up any that another worker took",
+                                                         live.size(), live.size() == 1 ? "" : "s"));
+                    for (const auto& id : live) wake_run(id);
+                  },
+                  options_.on_lease_note);
   while (!stop.raised()) {
     // Before looking: a wake-up that comes while we look is kept for the wait below.
     pool_->loop.take();
@@ -119,6 +139,9 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
       if (pool_->in_flight.empty() && done && done(journal)) break;
     }
     const auto now_ms = storage::now_ms();
+    const worker_leases leases(journal);
+    // A run held under a lease is looked at again when the lease would expire.
+    std::optional<std::int64_t> next_expiry;
     for (const auto& brief : journal.schedulable(now_ms)) {
       std::lock_guard lock(pool_->mutex);
       if (static_cast<int>(pool_->in_flight.size()) >= options_.max_concurrent) break;
@@ -127,9 +150,13 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
         if (clock::now() < rest->second) continue;
         pool_->resting.erase(rest);
       }
+      if (!brief.workspace_host.empty() && brief.workspace_host != current_owner().hostname) continue;
       if (options_.accept && !options_.accept(brief)) continue;
       const bool held = brief.status != storage::run_status::waiting && !brief.owner.empty() && brief.owner != me;
-      if (held && check_owner(brief.owner) != owner_state::dead) continue;
+      if (held && leases.check(brief.owner) != owner_state::dead) {
+        if (auto expiry = leases.expiry(brief.owner)) next_expiry = std::min(next_expiry.value_or(*expiry), *expiry);
+        continue;
+      }
       pool_->start(brief.id, options_);
     }
     // Until something happens, the next timer or deadline comes due, a run
@@ -137,6 +164,8 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
     auto until = clock::now() + options_.idle_check;
     if (auto due = journal.next_due_ms(now_ms))
       until = std::min(until, clock::now() + std::chrono::milliseconds(*due - storage::now_ms()));
+    if (next_expiry)
+      until = std::min(until, clock::now() + std::chrono::milliseconds(*next_expiry + 1 - storage::now_ms()));
     {
       std::lock_guard lock(pool_->mutex);
       for (const auto& [id, not_before] : pool_->resting)
@@ -148,8 +177,11 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
   }
   stopping_ = true;
   wake_all();  // attempts that wait see stopping_ now
-  std::unique_lock lock(pool_->mutex);
-  pool_->returned.wait(lock, [&] { return pool_->in_flight.empty(); });
+  {
+    std::unique_lock lock(pool_->mutex);
+    pool_->returned.wait(lock, [&] { return pool_->in_flight.empty(); });
+  }
+  lease.reset();  // after the runs were handed back
 }
 
 }  // namespace cairn::engine

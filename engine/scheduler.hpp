@@ -1,7 +1,9 @@
 // Takes runs from the journal and executes them on a few event loops (one
 // thread each, however many runs are live; engine/io.hpp): new
 // runs, runs whose wait is over (a timer is due, a signal came, a child
-// ended), and runs a dead host process left behind. `cairn serve` runs one
+// ended), and runs a dead host process or a worker whose lease expired left
+// behind (engine/liveness.hpp), never a run whose workspace is on another
+// machine (run_record::workspace_host). `cairn serve` runs one
 // over the whole journal; `cairn run` runs one over its own run and its
 // children, so child runs and timers work without a daemon. It waits on
 // events, not on a timer: an execution returning, a wake-up of a run (from
@@ -18,6 +20,7 @@
 
 #include "engine/engine.hpp"
 #include "engine/wakeups.hpp"
+#include "engine/worker_lease.hpp"
 
 namespace cairn::engine {
 
@@ -30,6 +33,15 @@ struct scheduler_options {
   // dead process left behind (nobody announces a death) and hints that were
   // lost. Not a hot path: a live host announces every change it makes.
   std::chrono::milliseconds idle_check{5'000};
+  // Set: this scheduler is a worker (`cairn serve`): it holds a lease in the
+  // journal's workers while it runs (worker_lease.hpp), and hands its runs
+  // back and removes itself when it stops. When the lease is found expired
+  // (this process was paused or cut off), every run in flight checks at once
+  // that it still holds its run; an attempt whose run was taken over stops
+  // (its sandbox killed, nothing more written) and is not retried here.
+  std::optional<lease_settings> lease;
+  // Lines about this worker's lease, for the operator; may be null.
+  std::function<void(const std::string&)> on_lease_note;
   // Only runs this accepts are taken (called on the scheduling thread, in
   // creation order, so a child is seen after its parent). Empty: all.
   std::function<bool(const storage::run_brief&)> accept;

@@ -167,6 +167,23 @@ CREATE TABLE payloads (
   PRIMARY KEY (run_id, digest)
 ) WITHOUT ROWID;
 )sql",
+    // 6: many workers on one journal. Each `cairn serve` holds a row here
+    // while its lease is current (storage/journal.hpp worker_record); a run
+    // records the machine whose disk holds its workspace ('' = shared storage).
+    R"sql(
+ALTER TABLE runs ADD COLUMN workspace_host TEXT NOT NULL DEFAULT '';
+CREATE TABLE workers (
+  id                  TEXT PRIMARY KEY,         -- its owner string, engine/owner.hpp
+  host                TEXT NOT NULL,
+  workspace_root      TEXT NOT NULL DEFAULT '',
+  started_at_ms       INTEGER NOT NULL,
+  renewed_at_ms       INTEGER NOT NULL,
+  lease_expires_at_ms INTEGER NOT NULL,
+  fenced_writes       INTEGER NOT NULL DEFAULT 0
+);
+-- The runs each worker owns, without reading the finished ones.
+CREATE INDEX runs_by_owner ON runs (owner) WHERE owner <> '';
+)sql",
 };
 constexpr int latest_version = static_cast<int>(std::size(migrations));
 
@@ -633,10 +650,11 @@ std::pair<run_record, bool> journal::create_run(const new_run& run) {
     impl_->fenced(run.parent_id, [&] {
       inserted = statement(impl_->db,
                              "INSERT INTO runs (id, agent, input, status, max_attempts, sandbox, workspace, "
-                             "created_at_ms, updated_at_ms, policy, parent_id, owner, deadline_ms) "
-                             "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                             "created_at_ms, updated_at_ms, policy, parent_id, owner, deadline_ms, workspace_host) "
+                             "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                              run.id, run.agent, dump(run.input), run.max_attempts, run.sandbox, run.workspace, now, now,
-                             dump(run.policy), null_if_empty(run.parent_id), run.owner, run.deadline_ms)
+                             dump(run.policy), null_if_empty(run.parent_id), run.owner, run.deadline_ms,
+                             run.workspace_host)
                      .exec();
     });
     auto record = find_run(run.id);
@@ -849,10 +867,10 @@ std::vector<run_brief> journal::schedulable(std::int64_t now) {
     // INDEXED BY pins the plan: after an ANALYZE, SQLite would otherwise scan
     // every run, since most runs share a few finished statuses.
     auto s = statement(impl_->db,
-                       "SELECT id, status, owner, parent_id, created_at_ms, rowid AS row FROM runs "
+                       "SELECT id, status, owner, parent_id, workspace_host, created_at_ms, rowid AS row FROM runs "
                        "  INDEXED BY runs_by_wake WHERE status IN ('pending', 'running') "
                        "UNION ALL "
-                       "SELECT id, status, owner, parent_id, created_at_ms, rowid FROM runs AS r "
+                       "SELECT id, status, owner, parent_id, workspace_host, created_at_ms, rowid FROM runs AS r "
                        "  INDEXED BY runs_waiting WHERE status = 'waiting' AND ("
                        "  wake_at_ms <= ?1 OR deadline_ms <= ?1 OR cancel_requested_at_ms IS NOT NULL "
                        "  OR (wait_kind = 'signal' AND EXISTS (SELECT 1 FROM signals AS s WHERE s.run_id = r.id "
@@ -868,6 +886,7 @@ std::vector<run_brief> journal::schedulable(std::int64_t now) {
       b.status = *parse_run_status(s.getColumn(1).getString());  // one of the three above
       b.owner = s.getColumn(2).getString();
       if (!s.getColumn(3).isNull()) b.parent_id = s.getColumn(3).getString();
+      b.workspace_host = s.getColumn(4).getString();
       runs.push_back(std::move(b));
     }
     return runs;
@@ -1086,6 +1105,109 @@ std::uint64_t journal::bytes_of_run(std::string_view run_id) {
   });
 }
 
+// --- Workspaces assigned at first execution, workers and their leases (schema 6) ---
+
+void journal::assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) {
+  if (pg_) return pg_->assign_workspace(id, workspace, workspace_host);
+  impl_->guard(id, [&] {
+    impl::write_txn tx(*impl_);
+    impl_->fence(id);
+    if (statement(impl_->db,
+                  "UPDATE runs SET workspace = ?, workspace_host = ?, updated_at_ms = ? WHERE id = ? AND workspace = ''",
+                  workspace, workspace_host, now_ms(), id)
+            .exec() == 0) {
+      auto s = statement(impl_->db, "SELECT workspace FROM runs WHERE id = ?", id);
+      impl_->require_run(s.executeStep() ? 1 : 0, id);
+      throw storage_error(errc::conflict, fmt::format("run {} already has its workspace {}; a workspace is assigned "
+                                                      "once",
+                                                      id, s.getColumn(0).getString()));
+    }
+    tx.commit();
+  });
+}
+
+namespace {
+
+// The columns read_worker reads; `runs` counts the runs the worker owns.
+constexpr const char* worker_columns =
+    "SELECT w.id, w.host, w.workspace_root, w.started_at_ms, w.renewed_at_ms, w.lease_expires_at_ms, "
+    "w.fenced_writes, (SELECT count(*) FROM runs WHERE owner = w.id AND owner <> '') FROM workers AS w ";
+
+worker_record read_worker(SQLite::Statement& s) {
+  worker_record w;
+  w.id = s.getColumn(0).getString();
+  w.host = s.getColumn(1).getString();
+  w.workspace_root = s.getColumn(2).getString();
+  w.started_at_ms = s.getColumn(3).getInt64();
+  w.renewed_at_ms = s.getColumn(4).getInt64();
+  w.lease_expires_at_ms = s.getColumn(5).getInt64();
+  w.fenced_writes = s.getColumn(6).getInt64();
+  w.runs = s.getColumn(7).getInt();
+  return w;
+}
+
+}  // namespace
+
+void journal::register_worker(const worker_record& w) {
+  if (pg_) return pg_->register_worker(w);
+  impl_->guard({}, [&] {
+    statement(impl_->db,
+              "INSERT OR REPLACE INTO workers (id, host, workspace_root, started_at_ms, renewed_at_ms, "
+              "lease_expires_at_ms, fenced_writes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+              w.id, w.host, w.workspace_root, w.started_at_ms, w.renewed_at_ms, w.lease_expires_at_ms, w.fenced_writes)
+        .exec();
+  });
+}
+
+bool journal::renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) {
+  if (pg_) return pg_->renew_lease(worker_id, lease_expires_at_ms, fenced_writes);
+  return impl_->guard({}, [&] {
+    // One statement: the check of the old expiry and the renewal are atomic,
+    // so a lease another worker already saw expired is never revived.
+    const auto now = now_ms();
+    return statement(impl_->db,
+                     "UPDATE workers SET lease_expires_at_ms = ?, renewed_at_ms = ?, fenced_writes = ? "
+                     "WHERE id = ? AND lease_expires_at_ms > ?",
+                     lease_expires_at_ms, now, fenced_writes, worker_id, now)
+               .exec() == 1;
+  });
+}
+
+void journal::remove_worker(std::string_view worker_id) {
+  if (pg_) return pg_->remove_worker(worker_id);
+  impl_->guard({}, [&] { statement(impl_->db, "DELETE FROM workers WHERE id = ?", worker_id).exec(); });
+}
+
+std::vector<worker_record> journal::workers() {
+  if (pg_) return pg_->workers();
+  return impl_->guard({}, [&] {
+    auto s = statement(impl_->db, (std::string(worker_columns) + "ORDER BY w.started_at_ms, w.id").c_str());
+    std::vector<worker_record> out;
+    while (s.executeStep()) out.push_back(read_worker(s));
+    return out;
+  });
+}
+
+std::optional<worker_record> journal::find_worker(std::string_view worker_id) {
+  if (pg_) return pg_->find_worker(worker_id);
+  return impl_->guard({}, [&]() -> std::optional<worker_record> {
+    auto s = statement(impl_->db, (std::string(worker_columns) + "WHERE w.id = ?").c_str(), worker_id);
+    if (!s.executeStep()) return std::nullopt;
+    return read_worker(s);
+  });
+}
+
+std::string_view journal::backend() const { return pg_ ? "postgresql" : "sqlite"; }
+
+std::string journal::server_version() {
+  if (pg_) return pg_->server_version();
+  return fmt::format("SQLite {}", sqlite3_libversion());
+}
+
+bool is_postgres_url(std::string_view db) { return db.starts_with("postgresql://") || db.starts_with("postgres://"); }
+
+// --- end of schema 6 ---
+
 namespace {
 
 std::vector<event_record> read_events(SQLite::Database& db, SQLite::Statement& s, std::string_view run_id) {
@@ -1100,55 +1222,5 @@ std::vector<event_record> read_events(SQLite::Database& db, SQLite::Statement& s
 }
 
 }  // namespace
-
-// The backend's name and version, and which paths are PostgreSQL URLs.
-
-std::string_view journal::backend() const { return pg_ ? "postgresql" : "sqlite"; }
-
-std::string journal::server_version() {
-  if (pg_) return pg_->server_version();
-  return std::string("SQLite ") + sqlite3_libversion();
-}
-
-bool is_postgres_url(std::string_view db) { return db.starts_with("postgresql://") || db.starts_with("postgres://"); }
-
-// Workers, leases and late workspaces on SQLite belong to the workers branch
-// (migration v6); until it is merged these only dispatch to PostgreSQL.
-
-namespace {
-[[noreturn]] void sqlite_lacks(const char* what) {
-  throw storage_error(errc::io, fmt::format("{} needs a PostgreSQL journal in this build", what));
-}
-}  // namespace
-
-void journal::assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) {
-  if (pg_) return pg_->assign_workspace(id, workspace, workspace_host);
-  sqlite_lacks("assign_workspace");
-}
-
-void journal::register_worker(const worker_record& worker) {
-  if (pg_) return pg_->register_worker(worker);
-  sqlite_lacks("register_worker");
-}
-
-bool journal::renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) {
-  if (pg_) return pg_->renew_lease(worker_id, lease_expires_at_ms, fenced_writes);
-  sqlite_lacks("renew_lease");
-}
-
-void journal::remove_worker(std::string_view worker_id) {
-  if (pg_) return pg_->remove_worker(worker_id);
-  sqlite_lacks("remove_worker");
-}
-
-std::vector<worker_record> journal::workers() {
-  if (pg_) return pg_->workers();
-  sqlite_lacks("workers");
-}
-
-std::optional<worker_record> journal::find_worker(std::string_view worker_id) {
-  if (pg_) return pg_->find_worker(worker_id);
-  sqlite_lacks("find_worker");
-}
 
 }  // namespace cairn::storage

@@ -227,6 +227,15 @@ std::string trimmed(std::string s) {
   return s;
 }
 
+// libpq's connection to `url`, with defaults the URL may override: a server
+// that does not answer fails the call in 10 s instead of never, and the
+// server's views name the client.
+PGconn* connect_to(const std::string& url) {
+  const char* keywords[] = {"connect_timeout", "application_name", "dbname", nullptr};
+  const char* values[] = {"10", "cairn", url.c_str(), nullptr};
+  return PQconnectdbParams(keywords, values, 1);
+}
+
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 // A statement that writes nothing: lost before its answer, it may run again.
@@ -243,7 +252,7 @@ struct postgres_journal::impl {
   int statements = 0;                                     // sent in the current call
 
   impl(const fs::path& url, const journal_options& o) : path(url), options(o), name(redacted(url.string())) {
-    conn = PQconnectdb(path.c_str());
+    conn = connect_to(path.string());
     check_connected();
     try {
       set_up_session();
@@ -300,8 +309,9 @@ struct postgres_journal::impl {
   void reconnect_if_lost() {
     if (conn && PQstatus(conn) == CONNECTION_OK) return;
     prepared.clear();
+    pending.clear();
     if (conn) PQreset(conn);
-    else conn = PQconnectdb(path.c_str());
+    else conn = connect_to(path.string());
     if (PQstatus(conn) != CONNECTION_OK)
       throw storage_error(errc::io, fmt::format("cannot reach journal {} at {} ({}); is the server running? check --db",
                                                 name, where(), trimmed(PQerrorMessage(conn))));
@@ -312,7 +322,15 @@ struct postgres_journal::impl {
     }
   }
 
-  [[noreturn]] void fail(PGresult* r, std::string_view sql, bool in_transaction) {
+  // Where a statement ran: on its own (autocommit), in a transaction its own
+  // pipeline began (nothing of it can have committed), or in one already open.
+  enum class transaction { none, begun_with_it, open };
+  transaction transaction_state() const {
+    if (PQtransactionStatus(conn) != PQTRANS_IDLE) return transaction::open;
+    return pending.empty() ? transaction::none : transaction::begun_with_it;
+  }
+
+  [[noreturn]] void fail(PGresult* r, std::string_view sql, transaction tx) {
     const char* state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
     std::string message = trimmed(r ? PQresultErrorMessage(r) : PQerrorMessage(conn));
     if (message.empty()) message = trimmed(PQerrorMessage(conn));
@@ -320,24 +338,33 @@ struct postgres_journal::impl {
     const bool lost = PQstatus(conn) != CONNECTION_OK || starts_with(sqlstate, "57P") || starts_with(sqlstate, "08");
     // Outside a transaction a write commits alone: lost with it, it may have
     // committed. COMMIT itself the same.
-    const bool ambiguous = lost && (sql == "COMMIT" || (!in_transaction && !writes_nothing(sql)));
-    const bool repeatable = lost && !in_transaction && writes_nothing(sql) && statements == 1;
+    const bool ambiguous = lost && (sql == "COMMIT" || (tx == transaction::none && !writes_nothing(sql)));
+    const bool repeatable = lost && statements == 1 && tx != transaction::open &&
+                            (writes_nothing(sql) || tx == transaction::begun_with_it);
     throw pg_failure(message, sqlstate, lost, ambiguous, repeatable);
   }
 
-  void check(const result& res, std::string_view sql, bool in_transaction) {
+  void check(const result& res, std::string_view sql, transaction tx) {
     const auto status = res.r ? PQresultStatus(res.r.get()) : PGRES_FATAL_ERROR;
-    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) fail(res.r.get(), sql, in_transaction);
+    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) fail(res.r.get(), sql, tx);
   }
 
-  bool in_transaction() const { return PQtransactionStatus(conn) != PQTRANS_IDLE; }
+  // Also when the BEGIN is still in `pending`.
+  bool in_transaction() const { return !pending.empty() || PQtransactionStatus(conn) != PQTRANS_IDLE; }
+
+  // BEGIN, SAVEPOINT and RELEASE have no answer to wait for: they wait here
+  // and go in one pipeline with the next statement, so a group commit of one
+  // step costs two round trips (BEGIN ... INSERT, RELEASE ... COMMIT), not five.
+  std::vector<const char*> pending;
+  static bool deferrable(std::string_view sql) {
+    return sql == "BEGIN" || starts_with(sql, "SAVEPOINT ") || starts_with(sql, "RELEASE ");
+  }
 
   // A statement without parameters (BEGIN, SAVEPOINT, SET ...).
   void run(const char* sql) {
+    if (deferrable(sql)) return pending.push_back(sql);
     ++statements;
-    const bool in_tx = in_transaction();
-    result res{{PQexec(conn, sql), &PQclear}};
-    check(res, sql, in_tx);
+    send(sql, nullptr, 0, nullptr, nullptr, nullptr);
   }
 
   // A statement with parameters ($1, $2, ...), prepared once per connection.
@@ -352,19 +379,58 @@ struct postgres_journal::impl {
       formats[i] = params[i].binary ? 1 : 0;
     }
     ++statements;
-    const bool in_tx = in_transaction();
     auto& statement = prepared[sql];
     if (statement.empty()) {
       const std::string fresh = fmt::format("cairn_{}", prepared.size());
+      const auto tx = transaction_state();
       result made{{PQprepare(conn, fresh.c_str(), sql, static_cast<int>(params.size()), nullptr), &PQclear}};
-      check(made, sql, in_tx);
+      check(made, sql, tx);
       statement = fresh;
     }
-    result res{{PQexecPrepared(conn, statement.c_str(), static_cast<int>(params.size()), values.data(),
-                               lengths.data(), formats.data(), 0),
-                &PQclear}};
-    check(res, sql, in_tx);
-    return res;
+    return send(sql, statement.c_str(), static_cast<int>(params.size()), values.data(), lengths.data(),
+                formats.data());
+  }
+
+  // Sends the pending statements and `sql` (the prepared statement `name`
+  // when not null) and returns the answer to `sql`; the first failure of
+  // any of them is thrown.
+  result send(const char* sql, const char* name, int n, const char* const* values, const int* lengths,
+              const int* formats) {
+    const auto tx = transaction_state();
+    if (pending.empty()) {
+      result res{{name ? PQexecPrepared(conn, name, n, values, lengths, formats, 0) : PQexec(conn, sql), &PQclear}};
+      check(res, sql, tx);
+      return res;
+    }
+    const auto queued = std::move(pending);
+    pending.clear();
+    bool sent = PQenterPipelineMode(conn) == 1;
+    for (const char* q : queued) sent = sent && PQsendQueryParams(conn, q, 0, nullptr, nullptr, nullptr, nullptr, 0);
+    sent = sent &&
+           (name ? PQsendQueryPrepared(conn, name, n, values, lengths, formats, 0)
+                 : PQsendQueryParams(conn, sql, 0, nullptr, nullptr, nullptr, nullptr, 0)) &&
+           PQpipelineSync(conn) == 1;
+    result failed, last;
+    std::string_view failed_sql;
+    // Each statement's answer ends with a null; the pipeline's with PGRES_PIPELINE_SYNC.
+    for (std::size_t i = 0; sent && i <= queued.size() && PQstatus(conn) == CONNECTION_OK; ++i) {
+      result r{{PQgetResult(conn), &PQclear}};
+      while (PGresult* rest = PQgetResult(conn)) PQclear(rest);
+      const auto status = r.r ? PQresultStatus(r.r.get()) : PGRES_FATAL_ERROR;
+      if (!failed.r && status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK && status != PGRES_PIPELINE_ABORTED) {
+        failed = std::move(r);
+        failed_sql = i < queued.size() ? queued[i] : sql;
+      } else if (i == queued.size()) {
+        last = std::move(r);
+      }
+    }
+    if (sent && PQstatus(conn) == CONNECTION_OK) {
+      result sync{{PQgetResult(conn), &PQclear}};
+      sent = sync.r && PQresultStatus(sync.r.get()) == PGRES_PIPELINE_SYNC && PQexitPipelineMode(conn) == 1;
+    }
+    if (failed.r) fail(failed.r.get(), failed_sql, tx);
+    if (!sent || !last.r) fail(nullptr, sql, tx);
+    return last;
   }
 
   // What a failed statement means for the user, with what to do about it.
@@ -587,13 +653,9 @@ struct postgres_journal::impl {
 
   template <class... Args>
   std::vector<run_record> runs(const std::string& sql_tail, const Args&... args) {
-    auto r = exec(query(fmt::format("SELECT {}, workspace_host FROM runs {}", run_columns, sql_tail)), args...);
+    auto r = exec(query(fmt::format("SELECT {} FROM runs {}", run_columns, sql_tail)), args...);
     std::vector<run_record> out;
-    for (int i = 0; i < r.rows(); ++i) {
-      const pg_row row{r, i};
-      out.push_back(read_run(row));
-      out.back().workspace_host = row.text(24);
-    }
+    for (int i = 0; i < r.rows(); ++i) out.push_back(read_run(pg_row{r, i}));
     return out;
   }
 
@@ -1151,7 +1213,7 @@ postgres_listener::~postgres_listener() { PQfinish(conn_); }
 
 bool postgres_listener::connect() {
   if (conn_) PQreset(conn_);
-  else conn_ = PQconnectdb(url_.c_str());
+  else conn_ = connect_to(url_);
   if (PQstatus(conn_) != CONNECTION_OK) return false;
   std::unique_ptr<PGresult, decltype(&PQclear)> r(PQexec(conn_, fmt::format("LISTEN {}", wake_channel).c_str()),
                                                   &PQclear);

@@ -50,11 +50,11 @@ std::optional<std::int64_t> int64_or_null(const Row& row, int i) {
   return row.int64(i);
 }
 
-// Columns 0-23 of read_run, in this order.
+// Columns 0-24 of read_run, in this order.
 inline constexpr const char* run_columns =
     "id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner, sandbox, "
     "workspace, created_at_ms, updated_at_ms, finished_at_ms, policy, parent_id, wait_kind, wait_key, wait_seq, "
-    "wake_at_ms, cancel_requested_at_ms, deadline_ms, epoch";
+    "wake_at_ms, cancel_requested_at_ms, deadline_ms, epoch, workspace_host";
 
 template <class Row>
 run_record read_run(const Row& s) {
@@ -85,6 +85,7 @@ run_record read_run(const Row& s) {
   r.cancel_requested_at_ms = int64_or_null(s, 21);
   r.deadline_ms = int64_or_null(s, 22);
   r.epoch = s.int64(23);
+  r.workspace_host = s.text(24);
   return r;
 }
 

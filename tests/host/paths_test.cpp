@@ -9,7 +9,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "engine/daemon_lock.hpp"
 #include "engine/engine.hpp"
 #include "tests/cairn_cli.hpp"
 #include "tests/capabilities.hpp"
@@ -203,7 +202,7 @@ TEST_CASE("as root, a CAIRN_HOME another user prepared is refused and nothing it
   }
 }
 
-TEST_CASE("the daemon lock and the run log are never opened through a planted link") {
+TEST_CASE("the run log is never opened through a planted link") {
   temp_dir t;
   ::chmod(t.path().c_str(), 0755);
   victim v(t.path());
@@ -211,16 +210,6 @@ TEST_CASE("the daemon lock and the run log are never opened through a planted li
   fs::create_directories(home);
   ::chmod(home.c_str(), 0700);
 
-  SECTION("daemon lock, through the engine") {
-    fs::create_symlink(v.file, home / "cairn.db.serve.lock");
-    CHECK_THROWS_AS(cairn::engine::daemon_lock(home / "cairn.db"), cairn::engine::engine_error);
-  }
-  SECTION("daemon lock, through cairn serve") {
-    fs::create_symlink(v.file, home / "cairn.db.serve.lock");
-    auto r = cairn_cli(t, home, {"serve"});
-    CHECK(r.code == 3);
-    CHECK_THAT(r.err, Catch::Contains("symbolic link"));
-  }
   SECTION("run log") {
     fs::create_directories(home / "logs");
     ::chmod((home / "logs").c_str(), 0700);

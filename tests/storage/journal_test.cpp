@@ -21,7 +21,7 @@
 
 #include "tests/capabilities.hpp"
 #include "tests/storage/journal_samples.hpp"
-#include "tests/support/pg_cluster.hpp"
+#include "tests/support/test_db.hpp"
 
 namespace fs = std::filesystem;
 using namespace cairn;
@@ -84,27 +84,6 @@ class temp_dir {
   fs::path path_;
 };
 
-// Where a test's journal is, on each backend in turn: a SQLite file in a
-// fresh folder, or a fresh database of this process's PostgreSQL cluster
-// (tests/support/pg_cluster.hpp: without PostgreSQL such a test fails,
-// saying what to install).
-class journal_location {
- public:
-  explicit journal_location(const std::string& backend)
-      : path_(backend == "sqlite" ? folder_ / "cairn.db"
-                                  : fs::path(cairn::testing::shared_pg_cluster().fresh_database())) {}
-  const fs::path& path() const { return path_; }
-
- private:
-  temp_dir folder_;
-  fs::path path_;
-};
-
-// Runs the test case once per backend, with `where` the journal's location.
-#define ON_EACH_BACKEND(where)                                                             \
-  const std::string where##_backend = GENERATE(as<std::string>{}, "sqlite", "postgresql"); \
-  INFO("backend: " << where##_backend);                                                    \
-  journal_location where(where##_backend)
 
 // A full disk: a tmpfs of `size` at `at`, unmounted at the end. Only root
 // mounts one; for anyone else `mounted` is false and the test says so.
@@ -265,6 +244,14 @@ TEST_CASE("run status names round-trip") {
   CHECK(to_string(run_status::waiting) == "waiting");
   CHECK(to_string(run_status::cancelled) == "cancelled");
   CHECK_FALSE(parse_run_status("done"));
+}
+
+TEST_CASE("a journal names its backend and the version of its database") {
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
+  CHECK(j.backend() == where_backend);
+  CHECK_THAT(j.server_version(), Catch::StartsWith(where_backend == "sqlite" ? "SQLite 3." : "PostgreSQL 1"));
+  CHECK(j.path() == where.path());
 }
 
 TEST_CASE("create_run is idempotent: the id is the key") {

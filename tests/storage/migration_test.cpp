@@ -202,9 +202,10 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
     step.result.name = "plan";
     step.result.output = json{1};
     current.append_step(step);
-    // Schema 3 is schema 5 without runs.epoch and the payloads table.
+    // Schema 3 is schema 6 without runs.epoch, the payloads table and schema 6's additions.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
-    raw.exec("DROP TABLE payloads; ALTER TABLE runs DROP COLUMN epoch; PRAGMA user_version = 3");
+    raw.exec("DROP TABLE payloads; ALTER TABLE runs DROP COLUMN epoch; DROP TABLE workers; DROP INDEX runs_by_owner; "
+             "ALTER TABLE runs DROP COLUMN workspace_host; PRAGMA user_version = 3");
   }
   storage::journal a(dir / "cairn.db");
   auto busy = a.find_run("busy");
@@ -227,6 +228,32 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
   CHECK(b.events("busy").size() == 1);
 
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READONLY);
-  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == 5);
-  CHECK(storage::journal::schema_version() == 5);
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == 6);
+  CHECK(storage::journal::schema_version() == 6);
+}
+
+TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspace on shared storage, no worker yet") {
+  testing::temp_dir dir;
+  {
+    storage::journal current(dir / "cairn.db");
+    storage::new_run r;
+    r.id = "old";
+    r.agent = "/bin/agent";
+    r.sandbox = "none";
+    r.workspace = "/ws/old";
+    r.owner = "host-1:a:1:1";
+    current.create_run(r);
+    // Schema 5 is schema 6 without the workers table, its index and runs.workspace_host.
+    SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
+    raw.exec("DROP TABLE workers; DROP INDEX runs_by_owner; ALTER TABLE runs DROP COLUMN workspace_host; "
+             "PRAGMA user_version = 5");
+  }
+  storage::journal j(dir / "cairn.db");
+  auto old = j.find_run("old");
+  REQUIRE(old);
+  CHECK(old->workspace == "/ws/old");
+  CHECK(old->workspace_host.empty());
+  CHECK(j.workers().empty());
+  j.register_worker({"host-1:a:1:1", "host-1", "", 1, 1, storage::now_ms() + 60'000, 0, 0});
+  CHECK(j.find_worker("host-1:a:1:1")->runs == 1);
 }
