@@ -159,7 +159,11 @@ class worker_pool {
         s.pid = -1;
         s.exited_at = steady::now();
         ++exited;
-        exit_notes_.push_back(last_log_lines(i));
+        // Only the driver sends signals: one that ends a worker by itself is a crash (abort, segfault).
+        crashes_ += WIFSIGNALED(status);
+        exit_notes_.push_back(last_log_lines(i) + "\n  " +
+                              (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                                   : "exit code " + std::to_string(WEXITSTATUS(status))));
       }
       if (s.pid <= 0 && steady::now() - s.exited_at >= 1s) start(i);
     }
@@ -199,6 +203,8 @@ class worker_pool {
   }
 
   const std::vector<std::string>& exit_notes() const { return exit_notes_; }
+  // Workers that ended by a signal the driver did not send.
+  int crashes() const { return crashes_; }
 
  private:
   struct slot {
@@ -232,6 +238,7 @@ class worker_pool {
   const chaos_home& home_;
   std::vector<slot> slots_;
   std::vector<std::string> exit_notes_;
+  int crashes_ = 0;
 };
 
 // What the checks found, and what the summary reports.
@@ -478,7 +485,7 @@ void run_chaos(const chaos_shape& shape, const std::string& db, testing::pg_clus
           << " children on " << shape.workers << " workers "
           << (all_ended ? "all ended" : "did NOT all end") << " in " << wall_s << " s (deadline "
           << shape.deadline.count() << " s); " << kills << " workers SIGKILLed and restarted, " << exits
-          << " exited by themselves; "
+          << " exited by themselves (" << workers.crashes() << " of them crashed); "
           << (database_down_s >= 0 ? "PostgreSQL crashed (SIGQUIT) at " + std::to_string(database_crashed_at_s) +
                                          " s and was back after " + std::to_string(database_down_s) + " s; "
                                    : "")
@@ -495,6 +502,7 @@ void run_chaos(const chaos_shape& shape, const std::string& db, testing::pg_clus
   for (std::size_t k = 0; k < std::min<std::size_t>(f.problems.size(), 40); ++k) shown += f.problems[k] + "\n";
   INFO(shown);
   CHECK(all_ended);
+  CHECK(workers.crashes() == 0);  // a worker may give up while the database is down, not crash
   CHECK(f.problems.empty());
   CHECK(f.runs == total_runs);
   CHECK(clean_stop);
