@@ -123,7 +123,7 @@ inline void wait_for_daemon(pid_t daemon, const fs::path& db, const fs::path& lo
     if (!fs::exists(db)) return false;
     try {
       cairn::storage::journal journal(db, {.read_only = true});
-      return cairn::engine::worker_leases(journal).any_current();
+      return cairn::engine::worker_leases(journal).any_alive();
     } catch (const cairn::storage::storage_error&) {
       return false;  // not migrated yet
     }

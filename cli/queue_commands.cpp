@@ -15,6 +15,7 @@
 #include "cli/support.hpp"
 #include "engine/liveness.hpp"
 #include "engine/owner.hpp"
+#include "engine/run_paths.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/wakeups.hpp"
 #include "protocol/bounded_json.hpp"
@@ -62,7 +63,7 @@ class serve_log : public engine::run_observer {
 };
 
 // Whether a `cairn serve` (a worker with a current lease) serves the journal.
-bool served(storage::journal& journal) { return engine::worker_leases(journal).any_current(); }
+bool served(storage::journal& journal) { return engine::worker_leases(journal).any_alive(); }
 
 std::string no_daemon_hint(storage::journal& journal, const paths& p, const std::string& run_id) {
   if (served(journal)) return "";
@@ -174,6 +175,12 @@ int serve_command(const paths& p, const serve_args& args) {
     o.db = p.db;
     o.engine = options_for(p);
     o.engine.suspend_after = std::chrono::milliseconds(args.suspend_after_ms);
+    if (!args.workspace_root.empty()) {
+      o.engine.workspace_root = std::filesystem::absolute(args.workspace_root).lexically_normal();
+      // Refused now rather than at each run's first execution: the rules of --workspace hold for every run's folder in it.
+      storage::journal journal(p.db);
+      engine::checked_workspace(journal, p.home, o.engine.workspace_root / "RUN_ID", "RUN_ID");
+    }
     o.max_concurrent = args.max_concurrent;
     // Many serves may share the journal: each holds a lease in its workers.
     o.lease = engine::lease_settings{std::chrono::seconds(args.lease_seconds), args.workspace_root};

@@ -124,7 +124,10 @@ storage::new_run engine::new_run_of(run_request request) {
   run.input = std::move(request.input);
   run.max_attempts = request.max_attempts;
   run.sandbox = request.sandbox;
-  run.workspace = checked_workspace(journal_, home(), request.workspace, run.id).string();
+  // On a shared (PostgreSQL) journal the worker that first executes the run
+  // chooses its workspace: the submitting machine may not be the one that runs it.
+  if (!request.workspace.empty() || !storage::is_postgres_url(journal_.path().string()))
+    run.workspace = checked_workspace(journal_, home(), request.workspace, run.id).string();
   run.policy = to_json(request.policy);
   run.owner = request.owner;
   if (request.policy.run_bound().count() > 0)
@@ -177,6 +180,10 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
   }
   co_await claim_async(*ledger_, journal_, *run);
   if (!run->unreadable.empty()) throw storage::storage_error(storage::errc::unreadable, run->unreadable);
+  if (run->workspace.empty()) {
+    co_await assign_workspace(*run);
+    run = journal_.find_run(run_id);
+  }
 
   auto& sandboxes = backend(run->sandbox);
   make_home_folders(home());
@@ -284,6 +291,12 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
     }
   }
+}
+
+task<void> engine::assign_workspace(const storage::run_record& run) {
+  const bool shared = !options_.workspace_root.empty();
+  const auto workspace = checked_workspace(journal_, home(), shared ? options_.workspace_root / run.id : "", run.id);
+  co_await ledger_->assign_workspace_async(run.id, workspace.string(), shared ? "" : current_owner().hostname);
 }
 
 task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, json output,

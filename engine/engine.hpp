@@ -76,6 +76,11 @@ struct engine_options {
   // The process's one journal writer, shared by every engine of the process
   // so that their runs' steps commit together. Null: the engine opens its own.
   std::shared_ptr<cairn::engine::ledger> ledger;
+  // Where this host makes the workspace of a run that has none yet (a run on
+  // a PostgreSQL journal gets its workspace from the worker that first
+  // executes it): WORKSPACE_ROOT/ID on storage every worker reaches, so any
+  // worker may resume it; "" for HOME/workspaces/ID, on this machine only.
+  std::filesystem::path workspace_root;
 };
 
 struct run_request {
@@ -183,6 +188,9 @@ class engine {
   task<storage::run_record> drive_run(const std::string& run_id, run_observer* observer, bool revive_failed);
   const std::filesystem::path& home() const;
   attempt_options attempt_options_of(const std::string& run_id) const;
+  // Gives a run created without a workspace its own, on this host
+  // (engine_options::workspace_root), before its first sandbox.
+  task<void> assign_workspace(const storage::run_record& run);
   // Records the end, releases the workspace, cancels unfinished children.
   // `error` is why it did not complete (none when it did).
   task<storage::run_record> end_run(const std::string& run_id, storage::run_status status, json output,

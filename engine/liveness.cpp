@@ -6,8 +6,10 @@ namespace cairn::engine {
 
 owner_state owner_liveness(std::string_view owner, const std::optional<storage::worker_record>& worker,
                            std::int64_t now_ms) {
-  if (!worker) return check_owner(owner);
-  return worker->lease_expires_at_ms > now_ms ? owner_state::alive : owner_state::dead;
+  if (!worker || worker->lease_expires_at_ms <= now_ms) return worker ? owner_state::dead : check_owner(owner);
+  // A current lease, but a process of this machine that is gone (killed)
+  // writes nothing more: no need to wait out its lease.
+  return check_owner(owner) == owner_state::dead ? owner_state::dead : owner_state::alive;
 }
 
 owner_state check_owner(storage::journal& journal, std::string_view owner) {
@@ -29,9 +31,9 @@ std::optional<std::int64_t> worker_leases::expiry(std::string_view owner) const 
   return w->second.lease_expires_at_ms;
 }
 
-bool worker_leases::any_current() const {
+bool worker_leases::any_alive() const {
   return std::any_of(workers_.begin(), workers_.end(),
-                     [&](const auto& w) { return w.second.lease_expires_at_ms > storage::now_ms(); });
+                     [&](const auto& w) { return check(w.first) == owner_state::alive; });
 }
 
 }  // namespace cairn::engine

@@ -4,7 +4,8 @@
 //   - the owner has a worker row whose lease has expired: dead, even if its
 //     process still exists here (paused or cut off: the epoch fence refuses
 //     its writes once the run is taken over);
-//   - a worker row with a current lease: alive, on any machine;
+//   - a worker row with a current lease: alive, on any machine, unless it
+//     is a process of this machine that is gone (owner.hpp's check);
 //   - no row (`cairn run`, which registers no worker, or a journal from
 //     before workers): the process check of owner.hpp.
 #pragma once
@@ -34,8 +35,8 @@ class worker_leases {
   owner_state check(std::string_view owner) const;
   // When the lease of `owner` expires, if it is a worker with a current lease.
   std::optional<std::int64_t> expiry(std::string_view owner) const;
-  // Whether any worker holds a current lease.
-  bool any_current() const;
+  // Whether any worker is alive by the rule above.
+  bool any_alive() const;
 
  private:
   std::int64_t read_at_ms_;

@@ -59,7 +59,8 @@ task<std::optional<std::string>> run_journal::start_child(storage::new_run child
   if (auto problem = run_id_problem(child.id))
     co_return fmt::format("a child of run {} cannot be named: {}; start the root run with a shorter id", run_id_,
                           *problem);
-  child.workspace = default_workspace(home_, child.id).string();
+  // On a shared (PostgreSQL) journal the worker that executes the child gives it one (engine::assign_workspace).
+  if (!storage::is_postgres_url(reads_.path().string())) child.workspace = default_workspace(home_, child.id).string();
   co_return co_await writes_.start_child_async(
       run_id_, std::move(child), [&](storage::journal& j) -> std::optional<std::string> {
         const auto tree = tree_of(j, run_id_);

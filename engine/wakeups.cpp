@@ -93,7 +93,12 @@ wake_listening::wake_listening(std::filesystem::path db) : db_(std::move(db)) {
   if (!shared.listener) {
     try {
       shared.listener = std::make_unique<storage::wake_listener>(
-          db_, [](const std::string& run_id, storage::change) { wake_run(run_id); });
+          db_, [](const std::string& run_id, storage::change) {
+            // No run id: the listener may have missed hints (PostgreSQL's
+            // LISTEN reconnected after a restart): everyone re-reads.
+            if (run_id.empty()) wake_all();
+            else wake_run(run_id);
+          });
     } catch (...) {
       listeners.erase(db_);
       throw;

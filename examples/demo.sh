@@ -181,9 +181,8 @@ serve_pid=$!
 for _ in $(seq 1 100); do [ -s "$scratch/serve.log" ] && break; sleep 0.1; done
 cat "$scratch/serve.log"
 kill -0 "$serve_pid" 2>/dev/null || { echo "demo: cairn serve did not start (see above)" >&2; exit 1; }
-echo "--- one daemon per journal:"
-printf '$ cairn serve\n'
-timeout 10 "$cairn" serve || echo "(exit $?)"
+echo "--- the workers serving this journal (more serves may share it, each under a lease):"
+show "$cairn" workers
 
 step "A refund that a human must approve: the run waits for a signal, holding no sandbox"
 refund="refund-$tag"

@@ -1116,11 +1116,8 @@ void journal::assign_workspace(std::string_view id, const std::string& workspace
                   "UPDATE runs SET workspace = ?, workspace_host = ?, updated_at_ms = ? WHERE id = ? AND workspace = ''",
                   workspace, workspace_host, now_ms(), id)
             .exec() == 0) {
-      auto s = statement(impl_->db, "SELECT workspace FROM runs WHERE id = ?", id);
-      impl_->require_run(s.executeStep() ? 1 : 0, id);
-      throw storage_error(errc::conflict, fmt::format("run {} already has its workspace {}; a workspace is assigned "
-                                                      "once",
-                                                      id, s.getColumn(0).getString()));
+      impl_->status_of(id);  // not_found if there is no such run
+      throw workspace_set_error(id, impl_->path.string());
     }
     tx.commit();
   });

@@ -196,3 +196,59 @@ TEST_CASE("another user's journal is refused with a clear error naming its owner
   }
   CHECK_THAT(run_cli(dir, {"ls"}).out, Catch::Contains("kept") && !Catch::Contains("denied"));
 }
+
+namespace {
+
+// `cairn doctor --json`'s check of this name.
+json doctor_check(const cairn::testing::temp_dir& dir, const std::string& name) {
+  auto r = run_cli(dir, {"doctor", "--json"});
+  INFO(r.out << r.err);
+  for (const auto& c : json::parse(r.out))
+    if (c["check"] == name) return c;
+  FAIL("doctor has no check '" << name << "'");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("doctor names the journal's backend and schema, times one read and one commit, and leaves no trace") {
+  cairn::testing::temp_dir dir;
+  REQUIRE(run_cli(dir, {"submit", STEP_AGENT, "--id", "d1", "--sandbox", "none"}).code == 0);
+  const auto db = (dir / ".cairn" / "cairn.db").string();
+
+  auto reached = doctor_check(dir, "journal");
+  CHECK(reached["ok"] == true);
+  CHECK_THAT(reached["detail"].get<std::string>(), Catch::Contains(db) && Catch::Contains("sqlite, SQLite 3."));
+  auto schema = doctor_check(dir, "journal schema");
+  CHECK(schema["ok"] == true);
+  CHECK_THAT(schema["detail"].get<std::string>(), Catch::Contains("this cairn's"));
+  auto latency = doctor_check(dir, "journal latency");
+  CHECK(latency["ok"] == true);
+  CHECK_THAT(latency["detail"].get<std::string>(),
+             Catch::Matches("one read [0-9.]+ ms, one committed write [0-9.]+ ms"));
+  {
+    SQLite::Database raw(db, SQLite::OPEN_READONLY);
+    CHECK(raw.execAndGet("SELECT count(*) FROM workers").getInt() == 0);  // the probe row is gone
+  }
+
+  // Schema 5 (before workers): reported, not migrated: the next writer does that.
+  {
+    SQLite::Database raw(db, SQLite::OPEN_READWRITE);
+    raw.exec("DROP TABLE workers; DROP INDEX runs_by_owner; ALTER TABLE runs DROP COLUMN workspace_host; "
+             "PRAGMA user_version = 5");
+  }
+  schema = doctor_check(dir, "journal schema");
+  CHECK(schema["ok"] == true);
+  CHECK_THAT(schema["detail"].get<std::string>(), Catch::Contains("will be migrated by the next writer"));
+  {
+    SQLite::Database raw(db, SQLite::OPEN_READONLY);
+    CHECK(raw.execAndGet("PRAGMA user_version").getInt() == 5);
+  }
+
+  // From a newer cairn: a failure, with the fix.
+  { SQLite::Database(db, SQLite::OPEN_READWRITE).exec("PRAGMA user_version = 99"); }
+  schema = doctor_check(dir, "journal schema");
+  CHECK(schema["ok"] == false);
+  CHECK_THAT(schema["detail"].get<std::string>(), Catch::Contains("schema version 99"));
+  CHECK_THAT(schema["fix"].get<std::string>(), Catch::Contains("upgrade cairn"));
+}

@@ -1,5 +1,5 @@
 // The `cairn serve` daemon driven from outside, as users and scripts drive
-// it: submit, concurrency limit, one daemon per journal, graceful SIGTERM;
+// it: submit, concurrency limit, many daemons on one journal and their leases, graceful SIGTERM;
 // SIGKILL of the daemon while runs sleep, wait for signals, have children in
 // flight and are being cancelled (from outside, and at exact engine points),
 // then a new daemon; and bad input through the CLI. Everything is checked in
@@ -31,6 +31,7 @@
 
 #include "storage/journal.hpp"
 #include "tests/cairn_cli.hpp"
+#include "tests/support/test_db.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -66,6 +67,12 @@ struct result {
 class cairn_home {
  public:
   cairn_home() = default;
+  // The journal on the backend tests/support/test_db.hpp picks (PostgreSQL
+  // when CAIRN_TEST_DB_URL is set; such a test prefixes its run ids with
+  // testing::test_prefix()), rather than HOME/cairn.db.
+  struct any_backend_t {};
+  static constexpr any_backend_t any_backend{};
+  explicit cairn_home(any_backend_t) : db_(testing::test_db(home())) {}
   // A test that fails midway kills its daemon (see daemon_process) and may
   // leave workspace images mounted in here: unmount them so the folder goes.
   ~cairn_home() {
@@ -92,6 +99,7 @@ class cairn_home {
     if (pid == 0) {
       if (chdir(dir_.path().c_str()) != 0) _exit(126);
       setenv("CAIRN_HOME", home().c_str(), 1);
+      if (!db_.empty()) setenv("CAIRN_DB", db_.c_str(), 1);
       if (crash_point.empty()) unsetenv("CAIRN_CRASH_POINT");
       else setenv("CAIRN_CRASH_POINT", crash_point.c_str(), 1);
       int o = open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -136,7 +144,8 @@ class cairn_home {
   }
 
   std::unique_ptr<storage::journal> journal() const {
-    return std::make_unique<storage::journal>(db(), storage::journal_options{.read_only = true});
+    return std::make_unique<storage::journal>(db_.empty() ? db().string() : db_,
+                                              storage::journal_options{.read_only = true});
   }
 
   std::vector<std::string> exec_log(const std::string& run) const {
@@ -155,6 +164,7 @@ class cairn_home {
 
  private:
   testing::temp_dir dir_;
+  std::string db_;  // "" for HOME/cairn.db
   int calls_ = 0;
 };
 
@@ -431,6 +441,22 @@ std::vector<std::pair<std::int64_t, std::int64_t>> executions_of(storage::journa
   return out;
 }
 
+// The execution of each of `ids`, each checked to have completed in one attempt.
+std::vector<std::pair<std::int64_t, std::int64_t>> single_executions(const cairn_home& h,
+                                                                     const std::vector<std::string>& ids) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> intervals;
+  auto j = h.journal();
+  for (const auto& id : ids) {
+    INFO(id);
+    auto run = j->find_run(id);
+    CHECK(run->status == run_status::completed);
+    CHECK(run->attempts == 1);
+    auto e = executions_of(*j, id);
+    intervals.insert(intervals.end(), e.begin(), e.end());
+  }
+  return intervals;
+}
+
 // The most intervals open at one instant; an interval ending at t does not
 // overlap one starting at t (a worker ends one run before it takes the next).
 int max_overlap(const std::vector<std::pair<std::int64_t, std::int64_t>>& intervals) {
@@ -497,18 +523,7 @@ TEST_CASE("serve --max-concurrent 2 runs every submitted run, never more than 2 
   }
 
   eventually("every run completed", [&] { return every_run_ended(h); }, context);
-  std::vector<std::pair<std::int64_t, std::int64_t>> intervals;
-  {
-    auto j = h.journal();
-    for (const auto& id : ids) {
-      INFO(id);
-      auto run = j->find_run(id);
-      CHECK(run->status == run_status::completed);
-      CHECK(run->attempts == 1);
-      auto e = executions_of(*j, id);
-      intervals.insert(intervals.end(), e.begin(), e.end());
-    }
-  }
+  const auto intervals = single_executions(h, ids);
   CHECK(intervals.size() == ids.size());
   CHECK(max_overlap(intervals) == 2);  // the limit holds, and is used
   for (const auto& id : ids) check_completed(h, id, plan, {});
@@ -1185,4 +1200,227 @@ TEST_CASE("submit --from commits every run of the file at once: killed at its fi
   status = submit_crashing_at(h, file, "after_group_commit.one:1");
   REQUIRE(WIFSIGNALED(status));
   CHECK(runs_in(h) == 1000);  // one commit per run would have left 1
+}
+
+namespace {
+
+// The processes descended from `pid` (its agents, their sandboxes), from /proc.
+std::set<pid_t> descendants(pid_t pid) {
+  std::map<pid_t, pid_t> parent;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = slurp(entry.path() / "stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    if (fields >> state >> ppid && state != "Z") parent[std::stoi(name)] = ppid;
+  }
+  std::set<pid_t> out;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const auto& [child, up] : parent)
+      if ((up == pid || out.count(up)) && out.insert(child).second) grew = true;
+  }
+  return out;
+}
+
+bool alive(pid_t pid) {
+  std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');
+  return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
+}
+
+std::string this_host() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// The worker row of the `cairn serve` with this pid, if it registered.
+std::optional<storage::worker_record> worker_of(const cairn_home& h, pid_t pid) {
+  std::vector<storage::worker_record> workers;
+  try {
+    workers = h.journal()->workers();
+  } catch (const storage::storage_error& e) {
+    if (e.code() != storage::errc::not_found) throw;  // no journal yet: nobody registered
+  }
+  for (auto& w : workers)
+    if (w.id.find(":" + std::to_string(pid) + ":") != std::string::npos) return w;
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("two serves on one journal share the runs, and each run is executed once") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const json plan = plan_of({step("a"), slow("s", 1000), step("b")});
+  std::vector<std::string> ids;
+  for (int i = 0; i < 8; ++i) {
+    ids.push_back(numbered(p + "c", i));
+    h.submit(ids.back(), plan, {"--sandbox", "none"});
+  }
+  daemon_process a(h, "a", {"--max-concurrent", "2", "--lease", "3"});
+  daemon_process b(h, "b", {"--max-concurrent", "2", "--lease", "3"});
+  auto context = [&] { return a.log() + b.log() + show_runs(h); };
+  eventually("every run ended", [&] { return every_run_ended(h); }, context, 90s);
+  const auto intervals = single_executions(h, ids);
+  CHECK(intervals.size() == ids.size());
+  for (const auto& id : ids) check_completed(h, id, plan, {});
+  INFO(context());
+  // Each took runs (one alone would run at most 2 at once), and together never more than both limits.
+  CHECK(a.log().find("attempt 1") != std::string::npos);
+  CHECK(b.log().find("attempt 1") != std::string::npos);
+  CHECK(max_overlap(intervals) <= 4);
+  a.stop();
+  b.stop();
+  CHECK(h.journal()->workers().empty());  // each removed itself
+}
+
+TEST_CASE("cairn workers lists the live workers and one whose lease expired") {
+  cairn_home h(cairn_home::any_backend);
+  daemon_process a(h, "a");
+  daemon_process b(h, "b");
+  daemon_process gone(h, "gone", {"--lease", "1"});
+  auto context = [&] { return a.log() + b.log() + gone.log(); };
+  eventually("three workers registered",
+             [&] { return worker_of(h, a.pid()) && worker_of(h, b.pid()) && worker_of(h, gone.pid()); }, context);
+  const pid_t gone_pid = gone.pid();
+  gone.kill9();
+  eventually("the killed worker's lease expired",
+             [&] { return worker_of(h, gone_pid)->lease_expires_at_ms < storage::now_ms(); }, context);
+
+  auto table = h.cli({"workers"});
+  INFO(table.out << table.err);
+  REQUIRE(table.code == 0);
+  CHECK_THAT(table.out, Catch::Contains("pid " + std::to_string(a.pid()) + " on "));
+  CHECK_THAT(table.out, Catch::Contains("pid " + std::to_string(b.pid()) + " on "));
+  CHECK_THAT(table.out, Catch::Contains("pid " + std::to_string(gone_pid) + " on "));
+  CHECK_THAT(table.out, Catch::Contains("expired"));
+
+  auto listed = h.cli({"workers", "--json"});
+  REQUIRE(listed.code == 0);
+  const auto workers = json::parse(listed.out);
+  REQUIRE(workers.size() == 3);
+  int expired = 0;
+  for (const auto& w : workers) {
+    CHECK(w["host"] == this_host());
+    CHECK(w["runs"] == 0);
+    CHECK(w["fenced_writes"] == 0);
+    const bool is_gone = w["id"].get<std::string>().find(":" + std::to_string(gone_pid) + ":") != std::string::npos;
+    CHECK(w["lease_expired"] == is_gone);
+    expired += w["lease_expired"].get<bool>();
+  }
+  CHECK(expired == 1);
+  a.stop();
+  b.stop();
+}
+
+TEST_CASE("a worker paused past its lease loses its run to another; resumed, its writes are refused and it gives the run up") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const std::string id = p + "held";
+  const json plan = plan_of({step("a"), slow("s", 4000), step("b")});
+  h.submit(id, plan, {"--sandbox", "none"});
+  daemon_process a(h, "a", {"--lease", "2"});
+  auto context = [&] { return a.log() + show_runs(h); };
+  eventually("worker a executes the slow step", [&] { return h.executions(id, "slow s ", true) == 1; }, context);
+  const std::string a_owner = h.journal()->find_run(id)->owner;
+  REQUIRE(worker_of(h, a.pid()));
+  CHECK(worker_of(h, a.pid())->id == a_owner);
+  const auto agents = descendants(a.pid());
+  REQUIRE_FALSE(agents.empty());
+  // `cairn ls` says who holds it.
+  auto listed = h.cli({"ls"});
+  CHECK_THAT(listed.out, Catch::Contains("pid " + std::to_string(a.pid()) + " on " + this_host()));
+  listed = h.cli({"ls", "--json"});
+  for (const auto& r : json::parse(listed.out))
+    if (r["id"] == id) {
+      CHECK(r["owner"] == a_owner);
+      // On PostgreSQL worker a made the workspace on its own disk (no --workspace-root): it names the machine.
+      CHECK(r["workspace_host"] == (storage::is_postgres_url(testing::test_db(h.home())) ? this_host() : ""));
+    }
+
+  daemon_process b(h, "b", {"--lease", "2"});
+  REQUIRE(::kill(a.pid(), SIGSTOP) == 0);
+  const auto before = take_snapshot(h);
+  auto both = [&] { return a.log() + b.log() + show_runs(h); };
+  eventually("worker b takes the run over once a's lease expired", [&] {
+    auto run = h.journal()->find_run(id);
+    return run->owner != a_owner && run->epoch >= 2;
+  }, both);
+  CHECK(worker_of(h, a.pid())->lease_expires_at_ms < storage::now_ms());
+
+  REQUIRE(::kill(a.pid(), SIGCONT) == 0);
+  eventually("worker a reports its refused writes", [&] {
+    auto w = worker_of(h, a.pid());
+    return w && w->fenced_writes > 0 && w->lease_expires_at_ms > storage::now_ms();
+  }, both);
+  eventually("worker a's agent is gone", [&] {
+    for (pid_t agent : agents)
+      if (alive(agent)) return false;
+    return true;
+  }, both);
+  eventually("the run completed", [&] { return h.journal()->find_run(id)->status == run_status::completed; }, both);
+  INFO(both());
+  CHECK_THAT(a.log(), Catch::Contains("run " + id + ": not executed: run " + id + " was taken over"));
+  check_completed(h, id, plan, before);  // every step once, none rewritten, step a never executed again
+  int completions = 0;
+  for (const auto& e : h.journal()->events(id)) completions += e.kind == "run_completed";
+  CHECK(completions == 1);
+  a.stop();
+  b.stop();
+}
+
+TEST_CASE("a run's workspace is chosen at submit on SQLite, and on PostgreSQL by the worker that first executes it") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const std::string id = p + "ws";
+  const bool shared_journal = storage::is_postgres_url(testing::test_db(h.home()));
+  const auto root = h.file("shared");
+  fs::create_directories(root);
+  h.submit(id, plan_of({step("a")}), {"--sandbox", "none"});
+  CHECK(h.journal()->find_run(id)->workspace == (shared_journal ? "" : h.workspace(id).string()));
+  daemon_process serve(h, "serve", {"--workspace-root", root.string()});
+  eventually("the run completed", [&] { return h.journal()->find_run(id)->status == run_status::completed; },
+             [&] { return serve.log() + show_runs(h); });
+  auto run = h.journal()->find_run(id);
+  // Under --workspace-root the workspace is on storage every worker reaches: no machine is named.
+  CHECK(run->workspace == (shared_journal ? (root / id).string() : h.workspace(id).string()));
+  CHECK(run->workspace_host.empty());
+  CHECK(slurp(fs::path(run->workspace) / "exec.log") == "step a\n");
+  serve.stop();
+}
+
+TEST_CASE("a worker never takes a run whose workspace is on another machine") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  h.submit(p + "first", plan_of({step("a")}), {"--sandbox", "none"});  // creates the journal
+  {
+    storage::journal j(testing::test_db(h.home()));
+    storage::new_run elsewhere;
+    elsewhere.id = p + "elsewhere";
+    elsewhere.agent = WAIT_AGENT;
+    elsewhere.input = {{"plan", plan_of({step("a")})}};
+    elsewhere.sandbox = "none";
+    elsewhere.workspace = "/srv/other-machine/workspaces/" + elsewhere.id;
+    elsewhere.workspace_host = "another-machine-" + p;
+    j.create_run(elsewhere);
+  }
+  h.submit(p + "after", plan_of({step("a")}), {"--sandbox", "none"});
+  daemon_process serve(h, "serve");
+  // Runs are looked at oldest first: once the later one completed, the one between was passed over.
+  eventually("the runs beside it completed", [&] {
+    auto j = h.journal();
+    return j->find_run(p + "first")->status == run_status::completed &&
+           j->find_run(p + "after")->status == run_status::completed;
+  }, [&] { return serve.log() + show_runs(h); });
+  auto run = h.journal()->find_run(p + "elsewhere");
+  CHECK(run->status == run_status::pending);
+  CHECK(run->attempts == 0);
+  CHECK(run->owner.empty());
+  serve.stop();
 }

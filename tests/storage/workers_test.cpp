@@ -2,7 +2,10 @@
 // (storage/journal.hpp), on both backends.
 #include <catch2/catch.hpp>
 
+#include <functional>
+
 #include "storage/journal.hpp"
+#include "tests/storage/journal_samples.hpp"
 #include "tests/support/test_db.hpp"
 
 using namespace cairn;
@@ -15,23 +18,18 @@ worker_record a_worker(const std::string& id, std::int64_t lease_ms) {
   return {id, "host-" + id, "", now, now, now + lease_ms, 0, 0};
 }
 
+// A run with no workspace yet (one a worker assigns at first execution), owned by `owner`.
 new_run a_run(const std::string& id, const std::string& owner = "") {
-  new_run r;
-  r.id = id;
-  r.agent = "/opt/agents/researcher";
-  r.sandbox = "none";
+  new_run r = samples::a_run(id);
+  r.workspace = "";
   r.owner = owner;
   return r;
 }
 
-storage_error error_from(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const storage_error& e) {
-    return e;
-  }
-  FAIL("no storage_error");
-  return {errc::io, ""};
+errc code_of(const std::function<void()>& f) {
+  auto e = samples::error_from(f);
+  REQUIRE(e);
+  return e->code();
 }
 
 }  // namespace
@@ -119,15 +117,15 @@ TEST_CASE("a run created without a workspace gets one, once, from the worker tha
     }
   CHECK(listed);
 
-  CHECK(error_from([&] { owner.assign_workspace(p + "r", "/elsewhere", ""); }).code() == errc::conflict);
+  CHECK(code_of([&] { owner.assign_workspace(p + "r", "/elsewhere", ""); }) == errc::conflict);
   CHECK(other.find_run(p + "r")->workspace == "/home/a/workspaces/" + p + "r");
-  CHECK(error_from([&] { owner.assign_workspace(p + "missing", "/x", ""); }).code() == errc::not_found);
+  CHECK(code_of([&] { owner.assign_workspace(p + "missing", "/x", ""); }) == errc::not_found);
 
   // Fenced like every write of the run's owner.
   other.create_run(a_run(p + "s"));
   REQUIRE(owner.claim_run(p + "s", "", "worker-a"));
   REQUIRE(other.claim_run(p + "s", "worker-a", "worker-b"));
-  CHECK(error_from([&] { owner.assign_workspace(p + "s", "/home/a/s", "host-a"); }).code() == errc::fenced);
+  CHECK(code_of([&] { owner.assign_workspace(p + "s", "/home/a/s", "host-a"); }) == errc::fenced);
   CHECK(other.find_run(p + "s")->workspace.empty());
   other.assign_workspace(p + "s", "/mnt/shared/s", "");
   CHECK(other.find_run(p + "s")->workspace_host.empty());
