@@ -38,6 +38,7 @@ bench: build
 	@$(BUILD)/bench/fanout
 	@$(BUILD)/bench/replay
 	@$(BUILD)/bench/conversation
+	@$(BUILD)/bench/scale_out
 
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

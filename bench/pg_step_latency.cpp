@@ -5,8 +5,6 @@
 //
 // pg_step_latency [URL] [STEPS]: without a URL, a private throwaway cluster
 // (tests/support/pg_cluster.hpp).
-#include <libpq-fe.h>
-
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -14,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "bench/raw_pg_journal.hpp"
 #include "bench/stats.hpp"
 #include "storage/journal.hpp"
 #include "tests/support/pg_cluster.hpp"
@@ -25,12 +24,6 @@ namespace {
 
 double micros_since(clock_type::time_point t) {
   return std::chrono::duration<double, std::micro>(clock_type::now() - t).count();
-}
-
-void must(PGresult* r) {
-  std::unique_ptr<PGresult, decltype(&PQclear)> guard(r, &PQclear);
-  const auto s = PQresultStatus(r);
-  if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) throw std::runtime_error(PQresultErrorMessage(r));
 }
 
 }  // namespace
@@ -50,14 +43,7 @@ int main(int argc, char** argv) {
   j.create_run({.id = "bench", .agent = "/bench", .sandbox = "none", .workspace = "/tmp/bench"});
   if (!j.claim_run("bench", "", "bench-worker")) return 1;  // the fenced path, as a worker writes
 
-  PGconn* raw = PQconnectdb(url.c_str());
-  if (PQstatus(raw) != CONNECTION_OK) return std::fprintf(stderr, "%s", PQerrorMessage(raw)), 1;
-  must(PQexec(raw, "CREATE TABLE raw_steps (LIKE steps)"));
-  const char* insert =
-      "INSERT INTO raw_steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
-      "duration_us, started_at_ms, finished_at_ms) VALUES ('bench', $1, 'step', 'step', 'ok', '{\"n\":1}', NULL, "
-      "NULL, 1, 10, 0, 0)";
-  must(PQprepare(raw, "insert", insert, 1, nullptr));
+  bench::raw_pg_steps raw(url);
 
   std::vector<double> journal_us, group_us, raw_us;
   for (int i = 0; i < steps; ++i) {
@@ -79,13 +65,10 @@ int main(int argc, char** argv) {
     if (auto errors = j.write_together({&write, 1}); errors[0]) std::rethrow_exception(errors[0]);
     group_us.push_back(micros_since(t));
 
-    const std::string seq = std::to_string(i);
-    const char* values[] = {seq.c_str()};
     t = clock_type::now();
-    must(PQexecPrepared(raw, "insert", 1, values, nullptr, nullptr, 0));
+    raw.insert(i);
     raw_us.push_back(micros_since(t));
   }
-  PQfinish(raw);
   const auto a = summarize(journal_us), g = summarize(group_us), b = summarize(raw_us);
   std::printf("%s, %d steps\n", j.server_version().c_str(), steps);
   std::printf("append_step (fenced) p50 %.0f us  p99 %.0f us\n", a.p50, a.p99);

@@ -224,9 +224,19 @@ int serve_command(const paths& p, const serve_args& args) {
       log_line(fmt::format("stopping: no new runs; {} run{} in flight finish{} the current step or suspend{}", busy,
                            busy == 1 ? "" : "s", busy == 1 ? "es" : "", busy == 1 ? "s" : ""));
     });
-    runs.run(nullptr, stop_requested);
-    stop_requested.raise();
-    announce.join();
+    {
+      // However run() ends (it throws when the journal cannot be reached), the
+      // announcer is woken and joined: destroying it joinable would end the
+      // process in std::terminate instead of with the error.
+      struct join_announcer {
+        std::thread& t;
+        ~join_announcer() {
+          stop_requested.raise();
+          t.join();
+        }
+      } joined{announce};
+      runs.run(nullptr, stop_requested);
+    }
     log_line("stopped; nothing journaled is lost");
     return 0;
   });
