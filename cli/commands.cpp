@@ -133,7 +133,15 @@ int workspace_command(const paths& p, const std::string& run_id, const std::stri
       storage::journal journal(p.db, {.read_only = true});
       run = journal.find_run(run_id);
     }
-    if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, p.db.string()));
+    if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, shown_db(p)));
+    if (run->workspace.empty())
+      throw engine::engine_error(engine::errc::not_found,
+                                 fmt::format("run {} has no workspace yet: the worker that first executes it makes one",
+                                             run_id));
+    if (!run->workspace_host.empty() && run->workspace_host != engine::current_owner().hostname)
+      throw engine::engine_error(engine::errc::not_found,
+                                 fmt::format("the workspace of run {} is on {}: run `cairn workspace` there", run_id,
+                                             run->workspace_host));
     engine::workspace_files files(p.home, *run);
     if (files.is_file(path) && !as_json) {
       if (!::isatty(STDOUT_FILENO)) {
