@@ -354,7 +354,23 @@ SQLite::Database open_writable(const fs::path& path, const journal_options& opti
     throw storage_error(errc::read_only, fmt::format("journal {} is read-only (the file is not writable by this "
                                                      "user); check permissions or pass --db PATH",
                                                      path.string()));
-  std::string mode = db.execAndGet("PRAGMA journal_mode = WAL").getString();
+  // Two processes opening a new journal at once (two workers, a submit and
+  // a serve) meet while it is still in rollback mode, where SQLite answers a
+  // would-be deadlock with SQLITE_BUSY at once, without its busy handler:
+  // try again within the busy timeout.
+  const auto give_up = std::chrono::steady_clock::now() + options.busy_timeout;
+  auto retrying_busy = [&](auto&& f) {
+    for (int tries = 1;; ++tries) {
+      try {
+        return f();
+      } catch (const SQLite::Exception& e) {
+        const int code = e.getErrorCode() & 0xff;
+        if ((code != SQLITE_BUSY && code != SQLITE_LOCKED) || std::chrono::steady_clock::now() > give_up) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(tries, 20)));
+      }
+    }
+  };
+  const std::string mode = retrying_busy([&] { return db.execAndGet("PRAGMA journal_mode = WAL").getString(); });
   if (mode != "wal")
     throw storage_error(errc::io, fmt::format("journal {} cannot use WAL mode (SQLite kept '{}')", path.string(), mode));
 #ifdef CAIRN_TEST_UNSAFE_NO_SYNC  // a test-only build (CMake CAIRN_TEST_UNSAFE) that power_loss_test must fail
@@ -362,7 +378,7 @@ SQLite::Database open_writable(const fs::path& path, const journal_options& opti
 #else
   db.exec(options.sync == sync_mode::full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
 #endif
-  migrate(db, path);
+  retrying_busy([&] { migrate(db, path); });
   db.exec("PRAGMA foreign_keys = ON");
   // SQLite syncs the file it creates but not the folder that names it: after
   // a power cut the new journal, and every step in it, could be gone.

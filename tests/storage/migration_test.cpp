@@ -1,6 +1,14 @@
 // A journal written by an older cairn opens in this one with nothing lost.
 #include <catch2/catch.hpp>
 
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <vector>
+
 #include <SQLiteCpp/SQLiteCpp.h>
 
 #include "storage/journal.hpp"
@@ -256,4 +264,44 @@ TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspa
   CHECK(j.workers().empty());
   j.register_worker({"host-1:a:1:1", "host-1", "", 1, 1, storage::now_ms() + 60'000, 0, 0});
   CHECK(j.find_worker("host-1:a:1:1")->runs == 1);
+}
+
+TEST_CASE("processes opening a new journal at the same instant all open it (two workers starting together)") {
+  // Every child waits at a barrier (a pipe the parent closes), then opens the
+  // same new file: SQLite meets them in rollback mode, where it answers a
+  // would-be deadlock with SQLITE_BUSY without waiting.
+  for (int round = 0; round < 8; ++round) {
+    cairn::testing::temp_dir dir;
+    const auto path = dir / "cairn.db";
+    int barrier[2];
+    REQUIRE(pipe(barrier) == 0);
+    std::vector<pid_t> children;
+    for (int i = 0; i < 4; ++i) {
+      const pid_t pid = fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(barrier[1]);
+        char c;
+        (void)!read(barrier[0], &c, 1);
+        try {
+          cairn::storage::journal j(path);
+          j.create_run({.id = "r" + std::to_string(i), .agent = "/bin/true"});
+          _exit(0);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "child %d: %s\n", i, e.what());
+          _exit(1);
+        }
+      }
+      children.push_back(pid);
+    }
+    close(barrier[0]);
+    close(barrier[1]);
+    for (pid_t pid : children) {
+      int status = 0;
+      REQUIRE(waitpid(pid, &status, 0) == pid);
+      CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    }
+    CHECK(cairn::storage::journal(path).list_runs().size() == 4);
+  }
 }
