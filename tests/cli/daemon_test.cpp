@@ -67,9 +67,9 @@ struct result {
 class cairn_home {
  public:
   cairn_home() = default;
-  // The journal on the backend tests/support/test_db.hpp picks (PostgreSQL
-  // when CAIRN_TEST_DB_URL is set; such a test prefixes its run ids with
-  // testing::test_prefix()), rather than HOME/cairn.db.
+  // The journal on the backend tests/support/test_db.hpp picks (a fresh
+  // PostgreSQL database under CAIRN_TEST_ON_POSTGRES=1), rather than
+  // HOME/cairn.db.
   struct any_backend_t {};
   static constexpr any_backend_t any_backend{};
   explicit cairn_home(any_backend_t) : db_(testing::test_db(home())) {}
@@ -87,6 +87,8 @@ class cairn_home {
 
   fs::path home() const { return dir_ / "home"; }
   fs::path db() const { return home() / "cairn.db"; }
+  bool on_postgres() const { return storage::is_postgres_url(db_); }
+  std::string journal_path() const { return db_.empty() ? db().string() : db_; }
   fs::path workspace(const std::string& run) const { return home() / "workspaces" / run; }
   fs::path file(const std::string& name) const { return dir_ / name; }
 
@@ -572,7 +574,7 @@ TEST_CASE("SIGTERM: the step in progress finishes, the run is handed back, exit 
 }
 
 TEST_CASE("SIGKILL of the daemon while runs sleep, wait for signals, have children in flight and are being cancelled") {
-  cairn_home h;
+  cairn_home h(cairn_home::any_backend);
   // nap sleeps below --suspend-after (held with its sandbox), doze above it (suspended at once).
   json nap_plan = json::array();
   for (int i = 0; i < 14; ++i) {
@@ -719,7 +721,7 @@ TEST_CASE("SIGKILL of the daemon at exact engine points, then a new daemon finis
       "before_finish:3",  "before_finish:4"};
   for (const auto& point : points) {
     DYNAMIC_SECTION("CAIRN_CRASH_POINT=" << point) {
-      cairn_home h;
+      cairn_home h(cairn_home::any_backend);
       h.submit("w1", w1);
       h.signal("w1", "go", {{"to", "w1"}});
       h.submit("w2", w2);
@@ -1341,7 +1343,7 @@ TEST_CASE("a worker paused past its lease loses its run to another; resumed, its
     if (r["id"] == id) {
       CHECK(r["owner"] == a_owner);
       // On PostgreSQL worker a made the workspace on its own disk (no --workspace-root): it names the machine.
-      CHECK(r["workspace_host"] == (storage::is_postgres_url(testing::test_db(h.home())) ? this_host() : ""));
+      CHECK(r["workspace_host"] == (h.on_postgres() ? this_host() : ""));
     }
 
   daemon_process b(h, "b", {"--lease", "2"});
@@ -1379,7 +1381,7 @@ TEST_CASE("a run's workspace is chosen at submit on SQLite, and on PostgreSQL by
   cairn_home h(cairn_home::any_backend);
   const auto p = testing::test_prefix();
   const std::string id = p + "ws";
-  const bool shared_journal = storage::is_postgres_url(testing::test_db(h.home()));
+  const bool shared_journal = h.on_postgres();
   const auto root = h.file("shared");
   fs::create_directories(root);
   h.submit(id, plan_of({step("a")}), {"--sandbox", "none"});
@@ -1400,7 +1402,7 @@ TEST_CASE("a worker never takes a run whose workspace is on another machine") {
   const auto p = testing::test_prefix();
   h.submit(p + "first", plan_of({step("a")}), {"--sandbox", "none"});  // creates the journal
   {
-    storage::journal j(testing::test_db(h.home()));
+    storage::journal j(h.journal_path());
     storage::new_run elsewhere;
     elsewhere.id = p + "elsewhere";
     elsewhere.agent = WAIT_AGENT;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "storage/journal.hpp"
+#include "tests/support/test_db.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -31,9 +32,11 @@ pid_t spawn_cairn(const std::filesystem::path& home, const std::vector<std::stri
                   const std::string& crash_point) {
   std::vector<std::string> argv{CAIRN_BIN};
   argv.insert(argv.end(), args.begin(), args.end());
+  const std::string db = testing::journal_of(home);
   pid_t pid = fork();
   if (pid == 0) {
     setenv("CAIRN_HOME", home.c_str(), 1);
+    setenv("CAIRN_DB", db.c_str(), 1);
     if (crash_point.empty()) unsetenv("CAIRN_CRASH_POINT");
     else setenv("CAIRN_CRASH_POINT", crash_point.c_str(), 1);
     int log = open((home / "cli.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -58,7 +61,7 @@ int wait_status(pid_t pid) {
 bool killed(int status) { return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL; }
 
 std::vector<storage::step_record> journaled(const std::filesystem::path& home, const std::string& id) {
-  storage::journal j(home / "cairn.db", {.read_only = true});
+  storage::journal j(testing::journal_of(home), {.read_only = true});
   return j.steps(id);
 }
 
@@ -110,7 +113,7 @@ struct checker {
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
     snapshot();
-    storage::journal j(home / "cairn.db", {.read_only = true});
+    storage::journal j(testing::journal_of(home), {.read_only = true});
     auto run = j.find_run(id);
     REQUIRE(run->status == storage::run_status::completed);
     REQUIRE(acked.size() == steps);
@@ -164,7 +167,7 @@ TEST_CASE("SIGKILL of the host from outside at arbitrary moments, then resume --
       for (;;) {
         REQUIRE(std::chrono::steady_clock::now() < deadline);
         try {
-          storage::journal j(home / "cairn.db", {.read_only = true});
+          storage::journal j(testing::journal_of(home.path()), {.read_only = true});
           if (j.find_run(c.id) && j.steps(c.id).size() >= static_cast<std::size_t>(k)) break;
         } catch (const storage::storage_error& e) {
           REQUIRE(e.code() == storage::errc::not_found);  // the host has not created it yet

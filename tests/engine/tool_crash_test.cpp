@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "storage/journal.hpp"
+#include "tests/support/test_db.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -28,9 +29,11 @@ struct host {
 
   // Runs `cairn ARGS...`; returns the wait status.
   int cairn(const std::vector<std::string>& args, const std::string& crash_point = "") {
+    const std::string db = testing::journal_of(home.path());
     pid_t pid = fork();
     if (pid == 0) {
       setenv("CAIRN_HOME", home.path().c_str(), 1);
+      setenv("CAIRN_DB", db.c_str(), 1);
       if (crash_point.empty()) unsetenv("CAIRN_CRASH_POINT");
       else setenv("CAIRN_CRASH_POINT", crash_point.c_str(), 1);
       int log = open((home / "cli.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -70,7 +73,7 @@ struct host {
   }
 
   storage::run_record run(const std::string& id) {
-    storage::journal j(home / "cairn.db", {.read_only = true});
+    storage::journal j(testing::journal_of(home.path()), {.read_only = true});
     return *j.find_run(id);
   }
 

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "tests/support/pg_cluster.hpp"
@@ -29,14 +30,30 @@ class journal_location {
   std::filesystem::path path_;
 };
 
-// For tests that start cairn processes: the PostgreSQL database named by
-// CAIRN_TEST_DB_URL when it is set (catch_main gives the whole test process
-// one fresh database when CAIRN_TEST_ON_POSTGRES=1; tests/CMakeLists.txt
-// registers such runs), else a SQLite file in `dir`. On PostgreSQL the tests
-// of a process share that database and keep apart by their ids.
+// For tests that start cairn processes: with CAIRN_TEST_ON_POSTGRES=1
+// (tests/CMakeLists.txt registers such runs) a fresh database of this
+// process's PostgreSQL cluster at each call, or the one CAIRN_TEST_DB_URL
+// names when it is set; otherwise a SQLite file in `dir`.
 inline std::string test_db(const std::filesystem::path& dir) {
   if (const char* url = std::getenv("CAIRN_TEST_DB_URL"); url && *url) return url;
+  if (const char* on = std::getenv("CAIRN_TEST_ON_POSTGRES"); on && std::string(on) == "1")
+    return shared_pg_cluster().fresh_database();
   return (dir / "cairn.db").string();
+}
+
+// The journal of a test's CAIRN_HOME: HOME/cairn.db, or with
+// CAIRN_TEST_ON_POSTGRES=1 a fresh PostgreSQL database, made at the first
+// call for that home and named in HOME/test_db_url for the later ones. Give
+// the cairn processes of the test CAIRN_DB=journal_of(HOME).
+inline std::string journal_of(const std::filesystem::path& home) {
+  const char* on = std::getenv("CAIRN_TEST_ON_POSTGRES");
+  if (!on || std::string(on) != "1") return (home / "cairn.db").string();
+  const auto named = home / "test_db_url";
+  std::string url;
+  if (std::ifstream(named) >> url) return url;
+  url = shared_pg_cluster().fresh_database();
+  std::ofstream(named) << url;
+  return url;
 }
 
 // "t<pid>-<n>-": prefix the ids a test creates with it.
