@@ -5,15 +5,14 @@
 // Target: step p50 <= 1.3 x (raw commit + round trip) at FULL; < 100 us at NORMAL.
 // The same empty step from the Python and JavaScript SDKs, against the C++
 // SDK's: p50 <= 2 x for Python, <= 1.5 x for JavaScript.
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <thread>
 
 #include "bench/raw_journal.hpp"
+#include "bench/round_trip.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
 
@@ -40,34 +39,6 @@ void raw_commit(const fs::path& dir, const char* sync, int round, int n, std::ve
   }
 }
 
-summary round_trip(int n) {
-  int sv[2];
-  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
-  std::thread echo([fd = sv[1], n] {
-    char buf[256];
-    for (int i = 0; i < n; ++i) {
-      ssize_t got = read(fd, buf, sizeof buf);
-      if (got <= 0 || write(fd, buf, static_cast<std::size_t>(got)) != got) return;
-    }
-  });
-  std::vector<double> us;
-  char msg[96] = "{\"t\":\"step\",\"seq\":1}";
-  for (int i = 0; i < n; ++i) {
-    auto t0 = clock_type::now();
-    if (write(sv[0], msg, sizeof msg) != sizeof msg) break;
-    std::size_t got = 0;
-    while (got < sizeof msg) {
-      ssize_t r = read(sv[0], msg + got, sizeof msg - got);
-      if (r <= 0) break;
-      got += static_cast<std::size_t>(r);
-    }
-    us.push_back(us_since(t0));
-  }
-  echo.join();
-  close(sv[0]);
-  close(sv[1]);
-  return summarize(us);
-}
 
 void durable_steps(const fs::path& dir, storage::sync_mode sync, int round, int n, std::vector<double>& us,
                    const char* agent = BENCH_AGENT, const std::string& sdk = "cpp") {
@@ -102,7 +73,7 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
 
   std::vector<double> full, normal, step_full, step_normal, step_python, step_js;
-  auto rtt = round_trip(n);
+  auto rtt = bench::socketpair_round_trip(n);
   for (int round = 0; round < rounds; ++round) {
     raw_commit(dir, "FULL", round, per_round, full);
     durable_steps(dir, storage::sync_mode::full, round, per_round, step_full);

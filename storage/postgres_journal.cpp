@@ -352,33 +352,49 @@ struct postgres_journal::impl {
   // Also when the BEGIN is still in `pending`.
   bool in_transaction() const { return !pending.empty() || PQtransactionStatus(conn) != PQTRANS_IDLE; }
 
-  // BEGIN, SAVEPOINT and RELEASE have no answer to wait for: they wait here
-  // and go in one pipeline with the next statement, so a group commit of one
-  // step costs two round trips (BEGIN ... INSERT, RELEASE ... COMMIT), not five.
-  std::vector<const char*> pending;
+  // Statements sent later, in one pipeline with the next statement whose
+  // answer is awaited. BEGIN, SAVEPOINT and RELEASE have no answer to wait
+  // for, so a group commit of one step costs two round trips (BEGIN ...
+  // INSERT, RELEASE ... COMMIT), not five; in an optimistic group commit
+  // the writes whose answer nobody reads (`post`) wait here too, and the
+  // whole group goes with its COMMIT: one round trip.
+  struct queued {
+    const char* sql;
+    const char* name = nullptr;  // the prepared statement, or null for SQL without parameters
+    std::vector<param> params;
+  };
+  std::vector<queued> pending;
   static bool deferrable(std::string_view sql) {
     return sql == "BEGIN" || starts_with(sql, "SAVEPOINT ") || starts_with(sql, "RELEASE ");
   }
+  bool optimistic = false;  // `post` may wait in `pending`
 
   // A statement without parameters (BEGIN, SAVEPOINT, SET ...).
   void run(const char* sql) {
-    if (deferrable(sql)) return pending.push_back(sql);
+    if (deferrable(sql)) return pending.push_back({sql, nullptr, {}});
     ++statements;
-    send(sql, nullptr, 0, nullptr, nullptr, nullptr);
+    send({sql, nullptr, {}});
   }
 
   // A statement with parameters ($1, $2, ...), prepared once per connection.
   template <class... Args>
   result exec(const char* sql, const Args&... args) {
-    std::array<param, sizeof...(Args)> params{to_param(args)...};
-    std::array<const char*, sizeof...(Args)> values{};
-    std::array<int, sizeof...(Args)> lengths{}, formats{};
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      values[i] = params[i].value ? params[i].value->data() : nullptr;
-      lengths[i] = params[i].value ? static_cast<int>(params[i].value->size()) : 0;
-      formats[i] = params[i].binary ? 1 : 0;
-    }
     ++statements;
+    return send(prepare(sql, {to_param(args)...}));
+  }
+
+  // A write whose answer nobody reads: in an optimistic group commit it goes
+  // with the COMMIT, and its failure (a constraint, the fence) fails the
+  // whole group, which then runs again member by member.
+  template <class... Args>
+  void post(const char* sql, const Args&... args) {
+    ++statements;
+    auto q = prepare(sql, {to_param(args)...});
+    if (optimistic) pending.push_back(std::move(q));
+    else send(std::move(q));
+  }
+
+  queued prepare(const char* sql, std::vector<param> params) {
     auto& statement = prepared[sql];
     if (statement.empty()) {
       const std::string fresh = fmt::format("cairn_{}", prepared.size());
@@ -387,50 +403,74 @@ struct postgres_journal::impl {
       check(made, sql, tx);
       statement = fresh;
     }
-    return send(sql, statement.c_str(), static_cast<int>(params.size()), values.data(), lengths.data(),
-                formats.data());
+    return {sql, statement.c_str(), std::move(params)};
   }
 
-  // Sends the pending statements and `sql` (the prepared statement `name`
-  // when not null) and returns the answer to `sql`; the first failure of
-  // any of them is thrown.
-  result send(const char* sql, const char* name, int n, const char* const* values, const int* lengths,
-              const int* formats) {
+  // A statement's parameters as libpq takes them.
+  struct wire {
+    std::vector<const char*> values;
+    std::vector<int> lengths, formats;
+    explicit wire(const std::vector<param>& params) {
+      for (const auto& p : params) {
+        values.push_back(p.value ? p.value->data() : nullptr);
+        lengths.push_back(p.value ? static_cast<int>(p.value->size()) : 0);
+        formats.push_back(p.binary ? 1 : 0);
+      }
+    }
+    int size() const { return static_cast<int>(values.size()); }
+  };
+
+  static bool send_one(PGconn* conn, const queued& q) {
+    if (!q.name) return PQsendQueryParams(conn, q.sql, 0, nullptr, nullptr, nullptr, nullptr, 0) == 1;
+    const wire w(q.params);
+    return PQsendQueryPrepared(conn, q.name, w.size(), w.values.data(), w.lengths.data(), w.formats.data(), 0) == 1;
+  }
+
+  // Sends the pending statements and `last` and returns the answer to
+  // `last`; the first failure of any of them is thrown. Lost with a COMMIT
+  // in the pipeline, the failure is ambiguous.
+  result send(queued last) {
     const auto tx = transaction_state();
-    if (pending.empty()) {
-      result res{{name ? PQexecPrepared(conn, name, n, values, lengths, formats, 0) : PQexec(conn, sql), &PQclear}};
+    const std::string_view sql = last.sql;
+    auto queue = std::move(pending);
+    pending.clear();
+    queue.push_back(std::move(last));
+    if (queue.size() == 1) {
+      const auto& q = queue.front();
+      const wire w(q.params);
+      result res{
+          {q.name ? PQexecPrepared(conn, q.name, w.size(), w.values.data(), w.lengths.data(), w.formats.data(), 0)
+                  : PQexec(conn, q.sql),
+           &PQclear}};
       check(res, sql, tx);
       return res;
     }
-    const auto queued = std::move(pending);
-    pending.clear();
     bool sent = PQenterPipelineMode(conn) == 1;
-    for (const char* q : queued) sent = sent && PQsendQueryParams(conn, q, 0, nullptr, nullptr, nullptr, nullptr, 0);
-    sent = sent &&
-           (name ? PQsendQueryPrepared(conn, name, n, values, lengths, formats, 0)
-                 : PQsendQueryParams(conn, sql, 0, nullptr, nullptr, nullptr, nullptr, 0)) &&
-           PQpipelineSync(conn) == 1;
-    result failed, last;
+    for (const auto& q : queue) sent = sent && send_one(conn, q);
+    sent = sent && PQpipelineSync(conn) == 1;
+    result failed, answer;
     std::string_view failed_sql;
     // Each statement's answer ends with a null; the pipeline's with PGRES_PIPELINE_SYNC.
-    for (std::size_t i = 0; sent && i <= queued.size() && PQstatus(conn) == CONNECTION_OK; ++i) {
+    for (std::size_t i = 0; sent && i < queue.size() && PQstatus(conn) == CONNECTION_OK; ++i) {
       result r{{PQgetResult(conn), &PQclear}};
       while (PGresult* rest = PQgetResult(conn)) PQclear(rest);
       const auto status = r.r ? PQresultStatus(r.r.get()) : PGRES_FATAL_ERROR;
       if (!failed.r && status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK && status != PGRES_PIPELINE_ABORTED) {
         failed = std::move(r);
-        failed_sql = i < queued.size() ? queued[i] : sql;
-      } else if (i == queued.size()) {
-        last = std::move(r);
+        failed_sql = queue[i].sql;
+      } else if (i + 1 == queue.size()) {
+        answer = std::move(r);
       }
     }
     if (sent && PQstatus(conn) == CONNECTION_OK) {
       result sync{{PQgetResult(conn), &PQclear}};
       sent = sync.r && PQresultStatus(sync.r.get()) == PGRES_PIPELINE_SYNC && PQexitPipelineMode(conn) == 1;
     }
+    const bool lost = !sent || PQstatus(conn) != CONNECTION_OK;
+    if (lost && sql == "COMMIT") fail(failed.r.get(), sql, tx);
     if (failed.r) fail(failed.r.get(), failed_sql, tx);
-    if (!sent || !last.r) fail(nullptr, sql, tx);
-    return last;
+    if (lost || !answer.r) fail(nullptr, sql, tx);
+    return answer;
   }
 
   // What a failed statement means for the user, with what to do about it.
@@ -595,7 +635,7 @@ struct postgres_journal::impl {
   // Inside the transaction that causes it, so it is heard at commit (or never).
   void notify(change what, std::string_view run_id) {
     const std::string text = wakeup_text(run_id, what);
-    if (text.size() <= max_wakeup_bytes) exec("SELECT pg_notify($1, $2)", wake_channel, text);
+    if (text.size() <= max_wakeup_bytes) post("SELECT pg_notify($1, $2)", wake_channel, text);
   }
 
   // A run's end is heard by whoever waits on it, and its parent's scheduler.
@@ -607,9 +647,9 @@ struct postgres_journal::impl {
   void event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::int64_t> seq) {
     auto split = split_payloads(data);
     for (const auto& piece : split.pieces)
-      exec("INSERT INTO payloads (run_id, digest, body) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", run_id,
+      post("INSERT INTO payloads (run_id, digest, body) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", run_id,
            piece.digest, bytes{piece.body});
-    exec("INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES ($1, $2, $3, $4, $5)", run_id, seq, kind,
+    post("INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES ($1, $2, $3, $4, $5)", run_id, seq, kind,
          dump(split.manifest), now_ms());
   }
 
@@ -618,29 +658,89 @@ struct postgres_journal::impl {
   // journaled is storage_error(conflict).
   void insert_step(const step_record& step) {
     const auto& r = step.result;
-    auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
+    const auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
     const auto h = held.find(step.run_id);
     const std::optional<std::string> owner = h == held.end() ? std::nullopt : std::optional(h->second.owner);
     const std::optional<std::int64_t> epoch = h == held.end() ? std::nullopt : std::optional(h->second.epoch);
+    const auto write = [&, &out = out, &message = message, &type = type](const char* sql) -> std::optional<result> {
+      const auto args = std::make_tuple(std::string_view(step.run_id), static_cast<std::int64_t>(r.seq), r.name,
+                                        protocol::to_string(r.kind), std::string_view(r.ok ? "ok" : "error"), out,
+                                        message, type, r.attempt, r.duration_us, step.started_at_ms,
+                                        step.finished_at_ms, owner, epoch);
+      if (optimistic) {
+        std::apply([&](const auto&... a) { post(sql, a...); }, args);
+        return std::nullopt;
+      }
+      return std::apply([&](const auto&... a) { return exec(sql, a...); }, args);
+    };
     try {
+      // Optimistic, nobody reads the answer: a refused fence or an unknown
+      // run leaves run_id NULL, which NOT NULL refuses, failing the group.
+      if (optimistic)
+        return void(write("INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, "
+                          "attempt, duration_us, started_at_ms, finished_at_ms) VALUES ("
+                          "(SELECT id FROM runs WHERE id = $1 AND ($13::text IS NULL OR (owner = $13 AND "
+                          "epoch = $14::bigint)) FOR SHARE), "
+                          "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"));
       // With no claim ($13 NULL) the row is inserted if the run exists; the
       // key refuses a rewrite, the reference an unknown run.
-      auto res = exec(
-          "INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
-          "duration_us, started_at_ms, finished_at_ms) "
-          "SELECT $1::text, $2::bigint, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, $9::integer, "
-          "$10::bigint, $11::bigint, $12::bigint FROM runs "
-          "WHERE id = $1 AND ($13::text IS NULL OR (owner = $13 AND epoch = $14::bigint)) FOR SHARE",
-          step.run_id, static_cast<std::int64_t>(r.seq), r.name, protocol::to_string(r.kind),
-          std::string_view(r.ok ? "ok" : "error"), out, message, type, r.attempt, r.duration_us, step.started_at_ms,
-          step.finished_at_ms, owner, epoch);
-      if (res.affected() == 1) return;
+      if (write("INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
+                "duration_us, started_at_ms, finished_at_ms) "
+                "SELECT $1::text, $2::bigint, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, "
+                "$9::integer, $10::bigint, $11::bigint, $12::bigint FROM runs "
+                "WHERE id = $1 AND ($13::text IS NULL OR (owner = $13 AND epoch = $14::bigint)) FOR SHARE")
+              ->affected() == 1)
+        return;
     } catch (const pg_failure& e) {
       if (e.sqlstate != "23505") throw;
       throw step_conflict_error(step.run_id, r.seq, name);
     }
     fence(step.run_id);  // says why: no such run, or taken over
     throw no_run_error(step.run_id, name);
+  }
+
+  // A group commit in one round trip: every member's writes, then COMMIT,
+  // sent in one pipeline (a member that reads waits for what it reads).
+  // nullopt when something failed other than the connection: nothing was
+  // kept, and the caller runs the group again a member at a time, so each
+  // writer hears its own answer.
+  std::optional<std::vector<std::exception_ptr>> optimistic_group(
+      journal& self, std::span<const std::function<void(journal&)>> writes) {
+    try {
+      reconnect_if_lost();
+    } catch (const storage_error&) {
+      return std::nullopt;  // the member-by-member path says why
+    }
+    statements = 0;
+    deferred.clear();
+    grouped = optimistic = true;
+    std::exception_ptr failure;
+    try {
+      run(begin_statement);
+      for (const auto& write : writes) write(self);
+      grouped = optimistic = false;
+      run("COMMIT");
+    } catch (const pg_failure& e) {
+      failure = std::make_exception_ptr(translate(e, {}));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    grouped = optimistic = false;
+    if (!failure) {
+      for (auto& f : deferred) f();
+      deferred.clear();
+      return std::vector<std::exception_ptr>(writes.size());
+    }
+    deferred.clear();
+    pending.clear();
+    // Lost with the COMMIT under way, or gone: everyone hears it.
+    if (PQstatus(conn) != CONNECTION_OK) return std::vector<std::exception_ptr>(writes.size(), failure);
+    if (PQtransactionStatus(conn) != PQTRANS_IDLE) try {
+        run("ROLLBACK");
+      } catch (const pg_failure&) {
+        return std::vector<std::exception_ptr>(writes.size(), failure);
+      }
+    return std::nullopt;
   }
 
   // SQL built at run time, kept so its text has a stable address (the key of `prepared`).
@@ -705,6 +805,7 @@ int postgres_journal::schema_version() { return latest_version; }
 std::vector<std::exception_ptr> postgres_journal::write_together(
     journal& self, std::span<const std::function<void(journal&)>> writes) {
   auto& j = *impl_;
+  if (auto done = j.optimistic_group(self, writes)) return *std::move(done);
   return group_commit(self, writes,
                       {.run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); },
                        .in_transaction = [&j] { return PQstatus(j.conn) == CONNECTION_OK && j.in_transaction(); },

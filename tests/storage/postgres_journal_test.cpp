@@ -234,6 +234,49 @@ TEST_CASE("postgres: in a group commit one refused write fails alone and the oth
   CHECK(j.events("b").empty());  // rolled back with its member
 }
 
+TEST_CASE("postgres: a group commit in which a run was taken over fences that writer alone") {
+  // The group goes to the server in one pipeline with its COMMIT; the fence
+  // refusing one member must not lose the others, nor keep anything of it.
+  const auto url = testing::shared_pg_cluster().fresh_database();
+  journal first(url), second(url);
+  for (auto id : {"kept", "taken"}) {
+    first.create_run(a_run(id));
+    REQUIRE(first.claim_run(id, "", "worker-1"));
+  }
+  REQUIRE(second.claim_run("taken", "worker-1", "worker-2"));
+  std::vector<std::function<void(journal&)>> writes = {
+      [](journal& w) { w.append_step(ok_step("kept", 0, {{"n", 1}})); },
+      [](journal& w) {
+        w.append_event("taken", "late", {});
+        w.append_step(ok_step("taken", 0, {{"n", 1}}));
+      },
+      [](journal& w) { w.append_step(ok_step("kept", 1, {{"n", 2}})); },
+  };
+  auto errors = first.write_together(writes);
+  REQUIRE(errors.size() == 3);
+  CHECK_FALSE(errors[0]);
+  CHECK_FALSE(errors[2]);
+  REQUIRE(errors[1]);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const storage_error& e) {
+    CHECK(e.code() == errc::fenced);
+    CHECK_THAT(e.what(), Catch::Contains("worker-2"));
+  }
+  CHECK(second.step_count("kept") == 2);
+  CHECK(second.step_count("taken") == 0);
+  CHECK(second.events("taken").empty());
+
+  // And a group in which every member is right commits every member.
+  std::vector<std::function<void(journal&)>> fine = {
+      [](journal& w) { w.append_step(ok_step("kept", 2, {{"n", 3}})); },
+      [](journal& w) { w.append_event("kept", "note", {{"k", "v"}}); },
+  };
+  for (const auto& e : first.write_together(fine)) CHECK_FALSE(e);
+  CHECK(second.step_count("kept") == 3);
+  CHECK(second.events("kept").size() == 1);
+}
+
 TEST_CASE("postgres: after a server restart the journal reconnects, and nothing committed is lost") {
   auto& cluster = testing::shared_pg_cluster();
   const auto url = cluster.fresh_database();

@@ -90,8 +90,6 @@ pid_t spawn(const std::vector<std::string>& argv, const fs::path& log, int death
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, death_signal);
-    if (getppid() != parent) _exit(127);
     setsid();  // a terminal's ^C reaches the test, not the server behind it
     int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (out < 0) _exit(126);
@@ -100,6 +98,9 @@ pid_t spawn(const std::vector<std::string>& argv, const fs::path& log, int death
     int in = ::open("/dev/null", O_RDONLY);
     dup2(in, 0);
     if (user && (setgroups(0, nullptr) != 0 || setgid(user->gid) != 0 || setuid(user->uid) != 0)) _exit(125);
+    // After setuid, which clears the death signal.
+    prctl(PR_SET_PDEATHSIG, death_signal);
+    if (getppid() != parent) _exit(127);
     execv(args[0], args.data());
     _exit(127);
   }
