@@ -35,7 +35,7 @@ auto readable(F&& read, std::vector<std::string>& notes) -> decltype(read()) {
 
 int run_command(const paths& p, const run_args& args, bool as_json) {
   return guarded([&] {
-    auto request = make_request(p, args);
+    auto request = make_request(args);
     if (!request) return 2;
     request->owner = engine::current_owner().str();  // this process runs it; no daemon takes it meanwhile
     storage::journal journal(p.db);

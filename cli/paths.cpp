@@ -29,26 +29,6 @@ paths resolve_paths(const std::string& db_flag) {
   return p;
 }
 
-std::string without_password(const std::string& url) {
-  // scheme://[user[:password]@]host...: the credentials end at the last '@' before the path.
-  const auto start = url.find("://");
-  if (start == std::string::npos) return url;
-  const auto authority_end = url.find_first_of("/?#", start + 3);
-  const auto at = url.rfind('@', authority_end);
-  std::string shown = url;
-  if (const auto colon = url.find(':', start + 3); at != std::string::npos && at > start + 3 &&
-                                                   colon != std::string::npos && colon < at)
-    shown = url.substr(0, colon + 1) + "***" + url.substr(at);
-  // libpq also takes it as a parameter: ...?password=SECRET&...
-  if (auto param = shown.find("password=", shown.find('?')); shown.find('?') != std::string::npos &&
-                                                             param != std::string::npos) {
-    param += std::string_view("password=").size();
-    shown.replace(param, shown.find('&', param) == std::string::npos ? std::string::npos : shown.find('&', param) - param,
-                  "***");
-  }
-  return shown;
-}
-
-std::string shown_db(const paths& p) { return without_password(p.db.string()); }
+std::string shown_db(const paths& p) { return storage::without_password(p.db.string()); }
 
 }  // namespace cairn::cli

@@ -21,7 +21,5 @@ paths resolve_paths(const std::string& db_flag);
 // The journal as messages name it: its path, or its URL without the password
 // ("postgresql://cairn:***@db:5432/cairn").
 std::string shown_db(const paths& p);
-// `url` with the password of its user:password@ replaced by ***.
-std::string without_password(const std::string& url);
 
 }  // namespace cairn::cli

@@ -85,7 +85,7 @@ std::string no_daemon_hint_for_batch(storage::journal& journal, const paths& p) 
 int submit_command(const paths& p, const run_args& args, bool as_json) {
   if (!args.from.empty()) return submit_batch_command(p, args, as_json);
   return guarded([&] {
-    auto request = make_request(p, args);
+    auto request = make_request(args);
     if (!request) return 2;
     storage::journal journal(p.db);
     engine::engine eng(journal, options_for(p));
@@ -103,7 +103,7 @@ int submit_command(const paths& p, const run_args& args, bool as_json) {
 
 int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
   return guarded([&] {
-    auto request = make_request(p, args);
+    auto request = make_request(args);
     if (!request) return 2;
     std::vector<batch_run> lines;
     try {
@@ -184,7 +184,7 @@ int serve_command(const paths& p, const serve_args& args) {
     o.max_concurrent = args.max_concurrent;
     // Many serves may share the journal: each holds a lease in its workers.
     o.lease = engine::lease_settings{std::chrono::seconds(args.lease_seconds), args.workspace_root};
-    o.on_lease_note = [](const std::string& note) { log_line(note); };
+    o.on_note = [](const std::string& note) { log_line(note); };
     runtime::warm_pool_options warm;
     warm.size = static_cast<std::size_t>(args.warm);
     warm.folder = p.home / "warm";

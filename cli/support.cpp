@@ -125,7 +125,7 @@ void print_history(storage::journal& journal, const std::string& run_id, bool qu
 
 // The run request of `cairn run` and `cairn submit`; nullopt (after saying
 // why) when the arguments are wrong.
-std::optional<engine::run_request> make_request(const paths& p, const run_args& args) {
+std::optional<engine::run_request> make_request(const run_args& args) {
   engine::run_request request;
   try {
     request.input = protocol::parse_bounded(args.input, "--input", {protocol::max_input_depth, protocol::default_max_frame});

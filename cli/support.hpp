@@ -73,7 +73,7 @@ void print_history(storage::journal& journal, const std::string& run_id, bool qu
 
 // The run request of `cairn run` and `cairn submit`; nullopt (after saying
 // why) when the arguments are wrong.
-std::optional<engine::run_request> make_request(const paths& p, const run_args& args);
+std::optional<engine::run_request> make_request(const run_args& args);
 
 // Executes `root` and its child runs in this process until the root ends
 // (completed, failed, cancelled, in doubt), waiting out its timers, signals

@@ -63,7 +63,7 @@ fs::path checked_workspace(storage::journal& journal, const fs::path& home, cons
     throw engine_error(errc::bad_request, fmt::format("--workspace {} lies inside CAIRN_HOME {}, where cairn keeps "
                                                       "other runs' files; leave --workspace out to use {}",
                                                       workspace.string(), real_home.string(), own.string()));
-  for (const auto& run : journal.list_runs()) {
+  for (const auto& run : journal.runs_with_workspace_near(workspace.string())) {
     if (run.id == run_id || run.workspace.empty()) continue;
     const fs::path other = fs::path(run.workspace).lexically_normal();
     if (other != workspace && (within(workspace, other) || within(other, workspace)))

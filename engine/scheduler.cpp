@@ -27,6 +27,14 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 constexpr auto error_pause = std::chrono::seconds(5);
+// Looking again at a journal out of reach: from first_outage_pause, doubled each time, up to max_outage_pause.
+constexpr auto first_outage_pause = std::chrono::milliseconds(250);
+constexpr auto max_outage_pause = std::chrono::seconds(5);
+
+// Errors that pass: the journal is there but does not answer now.
+bool out_of_reach(const storage::storage_error& e) {
+  return e.code() == storage::errc::io || e.code() == storage::errc::locked;
+}
 // Event loops, one thread each, however many runs are live.
 constexpr int max_lanes = 4;
 
@@ -109,6 +117,54 @@ std::size_t scheduler::busy() const {
   return pool_->in_flight.size();
 }
 
+// Starts every run that may start now; returns when to look again, or
+// nullopt when `done` says so.
+std::optional<std::chrono::steady_clock::time_point> scheduler::look(
+    storage::journal& journal, const std::string& me, const std::function<bool(storage::journal&)>& done) {
+  {
+    std::lock_guard lock(pool_->mutex);
+    if (pool_->in_flight.empty() && done && done(journal)) return std::nullopt;
+  }
+  const auto now_ms = storage::now_ms();
+  const worker_leases leases(journal);
+  // A run held under a lease is looked at again when the lease would expire.
+  std::optional<std::int64_t> next_expiry;
+  for (const auto& brief : journal.schedulable(now_ms)) {
+    std::lock_guard lock(pool_->mutex);
+    if (static_cast<int>(pool_->in_flight.size()) >= options_.max_concurrent) break;
+    if (pool_->in_flight.count(brief.id)) continue;
+    if (auto rest = pool_->resting.find(brief.id); rest != pool_->resting.end()) {
+      if (clock::now() < rest->second) continue;
+      pool_->resting.erase(rest);
+    }
+    if (!brief.workspace_host.empty() && brief.workspace_host != current_owner().hostname) continue;
+    if (options_.accept && !options_.accept(brief)) continue;
+    const bool held = brief.status != storage::run_status::waiting && !brief.owner.empty() && brief.owner != me;
+    if (held && leases.check(brief.owner) != owner_state::dead) {
+      if (auto expiry = leases.expiry(brief.owner)) next_expiry = std::min(next_expiry.value_or(*expiry), *expiry);
+      continue;
+    }
+    pool_->start(brief.id, options_);
+  }
+  // Until something happens, the next timer or deadline comes due, a run
+  // that failed to execute may be tried again, or the idle check.
+  auto until = clock::now() + options_.idle_check;
+  if (auto due = journal.next_due_ms(now_ms))
+    until = std::min(until, clock::now() + std::chrono::milliseconds(*due - storage::now_ms()));
+  if (next_expiry)
+    until = std::min(until, clock::now() + std::chrono::milliseconds(*next_expiry + 1 - storage::now_ms()));
+  {
+    std::lock_guard lock(pool_->mutex);
+    for (const auto& [id, not_before] : pool_->resting)
+      if (not_before > clock::now()) until = std::min(until, not_before);
+  }
+  return until;
+}
+
+void scheduler::note(const std::string& line) const {
+  if (options_.on_note) options_.on_note(line);
+}
+
 void scheduler::run(const std::function<bool(storage::journal&)>& done, const stop_flag& stop) {
   storage::journal journal(options_.db, options_.journal);
   const std::string me = current_owner().str();
@@ -124,52 +180,39 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
                       std::lock_guard lock(pool_->mutex);
                       live.assign(pool_->in_flight.begin(), pool_->in_flight.end());
                     }
-                    if (options_.on_lease_note)
-                      options_.on_lease_note(fmt::format("this worker's lease had expired (was it paused?); its {} "
-                                                         "run{} in flight give up any that another worker took",
-                                                         live.size(), live.size() == 1 ? "" : "s"));
+                    note(fmt::format("this worker's lease had expired (was it paused, or cut off from the journal?); its {} run{} in flight "
+                                     "give up any that another worker took",
+                                     live.size(), live.size() == 1 ? "" : "s"));
                     for (const auto& id : live) wake_run(id);
                   },
-                  options_.on_lease_note);
+                  options_.on_note);
+  // Since when the journal has been out of reach, and the pause before looking again.
+  std::optional<clock::time_point> out_since;
+  auto pause = first_outage_pause;
   while (!stop.raised()) {
     // Before looking: a wake-up that comes while we look is kept for the wait below.
     pool_->loop.take();
-    {
-      std::lock_guard lock(pool_->mutex);
-      if (pool_->in_flight.empty() && done && done(journal)) break;
-    }
-    const auto now_ms = storage::now_ms();
-    const worker_leases leases(journal);
-    // A run held under a lease is looked at again when the lease would expire.
-    std::optional<std::int64_t> next_expiry;
-    for (const auto& brief : journal.schedulable(now_ms)) {
-      std::lock_guard lock(pool_->mutex);
-      if (static_cast<int>(pool_->in_flight.size()) >= options_.max_concurrent) break;
-      if (pool_->in_flight.count(brief.id)) continue;
-      if (auto rest = pool_->resting.find(brief.id); rest != pool_->resting.end()) {
-        if (clock::now() < rest->second) continue;
-        pool_->resting.erase(rest);
+    clock::time_point until;
+    try {
+      const auto next = look(journal, me, done);
+      if (!next) break;
+      until = *next;
+      if (out_since) {
+        note(fmt::format("the journal answers again after {:.1f} s; runs it interrupted go on from their journals",
+                         std::chrono::duration<double>(clock::now() - *out_since).count()));
+        out_since.reset();
+        pause = first_outage_pause;
       }
-      if (!brief.workspace_host.empty() && brief.workspace_host != current_owner().hostname) continue;
-      if (options_.accept && !options_.accept(brief)) continue;
-      const bool held = brief.status != storage::run_status::waiting && !brief.owner.empty() && brief.owner != me;
-      if (held && leases.check(brief.owner) != owner_state::dead) {
-        if (auto expiry = leases.expiry(brief.owner)) next_expiry = std::min(next_expiry.value_or(*expiry), *expiry);
-        continue;
+    } catch (const storage::storage_error& e) {
+      if (!out_of_reach(e)) throw;
+      if (!out_since) {
+        out_since = clock::now();
+        note(fmt::format("the journal is out of reach ({}); this worker waits for it, looking again every few "
+                         "seconds",
+                         e.what()));
       }
-      pool_->start(brief.id, options_);
-    }
-    // Until something happens, the next timer or deadline comes due, a run
-    // that failed to execute may be tried again, or the idle check.
-    auto until = clock::now() + options_.idle_check;
-    if (auto due = journal.next_due_ms(now_ms))
-      until = std::min(until, clock::now() + std::chrono::milliseconds(*due - storage::now_ms()));
-    if (next_expiry)
-      until = std::min(until, clock::now() + std::chrono::milliseconds(*next_expiry + 1 - storage::now_ms()));
-    {
-      std::lock_guard lock(pool_->mutex);
-      for (const auto& [id, not_before] : pool_->resting)
-        if (not_before > clock::now()) until = std::min(until, not_before);
+      until = clock::now() + pause;
+      pause = std::min<std::chrono::milliseconds>(pause * 2, max_outage_pause);
     }
     std::array<pollfd, 2> events{pollfd{pool_->loop.fd(), POLLIN, 0}, pollfd{stop.fd(), POLLIN, 0}};
     if (::poll(events.data(), events.size(), poll_timeout(until)) < 0 && errno != EINTR)

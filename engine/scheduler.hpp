@@ -40,8 +40,9 @@ struct scheduler_options {
   // that it still holds its run; an attempt whose run was taken over stops
   // (its sandbox killed, nothing more written) and is not retried here.
   std::optional<lease_settings> lease;
-  // Lines about this worker's lease, for the operator; may be null.
-  std::function<void(const std::string&)> on_lease_note;
+  // Lines for the operator: this worker's lease, the journal out of reach
+  // and back; may be null.
+  std::function<void(const std::string&)> on_note;
   // Only runs this accepts are taken (called on the scheduling thread, in
   // creation order, so a child is seen after its parent). Empty: all.
   std::function<bool(const storage::run_brief&)> accept;
@@ -65,12 +66,20 @@ class scheduler {
   // execution in flight) says so, or until `stop` is raised. Then, gracefully:
   // no new runs; runs in flight finish their current step and are handed
   // back, or are suspended (engine_options::stopping); returns when all are.
+  // A journal out of reach (a database server restarting, a file locked
+  // past the busy timeout) is waited out, looking again with a growing
+  // pause up to max_outage_pause; executions it failed are tried again
+  // once it answers. Any other journal error is thrown.
   void run(const std::function<bool(storage::journal&)>& done, const stop_flag& stop);
 
   // Executions in flight now.
   std::size_t busy() const;
 
  private:
+  std::optional<std::chrono::steady_clock::time_point> look(storage::journal& journal, const std::string& me,
+                                                            const std::function<bool(storage::journal&)>& done);
+  void note(const std::string& line) const;
+
   struct pool;
   scheduler_options options_;
   std::atomic<bool> stopping_{false};

@@ -44,6 +44,7 @@ task<void> worker_lease::renew() {
   // A third of the lease: two renewals may fail (a slow disk, a busy
   // database) before the lease runs out.
   const auto every = settings_.lease / 3;
+  bool failing = false;
   while (!stopping_) {
     timer_.expires_after(every);
     co_await timer_.async_wait(asio::as_tuple(asio::use_awaitable));
@@ -57,8 +58,12 @@ task<void> worker_lease::renew() {
         record_.fenced_writes = writes_.fenced_writes();
         co_await offload([this] { writes_.register_worker(record_); });
       }
+      if (failing && report_) report_("this worker's lease is renewed again");
+      failing = false;
     } catch (const std::exception& e) {
-      if (report_) report_(fmt::format("could not renew this worker's lease: {}", e.what()));
+      // Said once for a run of failures (a database restarting fails every renewal until it is back).
+      if (!failing && report_) report_(fmt::format("could not renew this worker's lease: {}", e.what()));
+      failing = true;
     }
   }
   stopped_.set_value();

@@ -28,7 +28,8 @@ class worker_lease {
   // writes.fenced_writes() each time. When a renewal comes too late (the
   // lease had expired: the process was paused or cut off, and its runs may
   // have been taken), calls `lost` on `io` and registers afresh. `report`
-  // gets one line for each renewal that failed to reach the journal.
+  // gets one line when renewals start failing to reach the journal, and
+  // one when a renewal succeeds again.
   // `writes` and `io` must outlive it.
   worker_lease(ledger& writes, asio::io_context& io, lease_settings settings, std::function<void()> lost,
                std::function<void(const std::string&)> report);

@@ -699,6 +699,16 @@ std::vector<run_record> journal::children(std::string_view parent_id) {
   });
 }
 
+std::vector<run_record> journal::runs_with_workspace_near(const std::string& folder) {
+  if (pg_) return pg_->runs_with_workspace_near(folder);
+  return impl_->guard({}, [&] {
+    auto s = statement(impl_->db, (run_select + "WHERE " + detail::workspace_near_sql("?1")).c_str(), folder);
+    std::vector<run_record> runs;
+    while (s.executeStep()) runs.push_back(read_run(sqlite_row{s}));
+    return runs;
+  });
+}
+
 std::vector<run_record> journal::list_runs() {
   if (pg_) return pg_->list_runs();
   return impl_->guard({}, [&] {
@@ -1218,6 +1228,26 @@ std::string journal::server_version() {
 }
 
 bool is_postgres_url(std::string_view db) { return db.starts_with("postgresql://") || db.starts_with("postgres://"); }
+
+std::string without_password(const std::string& url) {
+  // scheme://[user[:password]@]host...: the credentials end at the last '@' before the path.
+  const auto start = url.find("://");
+  if (start == std::string::npos) return url;
+  const auto authority_end = url.find_first_of("/?#", start + 3);
+  const auto at = url.rfind('@', authority_end);
+  std::string shown = url;
+  if (const auto colon = url.find(':', start + 3); at != std::string::npos && at > start + 3 &&
+                                                   colon != std::string::npos && colon < at)
+    shown = url.substr(0, colon + 1) + "***" + url.substr(at);
+  // libpq also takes it as a parameter: ...?password=SECRET&...
+  if (auto param = shown.find("password=", shown.find('?')); shown.find('?') != std::string::npos &&
+                                                             param != std::string::npos) {
+    param += std::string_view("password=").size();
+    shown.replace(param, shown.find('&', param) == std::string::npos ? std::string::npos : shown.find('&', param) - param,
+                  "***");
+  }
+  return shown;
+}
 
 // --- end of schema 6 ---
 

@@ -225,6 +225,10 @@ class journal {
   std::vector<run_record> list_runs();
   // The runs `parent_id` started as children, oldest first.
   std::vector<run_record> children(std::string_view parent_id);
+  // The runs whose workspace is `folder`, lies inside it or holds it
+  // (comparing whole '/'-separated names), found by the database: what a
+  // new workspace must not nest with, without reading every run.
+  std::vector<run_record> runs_with_workspace_near(const std::string& folder);
 
   // Writes to a run id that does not exist throw storage_error(not_found),
   // except claim_run, which returns false.
@@ -369,6 +373,10 @@ class journal {
 // Whether `db` names a PostgreSQL database ("postgresql://..." or
 // "postgres://...") rather than a SQLite file.
 bool is_postgres_url(std::string_view db);
+
+// `db` as it may be shown (messages, logs, `cairn doctor`): a URL's
+// password, in its credentials or as ?password=, replaced by ***.
+std::string without_password(const std::string& db);
 
 // Milliseconds since the Unix epoch, the journal's time unit.
 std::int64_t now_ms();

@@ -212,16 +212,6 @@ std::string from_hex_bytea(std::string_view text) {
   return out;
 }
 
-// The URL without a password, to name the database in messages.
-std::string redacted(const std::string& url) {
-  const auto scheme = url.find("://");
-  const auto at = url.find('@');
-  if (scheme == std::string::npos || at == std::string::npos) return url;
-  const auto colon = url.find(':', scheme + 3);
-  if (colon == std::string::npos || colon > at) return url;
-  return url.substr(0, colon) + url.substr(at);
-}
-
 std::string trimmed(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
@@ -229,11 +219,14 @@ std::string trimmed(std::string s) {
 
 // libpq's connection to `url`, with defaults the URL may override: a server
 // that does not answer fails the call in 10 s instead of never, and the
-// server's views name the client.
+// server's views name the client. The server's notices (a WARNING as it
+// shuts down) are not printed: what matters reaches the caller as an error.
 PGconn* connect_to(const std::string& url) {
   const char* keywords[] = {"connect_timeout", "application_name", "dbname", nullptr};
   const char* values[] = {"10", "cairn", url.c_str(), nullptr};
-  return PQconnectdbParams(keywords, values, 1);
+  PGconn* conn = PQconnectdbParams(keywords, values, 1);
+  if (conn) PQsetNoticeProcessor(conn, [](void*, const char*) {}, nullptr);
+  return conn;
 }
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
@@ -251,7 +244,7 @@ struct postgres_journal::impl {
   std::unordered_map<const char*, std::string> prepared;  // SQL -> its statement's name on this connection
   int statements = 0;                                     // sent in the current call
 
-  impl(const fs::path& url, const journal_options& o) : path(url), options(o), name(redacted(url.string())) {
+  impl(const fs::path& url, const journal_options& o) : path(url), options(o), name(without_password(url.string())) {
     conn = connect_to(path.string());
     check_connected();
     try {
@@ -852,6 +845,10 @@ std::vector<run_record> postgres_journal::list_runs() {
   return impl_->guard({}, [&] { return impl_->runs("ORDER BY created_at_ms DESC, row_order DESC"); });
 }
 
+std::vector<run_record> postgres_journal::runs_with_workspace_near(const std::string& folder) {
+  return impl_->guard({}, [&] { return impl_->runs("WHERE " + detail::workspace_near_sql("$1::text"), folder); });
+}
+
 std::vector<run_record> postgres_journal::children(std::string_view parent_id) {
   return impl_->guard(parent_id,
                       [&] { return impl_->runs("WHERE parent_id = $1 ORDER BY created_at_ms, row_order", parent_id); });
@@ -1307,7 +1304,7 @@ namespace cairn::storage {
 postgres_listener::postgres_listener(const std::string& url) : url_(url) {
   if (!connect())
     throw storage_error(errc::io, fmt::format("cannot listen for wake-ups on {} ({}); is the server running? check --db",
-                                              redacted(url), conn_ ? trimmed(PQerrorMessage(conn_)) : "out of memory"));
+                                              without_password(url), conn_ ? trimmed(PQerrorMessage(conn_)) : "out of memory"));
 }
 
 postgres_listener::~postgres_listener() { PQfinish(conn_); }

@@ -45,6 +45,7 @@ class postgres_journal {
   std::optional<run_record> find_run(std::string_view id);
   std::vector<run_record> list_runs();
   std::vector<run_record> children(std::string_view parent_id);
+  std::vector<run_record> runs_with_workspace_near(const std::string& folder);
   bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner);
   void confirm_held(std::string_view id);
   int begin_attempt(std::string_view id);

@@ -143,6 +143,14 @@ json wait_event_data(const wait_spec& w) {
   return {{"kind", w.kind}, {"key", w.key}, {"seq", w.seq}, {"wake_at_ms", w.wake_at_ms ? json(*w.wake_at_ms) : json()}};
 }
 
+std::string workspace_near_sql(const std::string& folder) {
+  // "/a/b" is near "/a/b", "/a/b/c" and "/a", not "/a/bc"; "/" holds every folder.
+  return fmt::format("workspace <> '' AND (workspace = {0} OR workspace = '/' OR "
+                     "substr(workspace, 1, length({0}) + 1) = {0} || '/' OR "
+                     "substr({0}, 1, length(workspace) + 1) = workspace || '/')",
+                     folder);
+}
+
 std::vector<std::exception_ptr> group_commit(journal& self, std::span<const std::function<void(journal&)>> writes,
                                              const group_commit_backend& backend) {
   std::vector<std::exception_ptr> errors(writes.size());

@@ -207,6 +207,10 @@ class write_transaction {
   bool done_ = false;
 };
 
+// The SQL condition of journal::runs_with_workspace_near, `folder` being
+// the parameter's placeholder: the same text on both backends.
+std::string workspace_near_sql(const std::string& folder);
+
 // A group commit (journal::write_together) on a backend: `run` executes a
 // statement (BEGIN, SAVEPOINT member, ...; a failure is storage_error) and
 // `in_transaction` says whether the group's transaction is still open (a

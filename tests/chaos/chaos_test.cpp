@@ -13,8 +13,9 @@
 //   a run was committed before attempt A+1 began (a stale attempt's write
 //   after the takeover is what the epoch fence refuses), and the attempts
 //   that wrote a run's steps only grow along its seqs.
-// A worker that exits by itself (one that finds the database gone exits 3)
-// is started again, as a supervisor would; one that crashes fails the test.
+// Workers ride out the database's restart (they wait for it to answer); one
+// that exits by itself (one started while the database is down exits 3) is
+// started again, as a supervisor would; one that crashes fails the test.
 // The problems found are listed together, then a one-paragraph summary.
 #include <catch2/catch.hpp>
 

@@ -1426,3 +1426,40 @@ TEST_CASE("a worker never takes a run whose workspace is on another machine") {
   CHECK(run->owner.empty());
   serve.stop();
 }
+
+TEST_CASE("a worker rides out a restart of PostgreSQL: it keeps serving, and no acknowledged step runs again",
+          "[postgres]") {
+  cairn_home h(cairn_home::any_backend);
+  REQUIRE(h.on_postgres());  // ctest's daemon_test_postgres; the SQLite run leaves [postgres] out
+  auto& cluster = testing::shared_pg_cluster();
+  const auto p = testing::test_prefix();
+  const json plan = plan_of({step("a"), slow("s", 1500), step("b"), nap(300), wait_for_signal("go"), step("c")});
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back(numbered(p + "r", i));
+    h.submit(ids.back(), plan);
+  }
+  daemon_process d(h, "d", {"--max-concurrent", "4", "--lease", "2"});
+  auto context = [&] { return d.log(); };
+  eventually("every run has journaled its first step", [&] {
+    auto j = h.journal();
+    return std::all_of(ids.begin(), ids.end(), [&](const auto& id) { return j->step_count(id) > 0; });
+  }, context);
+  const auto before = take_snapshot(h);
+
+  cluster.stop(/*fast=*/false);  // an immediate shutdown: every connection cut
+  eventually("the worker says the journal is out of reach",
+             [&] { return d.log().find("the journal is out of reach") != std::string::npos; }, context);
+  // Down past the worker's 2 s lease, so that its lease has expired when the server is back.
+  std::this_thread::sleep_for(3s);
+  CHECK_THAT(d.log(), Catch::StartsWith("cairn serve (still running)"));
+  cluster.start();
+  eventually("the worker says the journal answers again",
+             [&] { return d.log().find("the journal answers again") != std::string::npos; }, context);
+  for (const auto& id : ids) h.signal(id, "go", {{"id", id}});
+  eventually("every run ended", [&] { return every_run_ended(h); }, [&] { return d.log() + show_runs(h); }, 90s);
+  INFO(d.log());
+  for (const auto& id : ids) check_completed(h, id, plan, before);
+  CHECK_THAT(d.log(), Catch::StartsWith("cairn serve (still running)"));
+  d.stop();
+}

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <random>
 
 #include <SQLiteCpp/SQLiteCpp.h>
@@ -252,6 +253,25 @@ TEST_CASE("a journal names its backend and the version of its database") {
   CHECK(j.backend() == where_backend);
   CHECK_THAT(j.server_version(), Catch::StartsWith(where_backend == "sqlite" ? "SQLite 3." : "PostgreSQL 1"));
   CHECK(j.path() == where.path());
+}
+
+TEST_CASE("runs_with_workspace_near finds the workspaces a folder would nest with, by whole names") {
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
+  const std::map<std::string, std::string> workspaces = {
+      {"same", "/w/a/b"}, {"inside", "/w/a/b/c"}, {"deeper", "/w/a/b/c/d"}, {"holds", "/w/a"},
+      {"sibling", "/w/a/bc"}, {"other", "/w/x"}, {"prefix", "/w/a/b-2"}, {"none", ""}};
+  for (const auto& [id, ws] : workspaces) {
+    auto run = a_run(id);
+    run.workspace = ws;
+    j.create_run(run);
+  }
+  std::set<std::string> near;
+  for (const auto& r : j.runs_with_workspace_near("/w/a/b")) near.insert(r.id);
+  CHECK(near == std::set<std::string>{"same", "inside", "deeper", "holds"});
+  near.clear();
+  for (const auto& r : j.runs_with_workspace_near("/elsewhere")) near.insert(r.id);
+  CHECK(near.empty());
 }
 
 TEST_CASE("create_run is idempotent: the id is the key") {

@@ -142,6 +142,19 @@ TEST_CASE("postgres: a server that is not there is an io error naming host and p
   CHECK_THAT(unknown_user->what(), Catch::Contains("as user nobody_here"));
 }
 
+TEST_CASE("postgres: no message shows the password of --db, in the URL's credentials or as ?password=") {
+  CHECK(without_password("postgresql://cairn:s3cret@db:5432/cairn") == "postgresql://cairn:***@db:5432/cairn");
+  CHECK(without_password("postgresql://cairn@db/cairn?sslmode=require&password=s3cret&x=1") ==
+        "postgresql://cairn@db/cairn?sslmode=require&password=***&x=1");
+  CHECK(without_password("postgresql://db/cairn?password=s3cret") == "postgresql://db/cairn?password=***");
+  CHECK(without_password("/var/lib/cairn/cairn.db") == "/var/lib/cairn/cairn.db");
+  for (const std::string url : {"postgresql://cairn:s3cret@127.0.0.1:1/none", "postgresql://cairn@127.0.0.1:1/none?password=s3cret"}) {
+    auto refused = error_from([&] { journal j(url); });
+    REQUIRE(refused);
+    CHECK_THAT(refused->what(), !Catch::Contains("s3cret") && Catch::Contains("***"));
+  }
+}
+
 TEST_CASE("postgres: a journaled step is final, for the journal and for any other client") {
   const auto url = testing::shared_pg_cluster().fresh_database();
   journal j(url);
