@@ -1174,11 +1174,14 @@ worker_record read_worker(SQLite::Statement& s) {
 void journal::register_worker(const worker_record& w) {
   if (pg_) return pg_->register_worker(w);
   impl_->guard({}, [&] {
+    impl::write_txn tx(*impl_);
     statement(impl_->db,
               "INSERT OR REPLACE INTO workers (id, host, workspace_root, started_at_ms, renewed_at_ms, "
               "lease_expires_at_ms, fenced_writes) VALUES (?, ?, ?, ?, ?, ?, ?)",
               w.id, w.host, w.workspace_root, w.started_at_ms, w.renewed_at_ms, w.lease_expires_at_ms, w.fenced_writes)
         .exec();
+    statement(impl_->db, detail::forget_workers_sql, now_ms() - forgotten_worker_ms).exec();
+    tx.commit();
   });
 }
 

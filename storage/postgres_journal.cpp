@@ -1243,12 +1243,15 @@ void postgres_journal::assign_workspace(std::string_view id, const std::string& 
 void postgres_journal::register_worker(const worker_record& w) {
   auto& j = *impl_;
   j.guard({}, [&] {
+    impl::txn tx(j);
     j.exec("INSERT INTO workers (id, host, workspace_root, started_at_ms, renewed_at_ms, lease_expires_at_ms, "
            "fenced_writes) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, "
            "workspace_root = EXCLUDED.workspace_root, started_at_ms = EXCLUDED.started_at_ms, "
            "renewed_at_ms = EXCLUDED.renewed_at_ms, lease_expires_at_ms = EXCLUDED.lease_expires_at_ms, "
            "fenced_writes = EXCLUDED.fenced_writes",
            w.id, w.host, w.workspace_root, w.started_at_ms, w.renewed_at_ms, w.lease_expires_at_ms, w.fenced_writes);
+    j.exec(detail::forget_workers_sql, now_ms() - journal::forgotten_worker_ms);
+    tx.commit();
   });
 }
 

@@ -207,6 +207,12 @@ class write_transaction {
   bool done_ = false;
 };
 
+// journal::register_worker's clean-up, on both backends ($1: the expiry
+// before which a worker holding no run is forgotten).
+inline constexpr const char* forget_workers_sql =
+    "DELETE FROM workers WHERE lease_expires_at_ms < $1 AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.owner = "
+    "workers.id)";
+
 // The SQL condition of journal::runs_with_workspace_near, `folder` being
 // the parameter's placeholder: the same text on both backends.
 std::string workspace_near_sql(const std::string& folder);

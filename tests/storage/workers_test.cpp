@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <functional>
+#include <set>
 
 #include "storage/journal.hpp"
 #include "tests/storage/journal_samples.hpp"
@@ -68,6 +69,21 @@ TEST_CASE("a registered worker is listed with its lease and the runs it owns") {
   }
   CHECK(saw_w1);
   CHECK(saw_w2);
+}
+
+TEST_CASE("workers expired for over an hour and holding no run are forgotten when a worker registers") {
+  ON_EACH_BACKEND(where);
+  journal j(where.path());
+  const auto hour = journal::forgotten_worker_ms;
+  j.create_run(a_run("held", "gone-with-a-run"));
+  j.register_worker(a_worker("long-gone", -hour - 60'000));
+  j.register_worker(a_worker("gone-with-a-run", -hour - 60'000));
+  j.register_worker(a_worker("recently-gone", -hour + 60'000));
+  j.register_worker(a_worker("alive", 60'000));
+  std::set<std::string> listed;
+  for (const auto& w : j.workers()) listed.insert(w.id);
+  // A run's owner stays listed until its run is taken over; the others for an hour.
+  CHECK(listed == std::set<std::string>{"gone-with-a-run", "recently-gone", "alive"});
 }
 
 TEST_CASE("renew_lease extends a current lease and reports fenced writes; an expired lease is not revived") {
