@@ -55,16 +55,29 @@ protocol::host_message session::receive(bool stop_on_cancel) {
   // scheduler wake-up, which on a VM with idle cores costs hundreds of us.
   // But where many agents share the cores, answers come later than that and
   // the polling only takes the CPU the host and the others need: each poll
-  // that ends empty-handed halves the next one, down to none; every 64th
-  // receive tries the full length again, in case the machine got quiet.
+  // that ends empty-handed halves the next one, down to none. Now and then
+  // a receive tries the full length again, in case the machine got quiet:
+  // after 64 receives, and after twice as many each time that try fails
+  // (up to 4,096: 64 agents stepping on 2 busy cores spent a tenth of their
+  // CPU in failed tries when they came every 64 receives).
   constexpr std::chrono::microseconds full_spin{1000};
-  if (++receives_ % 64 == 0) spin_ = full_spin;
+  constexpr int first_probe = 64, last_probe = 4096;
+  const bool probing = --until_probe_ <= 0;
+  if (probing) {
+    spin_ = full_spin;
+    until_probe_ = probe_every_;
+  }
   const auto start = std::chrono::steady_clock::now();
   bool waited = false;
   for (;;) {
     if (auto m = next_buffered()) {
-      if (waited) spin_ /= 2;
-      else if (spin_ > std::chrono::microseconds(0)) spin_ = full_spin;
+      if (waited) {
+        spin_ /= 2;
+        if (probing) until_probe_ = probe_every_ = std::min(probe_every_ * 2, last_probe);
+      } else if (spin_ > std::chrono::microseconds(0)) {
+        spin_ = full_spin;
+        probe_every_ = first_probe;
+      }
       return std::move(*m);
     }
     if (stop_on_cancel && cancel_reason_) throw cancelled_error(*cancel_reason_);

@@ -90,9 +90,11 @@ class session {
 
   int fd_;
   protocol::frame_decoder decoder_;
-  // How long receive() polls before it blocks; see receive().
+  // How long receive() polls before it blocks, and in how many receives it
+  // polls the full length again; see receive().
   std::chrono::microseconds spin_{1000};
-  int receives_ = 0;
+  int probe_every_ = 64;
+  int until_probe_ = 64;
   protocol::start_msg start_;
   protocol::history_chunk chunk_;
   std::uint64_t next_seq_ = 0;

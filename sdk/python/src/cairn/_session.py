@@ -25,6 +25,7 @@ from .errors import CancelledError, NondeterminismError
 
 SDK_NAME = f"cairn-py/{__version__}"
 _FULL_SPIN_NS = 1_000_000  # how long _receive() polls before it blocks, at most
+_FIRST_PROBE, _LAST_PROBE = 64, 4096  # receives between tries of the full length
 
 
 class Session:
@@ -47,7 +48,8 @@ class Session:
         self.nondeterminism: str | None = None
         self.in_step = False
         self._spin_ns = _FULL_SPIN_NS
-        self._receives = 0
+        self._probe_every = _FIRST_PROBE
+        self._until_probe = _FIRST_PROBE
         self.send(encode_frame({"t": "hello", "v": VERSION, "sdk": SDK_NAME}))
         reply = self._receive(stop_on_cancel=False)
         if isinstance(reply, Reject):
@@ -134,11 +136,14 @@ class Session:
         # commit within about a millisecond, and polling that long before
         # blocking saves a scheduler wake-up, hundreds of us on a VM. Where
         # answers come later (a busy machine), each poll that ends
-        # empty-handed halves the next one, down to none; every 64th receive
-        # tries the full length again.
-        self._receives += 1
-        if self._receives % 64 == 0:
+        # empty-handed halves the next one, down to none; after 64 receives
+        # one tries the full length again, and after twice as many each time
+        # that try fails (up to 4,096).
+        self._until_probe -= 1
+        probing = self._until_probe <= 0
+        if probing:
             self._spin_ns = _FULL_SPIN_NS
+            self._until_probe = self._probe_every
         started = time.monotonic_ns()
         waited = False
         while True:
@@ -146,8 +151,12 @@ class Session:
             if m is not None:
                 if waited:
                     self._spin_ns //= 2
+                    if probing:
+                        self._probe_every = min(self._probe_every * 2, _LAST_PROBE)
+                        self._until_probe = self._probe_every
                 elif self._spin_ns > 0:
                     self._spin_ns = _FULL_SPIN_NS
+                    self._probe_every = _FIRST_PROBE
                 return m
             if stop_on_cancel and self.cancel_reason is not None:
                 raise CancelledError(self.cancel_reason)
