@@ -18,6 +18,7 @@ class raw_pg_steps {
   // prepared insert; throws std::runtime_error with the server's message.
   explicit raw_pg_steps(const std::string& url) : conn_(PQconnectdb(url.c_str())) {
     if (PQstatus(conn_) != CONNECTION_OK) fail();
+    PQsetNoticeProcessor(conn_, [](void*, const char*) {}, nullptr);  // "raw_steps already exists"
     check(PQexec(conn_, "CREATE TABLE IF NOT EXISTS raw_steps (run_id TEXT, seq BIGINT, name TEXT, kind TEXT, "
                         "status TEXT, output TEXT, error_message TEXT, error_type TEXT, attempt INTEGER, "
                         "duration_us BIGINT, started_at_ms BIGINT, finished_at_ms BIGINT, PRIMARY KEY (run_id, seq))"));
