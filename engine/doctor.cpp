@@ -71,7 +71,7 @@ std::vector<runtime::doctor_check> journal_checks(const std::filesystem::path& d
     reached.ok = true;
     reached.detail = fmt::format("{}: {}, {}", shown, j.backend(), j.server_version());
     schema.ok = true;
-    schema.detail = fmt::format("v{}, this cairn's", storage::journal::schema_version());
+    schema.detail = fmt::format("v{}, this cairn's", j.backend_schema_version());
   } catch (const storage::storage_error& e) {
     // Told apart by code where storage has one; an older schema is the
     // read-only open's errc::io naming it (journal.hpp's open).

@@ -657,6 +657,8 @@ const journal_options& journal::options() const { return pg_ ? pg_->options() : 
 
 int journal::schema_version() { return latest_version; }
 
+int journal::backend_schema_version() const { return pg_ ? postgres_journal::schema_version() : latest_version; }
+
 std::pair<run_record, bool> journal::create_run(const new_run& run) {
   if (pg_) return pg_->create_run(run);
   return impl_->guard(run.id, [&] {

@@ -203,7 +203,10 @@ class journal {
 
   const std::filesystem::path& path() const;
   const journal_options& options() const;
+  // The schema version this cairn writes in a SQLite journal; and in this
+  // journal, whichever its backend (PostgreSQL's are counted apart).
   static int schema_version();
+  int backend_schema_version() const;
 
   // Group commit: makes every write of `writes` (each calls this object's
   // write methods) in ONE transaction with one sync, each in a savepoint of

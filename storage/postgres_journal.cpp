@@ -136,11 +136,28 @@ CREATE TABLE workers (
 );
 )sql";
 
+// v7: the fence as a statement that fails, so that it travels in a group
+// commit's pipeline and a stale epoch rolls the group back before COMMIT.
+constexpr const char* schema_v7 = R"sql(
+CREATE FUNCTION cairn_fence(run TEXT, expected_owner TEXT, expected_epoch BIGINT) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $$
+DECLARE
+  held RECORD;
+BEGIN
+  SELECT owner, epoch INTO held FROM runs WHERE id = run FOR SHARE;
+  IF NOT FOUND OR held.owner IS DISTINCT FROM expected_owner OR held.epoch IS DISTINCT FROM expected_epoch THEN
+    RAISE EXCEPTION 'run % is no longer held at epoch % by %', run, expected_epoch, expected_owner
+      USING ERRCODE = 'CF001';
+  END IF;
+  RETURN TRUE;
+END $$;
+)sql";
+
 struct migration {
   int version;
   const char* sql;
 };
-constexpr migration migrations[] = {{6, schema_v6}};
+constexpr migration migrations[] = {{6, schema_v6}, {7, schema_v7}};
 constexpr int latest_version = migrations[std::size(migrations) - 1].version;
 
 // pg_advisory_xact_lock's key for migrations: "cairn" in ASCII.
@@ -592,6 +609,9 @@ struct postgres_journal::impl {
   void fence(std::string_view run_id) {
     auto h = held.find(std::string(run_id));
     if (h == held.end()) return;
+    // In an optimistic group nobody waits for the answer: a refusal fails
+    // the group, which runs again member by member, and this says why.
+    if (optimistic) return post("SELECT cairn_fence($1, $2, $3)", run_id, h->second.owner, h->second.epoch);
     auto r = exec("SELECT owner, epoch FROM runs WHERE id = $1 FOR SHARE", run_id);
     if (r.rows() == 0) throw no_run_error(run_id, name);
     const pg_row row{r, 0};
