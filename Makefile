@@ -21,7 +21,9 @@ $(OPENAI_AGENTS_MODULES): examples/js/openai_agents/package-lock.json
 	@command -v npm >/dev/null || { echo "make: npm not found: install Node.js >= 20 with npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
 	@npm ci --prefix examples/js/openai_agents --no-audit --no-fund --loglevel=error
 
+# The cgroup v2 test boots Debian's kernel in a virtual machine (tests/vm).
 test: build
+	@scripts/test-kernel.sh $(BUILD)/test-kernel
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 demo: build

@@ -89,6 +89,38 @@ std::optional<std::string> make_parent(const fs::path& parent) {
   return std::nullopt;
 }
 
+// Where cairn's own processes go when its cgroup must give them up: a
+// cgroup other than the root may hand controllers to children only while it
+// holds no process itself (cgroup v2's "no internal processes" rule). A
+// systemd service with Delegate=yes, `systemd-run --scope -p Delegate=yes`
+// or a container starts cairn in the very cgroup it was given.
+constexpr const char* host_leaf = "cairn-host";
+
+std::vector<std::string> processes_in(const fs::path& folder) {
+  std::vector<std::string> pids;
+  std::istringstream in(read_small_file(folder / "cgroup.procs").value_or(""));
+  for (std::string pid; in >> pid;) pids.push_back(pid);
+  return pids;
+}
+
+// Moves every process of `folder` (cairn's, and whatever else runs in the
+// cgroup it was given) into folder/cairn-host; nullopt on success, else why not.
+std::optional<std::string> vacate(const fs::path& folder) {
+  fs::path leaf = folder / host_leaf;
+  if (::mkdir(leaf.c_str(), 0755) < 0 && errno != EEXIST)
+    return fmt::format("cannot create {}: {}", leaf.string(), std::strerror(errno));
+  // A process forked meanwhile lands beside its parent: go round again.
+  for (int round = 0; round < 10; ++round) {
+    auto pids = processes_in(folder);
+    if (pids.empty()) return std::nullopt;
+    for (const auto& pid : pids)
+      if (!write_small_file(leaf / "cgroup.procs", pid) && errno != ESRCH)
+        return fmt::format("cannot move process {} out of {} into {}: {}", pid, folder.string(), leaf.string(),
+                           std::strerror(errno));
+  }
+  return fmt::format("processes keep arriving in {}", folder.string());
+}
+
 cgroup_support try_v2(const std::vector<cgroup_mount>& mounts, const std::map<std::string, std::string>& own) {
   cgroup_support s;
   auto unified = std::find_if(mounts.begin(), mounts.end(), [](const auto& m) { return m.unified; });
@@ -101,6 +133,8 @@ cgroup_support try_v2(const std::vector<cgroup_mount>& mounts, const std::map<st
     s.detail = "this process's cgroup v2 is not visible under " + unified->mount_point.string();
     return s;
   }
+  // Started from a cgroup an earlier cairn process vacated: the one given is above it.
+  if (folder->filename() == host_leaf) folder = folder->parent_path();
   auto offered = words(read_small_file(*folder / "cgroup.controllers").value_or(""));
   if (!offered.count("memory") || !offered.count("pids")) {
     s.detail = fmt::format("cgroup v2 ({}) offers no memory and pids controllers to this process",
@@ -110,11 +144,20 @@ cgroup_support try_v2(const std::vector<cgroup_mount>& mounts, const std::map<st
   // cpu.stat counts usage without the cpu controller; it is enabled when offered.
   std::string wanted = offered.count("cpu") ? "+memory +pids +cpu" : "+memory +pids";
   auto enabled = words(read_small_file(*folder / "cgroup.subtree_control").value_or(""));
-  if ((!enabled.count("memory") || !enabled.count("pids")) &&
-      !write_small_file(*folder / "cgroup.subtree_control", wanted)) {
-    s.detail = fmt::format("cannot enable the memory and pids controllers in {}: {}",
-                           (*folder / "cgroup.subtree_control").string(), std::strerror(errno));
-    return s;
+  if (!enabled.count("memory") || !enabled.count("pids")) {
+    bool on = write_small_file(*folder / "cgroup.subtree_control", wanted);
+    if (!on && errno == EBUSY) {  // it holds processes
+      if (auto why = vacate(*folder)) {
+        s.detail = *why;
+        return s;
+      }
+      on = write_small_file(*folder / "cgroup.subtree_control", wanted);
+    }
+    if (!on) {
+      s.detail = fmt::format("cannot enable the memory and pids controllers in {}: {}",
+                             (*folder / "cgroup.subtree_control").string(), std::strerror(errno));
+      return s;
+    }
   }
   fs::path parent = *folder / "cairn";
   if (auto why = make_parent(parent)) {
@@ -172,8 +215,9 @@ cgroup_support detect() {
   none.detail = fmt::format("none: totals are per process only (rlimits); {}; {}", v2.detail, v1.detail);
   none.fix =
       "run cairn as root on a machine with the cgroup v1 memory, pids and cpuacct hierarchies, or give it a "
-      "cgroup v2 subtree with the memory and pids controllers delegated (for instance a systemd service with "
-      "Delegate=yes whose processes live in a child cgroup)";
+      "cgroup v2 subtree with the memory and pids controllers delegated (a systemd service with Delegate=yes, or "
+      "`systemd-run --user --scope -p Delegate=yes cairn serve`): cairn moves its own processes into a child "
+      "cgroup, cairn-host, and makes the sandboxes' beside it";
   return none;
 }
 

@@ -11,6 +11,7 @@ packages=(
   procps util-linux sqlite3
   python3 python3-venv python3-setuptools python3-mypy
   libpq-dev postgresql-15
+  qemu-system-x86 busybox-static cpio
 )
 
 missing=()
