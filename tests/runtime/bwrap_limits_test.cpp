@@ -126,14 +126,16 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: filling the workspace stops at it
   CHECK(breach->limit == "workspace");
   CHECK(breach->message ==
         "workspace limit exceeded: /workspace is full at its 16 MiB quota; raise limits.workspace_mb");
-  // What was written went into the image, which took no more of the host's disk than its size.
+  CHECK(fs::is_empty(dir.path / "ws" ) == false);
+  box->destroy();
+  CHECK(fs::is_empty(dir.path / "ws"));  // unmounted: the files wait in the image
+  // What was written went into the image, which took no more of the host's
+  // disk than its size. Only once unmounted: until then the loop device may
+  // still hold writes on their way to the image file.
   struct stat image {};
   REQUIRE(::stat(spec.workspace_image.c_str(), &image) == 0);
   CHECK(static_cast<std::uint64_t>(image.st_blocks) * 512 <= workspace_image_size(16u << 20));
   CHECK(static_cast<std::uint64_t>(image.st_blocks) * 512 >= written);
-  CHECK(fs::is_empty(dir.path / "ws" ) == false);
-  box->destroy();
-  CHECK(fs::is_empty(dir.path / "ws"));  // unmounted: the files wait in the image
 }
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: /tmp and /dev/shm fill up at their size") {

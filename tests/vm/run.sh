@@ -10,6 +10,7 @@ set -euo pipefail
 kernel=${1:?usage: run.sh KERNEL_DIR BUILD_DIR}
 build=$(realpath "${2:?usage: run.sh KERNEL_DIR BUILD_DIR}")
 here=$(realpath "$(dirname "$0")")
+src=$(realpath "$here/../..")
 fail() { echo "cgroup v2 vm: $*" >&2; exit 1; }
 [ -f "$kernel/vmlinuz" ] || fail "no test kernel in $kernel: run 'scripts/test-kernel.sh $kernel' (make test does)"
 for tool in qemu-system-x86_64 cpio; do
@@ -20,6 +21,14 @@ done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# The root is shared whole, and the source tree and the build (perhaps in a
+# /tmp the guest covers with its own) once more each: tag=path.
+shares="src=$src"
+virtfs=(-virtfs "local,path=$src,mount_tag=src,security_model=none,readonly=on,multidevs=remap")
+if [[ "$build/" != "$src/"* ]]; then
+  shares="$shares build=$build"
+  virtfs+=(-virtfs "local,path=$build,mount_tag=build,security_model=none,readonly=on,multidevs=remap")
+fi
 mkdir -p "$work/initrd/bin" "$work/initrd/lib"
 cp /bin/busybox "$work/initrd/bin/"
 while read -r m; do cp "$kernel/$m.ko" "$work/initrd/lib/"; done < "$kernel/modules.list"
@@ -33,6 +42,11 @@ B=/bin/busybox
 while read m; do \$B insmod /lib/\$m.ko || echo "cgroup v2 vm: insmod \$m failed"; done < /lib/modules.list
 \$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288 hostroot /newroot || { echo "cgroup v2 vm: no host root"; \$B poweroff -f; }
 for d in tmp var/tmp run; do \$B mount -t tmpfs -o mode=1777 tmpfs /newroot/\$d; done
+# The tree and the build again at their own paths, which may be under /tmp.
+for share in $shares; do
+  \$B mkdir -p "/newroot\${share#*=}"
+  \$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288 "\${share%%=*}" "/newroot\${share#*=}" || { echo "cairn-vm: cannot mount \$share"; \$B poweroff -f; }
+done
 \$B mount --move /dev /newroot/dev
 \$B mount --move /proc /newroot/proc
 \$B mount -t sysfs sys /newroot/sys
@@ -48,7 +62,7 @@ status=0
 timeout 2400 qemu-system-x86_64 -accel tcg -m 3072 -smp 2 -display none -monitor none -no-reboot \
   -serial "file:$work/console" -kernel "$kernel/vmlinuz" -initrd "$work/initrd.gz" \
   -append "console=ttyS0 quiet loglevel=3 panic=-1" \
-  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap || status=$?
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap "${virtfs[@]}" || status=$?
 result=$(tr -d '\r' < "$work/console" | sed -n 's/^cairn-vm: status \([0-9]*\)$/\1/p' | tail -1)
 if [ -n "$result" ]; then
   tr -d '\r' < "$work/console" | sed -n '/^cairn-vm: begin/,$p'
