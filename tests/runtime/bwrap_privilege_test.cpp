@@ -7,9 +7,11 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <set>
 
 #include "protocol/frame.hpp"
@@ -205,13 +207,21 @@ TEST_CASE("bwrap: the seccomp filter alone refuses its calls to a holder of ever
       "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
       "swapoff", "acct", "syslog", "open_by_handle_at", "settimeofday", "clock_settime", "vhangup",
       "fanotify_init", "iopl", "ioperm", "unshare", "clone:CLONE_NEWUSER"};
+  // Before Linux 6.13 process_madvise needs CAP_SYS_NICE of the initial
+  // namespace even on the caller itself.
+  utsname kernel{};
+  REQUIRE(::uname(&kernel) == 0);
+  int major = 0, minor = 0;
+  std::sscanf(kernel.release, "%d.%d", &major, &minor);
+  const bool madvise_closed_anyway = std::pair(major, minor) < std::pair(6, 13);
   for (const auto& denial : seccomp_denials()) {
     INFO(denial.name << ": " << filtered[denial.name].dump() << ", without the filter "
                      << unfiltered[denial.name].dump());
     REQUIRE(filtered.contains(denial.name));
     CHECK(filtered[denial.name]["ok"] == false);
     CHECK(filtered[denial.name]["errno"] == denial.error);
-    if (!closed_anyway.count(denial.name)) CHECK(unfiltered[denial.name] != filtered[denial.name]);
+    bool provable = !closed_anyway.count(denial.name) && !(denial.name == "process_madvise" && madvise_closed_anyway);
+    if (provable) CHECK(unfiltered[denial.name] != filtered[denial.name]);
   }
 }
 

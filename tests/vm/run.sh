@@ -41,7 +41,7 @@ B=/bin/busybox
 \$B mount -t devtmpfs dev /dev
 while read m; do \$B insmod /lib/\$m.ko || echo "cgroup v2 vm: insmod \$m failed"; done < /lib/modules.list
 \$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288 hostroot /newroot || { echo "cgroup v2 vm: no host root"; \$B poweroff -f; }
-for d in tmp var/tmp run; do \$B mount -t tmpfs -o mode=1777 tmpfs /newroot/\$d; done
+for d in tmp var/tmp var/cache run; do \$B mount -t tmpfs -o mode=1777 tmpfs /newroot/\$d; done
 # The tree and the build again at their own paths, which may be under /tmp.
 for share in $shares; do
   \$B mkdir -p "/newroot\${share#*=}"
