@@ -1,7 +1,7 @@
-// bench/concurrency: throughput of `cairn serve`. For N = 1, 16, 64 it submits
-// N runs of a 10-step agent with the real `cairn submit` (one process each)
+// bench/concurrency: throughput of `cairn serve`. For N = 1, 16, 64 it queues
+// N runs of a 10-step agent with one real `cairn submit --from FILE.jsonl`
 // to a fresh CAIRN_HOME under /var/tmp served by `cairn serve
-// --max-concurrent M`, M = min(N, 16), and times from the first submit until
+// --max-concurrent M`, M = min(N, 16), and times from the submit until
 // every run is completed: runs/s and steps/s. While runs are live it samples
 // the daemon's RSS (its own, over its idle RSS, per live run) and the RSS and
 // PSS of the sandboxes' processes. The raw operation, measured in the same
@@ -11,6 +11,7 @@
 // usage: concurrency [ROUNDS]
 #include <atomic>
 #include <cstdio>
+#include <fstream>
 
 #include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
@@ -103,14 +104,19 @@ round_result one_round(const fs::path& base, int n, int m, int round) {
 
   memory_sampler sampler(daemon);
   std::thread sampling([&] { sampler.run(); });
-  const std::string input = "{\"steps\":" + std::to_string(steps_per_run) + "}";
+  const fs::path runs = home / "runs.jsonl";
+  {
+    std::ofstream out(runs);
+    for (int i = 0; i < n; ++i)
+      out << "{\"id\":\"r-" << i << "\",\"input\":{\"steps\":" << steps_per_run << "}}\n";
+    if (!out) bench::die("cannot write " + runs.string());
+  }
   auto t0 = clock_type::now();
   const double kernel0 = bench::kernel_threads_seconds(), daemon0 = bench::cpu_seconds(daemon, true);
-  for (int i = 0; i < n; ++i) {
-    int code = bench::run_process({CAIRN_BIN, "submit", BENCH_AGENT, "--input", input, "--id", "r-" + std::to_string(i)},
-                                  home, home / "submit.log");
-    if (code != 0) bench::die("cairn submit exited " + std::to_string(code) + "; see " + (home / "submit.log").string());
-  }
+  if (int code = bench::run_process({CAIRN_BIN, "submit", "--from", runs.string(), BENCH_AGENT}, home,
+                                    home / "submit.log");
+      code != 0)
+    bench::die("cairn submit --from exited " + std::to_string(code) + "; see " + (home / "submit.log").string());
   r.submit_ms = ms_since(t0);
 
   bench::wait_all_completed(db, n, t0, std::chrono::seconds(300), log);
@@ -156,8 +162,8 @@ int main(int argc, char** argv) {
   auto sequential = bench::raw_bwrap(base / "raw-ws", 20, 1);
   const double raw_seq_p50 = summarize(sequential.ms).p50;
 
-  std::printf("concurrency: N runs of a %d-step agent under `cairn serve --max-concurrent M`, each submitted with "
-              "`cairn submit`;\ntimed from the first submit until all are completed; medians of %d rounds, each "
+  std::printf("concurrency: N runs of a %d-step agent under `cairn serve --max-concurrent M`, all queued by one "
+              "`cairn submit --from`;\ntimed from the submit until all are completed; medians of %d rounds, each "
               "from a clean CAIRN_HOME\n",
               steps_per_run, rounds);
   std::printf("raw bwrap /usr/bin/true, one at a time: p50 %.1f ms (%.1f starts/s)\n\n", raw_seq_p50,
