@@ -42,13 +42,6 @@ std::string folder_name(const std::string& run_id) {
   return name.empty() ? "run" : name;
 }
 
-std::vector<pid_t> members(const fs::path& folder) {
-  std::vector<pid_t> pids;
-  std::istringstream in(read_small_file(folder / "cgroup.procs").value_or(""));
-  for (pid_t pid; in >> pid;) pids.push_back(pid);
-  return pids;
-}
-
 std::uint64_t number_in(const fs::path& file) {
   return std::strtoull(read_small_file(file).value_or("0").c_str(), nullptr, 10);
 }
@@ -61,11 +54,18 @@ bool file_exists(const fs::path& file) { return ::access(file.c_str(), F_OK) == 
 
 }  // namespace
 
+std::vector<pid_t> cgroup_members(const fs::path& folder) {
+  std::vector<pid_t> pids;
+  std::istringstream in(read_small_file(folder / "cgroup.procs").value_or(""));
+  for (pid_t pid; in >> pid;) pids.push_back(pid);
+  return pids;
+}
+
 bool empty_and_remove_cgroup(const fs::path& folder, std::chrono::steady_clock::time_point deadline) {
   // cgroup v2 since Linux 5.14 kills them all at once; v1 has no such file.
   write_small_file(folder / "cgroup.kill", "1");
   for (;;) {
-    auto pids = members(folder);
+    auto pids = cgroup_members(folder);
     if (pids.empty()) {
       if (::rmdir(folder.c_str()) == 0 || errno == ENOENT) return true;
       if (errno != EBUSY) return false;
@@ -74,7 +74,7 @@ bool empty_and_remove_cgroup(const fs::path& folder, std::chrono::steady_clock::
     for (pid_t pid : pids) pidfds.push_back(open_pidfd(pid));
     // Only those still listed once their pidfd is open: a pid that left
     // before may be a stranger's by now.
-    auto still = members(folder);
+    auto still = cgroup_members(folder);
     for (std::size_t i = 0; i < pids.size(); ++i)
       if (pidfds[i] && std::find(still.begin(), still.end(), pids[i]) != still.end())
         ::syscall(SYS_pidfd_send_signal, pidfds[i].get(), SIGKILL, nullptr, 0);

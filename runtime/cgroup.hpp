@@ -8,6 +8,8 @@
 // swept.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -76,6 +78,9 @@ class sandbox_cgroup {
   std::vector<unique_fd> procs_;  // each folder's cgroup.procs
   std::optional<cgroup_counters> final_;
 };
+
+// The processes in the cgroup `folder` (none if it cannot be read).
+std::vector<pid_t> cgroup_members(const std::filesystem::path& folder);
 
 // Kills the processes of the cgroup `folder` and waits until it is empty or
 // `deadline` passes; then removes it. True if it is gone.

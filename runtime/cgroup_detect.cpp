@@ -96,13 +96,6 @@ std::optional<std::string> make_parent(const fs::path& parent) {
 // or a container starts cairn in the very cgroup it was given.
 constexpr const char* host_leaf = "cairn-host";
 
-std::vector<std::string> processes_in(const fs::path& folder) {
-  std::vector<std::string> pids;
-  std::istringstream in(read_small_file(folder / "cgroup.procs").value_or(""));
-  for (std::string pid; in >> pid;) pids.push_back(pid);
-  return pids;
-}
-
 // Moves every process of `folder` (cairn's, and whatever else runs in the
 // cgroup it was given) into folder/cairn-host; nullopt on success, else why not.
 std::optional<std::string> vacate(const fs::path& folder) {
@@ -111,10 +104,10 @@ std::optional<std::string> vacate(const fs::path& folder) {
     return fmt::format("cannot create {}: {}", leaf.string(), std::strerror(errno));
   // A process forked meanwhile lands beside its parent: go round again.
   for (int round = 0; round < 10; ++round) {
-    auto pids = processes_in(folder);
+    auto pids = cgroup_members(folder);
     if (pids.empty()) return std::nullopt;
-    for (const auto& pid : pids)
-      if (!write_small_file(leaf / "cgroup.procs", pid) && errno != ESRCH)
+    for (pid_t pid : pids)
+      if (!write_small_file(leaf / "cgroup.procs", std::to_string(pid)) && errno != ESRCH)
         return fmt::format("cannot move process {} out of {} into {}: {}", pid, folder.string(), leaf.string(),
                            std::strerror(errno));
   }
