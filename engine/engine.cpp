@@ -178,15 +178,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
     co_await ledger_->apply_async(run_id, effects::attempts_reset{});
     run = journal_.find_run(run_id);
   }
-  co_await claim_async(*ledger_, journal_, *run);
-  if (!run->unreadable.empty()) throw storage::storage_error(storage::errc::unreadable, run->unreadable);
-  if (run->workspace.empty()) {
-    co_await assign_workspace(*run);
-    run = journal_.find_run(run_id);
-  }
-
   auto& sandboxes = backend(run->sandbox);
-  make_home_folders(home());
   policy rules;
   std::optional<std::string> invalid_policy;
   try {
@@ -194,6 +186,17 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
   } catch (const policy_error& e) {
     invalid_policy = e.what();
   }
+  // On the way in, one commit takes the run, gives it its workspace and
+  // begins its first attempt; a run that is to end instead is taken alone.
+  std::optional<int> begun;
+  if (run->unreadable.empty() && !invalid_policy && !must_end_before_attempt(*run)) {
+    begun = co_await take_run(*run);
+  } else {
+    co_await claim_async(*ledger_, journal_, *run);
+    if (!run->unreadable.empty()) throw storage::storage_error(storage::errc::unreadable, run->unreadable);
+    if (run->workspace.empty()) co_await assign_workspace(*run);
+  }
+  make_home_folders(home());
   if (invalid_policy)
     co_return co_await end_run(
         run_id, storage::run_status::failed, nullptr,
@@ -202,21 +205,13 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
   int crashes = 0;
   for (;;) {
     run = journal_.find_run(run_id);
-    if (run->cancel_requested_at_ms)
-      co_return co_await end_run(run_id, storage::run_status::cancelled, nullptr,
-                                 protocol::error_info{cancel_reason(journal_, run_id), "cancelled"}, watch);
-    if (run->deadline_ms && storage::now_ms() >= *run->deadline_ms) {
-      auto [message, type] = rules.deadline_passed();
-      co_return co_await end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{message, type},
-                                 watch);
+    int attempt = 0;
+    if (begun) {
+      attempt = *std::exchange(begun, std::nullopt);
+    } else {
+      if (auto ended = co_await end_before_attempt(*run, rules, watch)) co_return *ended;
+      attempt = co_await ledger_->begin_attempt_async(run_id);
     }
-    if (auto doubt = find_in_doubt(journal_, run_id)) {
-      effects::run_ended stopped{storage::run_status::in_doubt, nullptr,
-                                 protocol::error_info{doubt->message, "in_doubt"}};
-      co_await ledger_->apply_async(run_id, std::move(stopped));
-      co_return *journal_.find_run(run_id);
-    }
-    const int attempt = co_await ledger_->begin_attempt_async(run_id);
     if (run->sandbox == "none")
       watch.on_warning("run " + run_id + " executes WITHOUT a sandbox (--sandbox none): the agent can read and "
                                          "write everything this user can");
@@ -293,10 +288,49 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
   }
 }
 
-task<void> engine::assign_workspace(const storage::run_record& run) {
+ledger::workspace_assignment engine::workspace_for(const storage::run_record& run) {
   const bool shared = !options_.workspace_root.empty();
   const auto workspace = checked_workspace(journal_, home(), shared ? options_.workspace_root / run.id : "", run.id);
-  co_await ledger_->assign_workspace_async(run.id, workspace.string(), shared ? "" : current_owner().hostname);
+  return {workspace.string(), shared ? "" : current_owner().hostname};
+}
+
+task<void> engine::assign_workspace(const storage::run_record& run) {
+  auto [folder, host] = workspace_for(run);
+  co_await ledger_->assign_workspace_async(run.id, std::move(folder), std::move(host));
+}
+
+task<int> engine::take_run(const storage::run_record& run) {
+  check_claimable(journal_, run);
+  std::optional<ledger::workspace_assignment> workspace;
+  if (run.workspace.empty()) workspace = workspace_for(run);
+  const auto attempt =
+      co_await ledger_->take_run_async(run.id, run.owner, current_owner().str(), std::move(workspace));
+  if (!attempt) throw taken_just_now(run.id);
+  co_return *attempt;
+}
+
+bool engine::must_end_before_attempt(const storage::run_record& run) {
+  return run.cancel_requested_at_ms || (run.deadline_ms && storage::now_ms() >= *run.deadline_ms) ||
+         find_in_doubt(journal_, run.id);
+}
+
+task<std::optional<storage::run_record>> engine::end_before_attempt(const storage::run_record& run,
+                                                                    const policy& rules, run_observer& watch) {
+  if (run.cancel_requested_at_ms)
+    co_return co_await end_run(run.id, storage::run_status::cancelled, nullptr,
+                               protocol::error_info{cancel_reason(journal_, run.id), "cancelled"}, watch);
+  if (run.deadline_ms && storage::now_ms() >= *run.deadline_ms) {
+    auto [message, type] = rules.deadline_passed();
+    co_return co_await end_run(run.id, storage::run_status::failed, nullptr, protocol::error_info{message, type},
+                               watch);
+  }
+  if (auto doubt = find_in_doubt(journal_, run.id)) {
+    effects::run_ended stopped{storage::run_status::in_doubt, nullptr,
+                               protocol::error_info{doubt->message, "in_doubt"}};
+    co_await ledger_->apply_async(run.id, std::move(stopped));
+    co_return *journal_.find_run(run.id);
+  }
+  co_return std::nullopt;
 }
 
 task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, json output,

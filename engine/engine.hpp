@@ -191,6 +191,16 @@ class engine {
   // Gives a run created without a workspace its own, on this host
   // (engine_options::workspace_root), before its first sandbox.
   task<void> assign_workspace(const storage::run_record& run);
+  ledger::workspace_assignment workspace_for(const storage::run_record& run);
+  // Claims the run, gives it a workspace when it has none and begins its
+  // first attempt, in one commit; returns the attempt's number.
+  task<int> take_run(const storage::run_record& run);
+  // Whether the run must end rather than begin an attempt (a cancel asked
+  // for, its deadline passed, a tool call in doubt), and the ending itself:
+  // nullopt when the run may go on.
+  bool must_end_before_attempt(const storage::run_record& run);
+  task<std::optional<storage::run_record>> end_before_attempt(const storage::run_record& run, const policy& rules,
+                                                               run_observer& watch);
   // Records the end, releases the workspace, cancels unfinished children.
   // `error` is why it did not complete (none when it did).
   task<storage::run_record> end_run(const std::string& run_id, storage::run_status status, json output,

@@ -375,6 +375,18 @@ task<int> ledger::begin_attempt_async(std::string id) {
   co_return attempt;
 }
 
+task<std::optional<int>> ledger::take_run_async(std::string id, std::string expected_owner, std::string new_owner,
+                                                std::optional<workspace_assignment> workspace) {
+  std::optional<int> attempt;
+  body write = [&](storage::journal& j) {
+    if (!j.claim_run(id, expected_owner, new_owner)) return;
+    if (workspace) j.assign_workspace(id, workspace->folder, workspace->host);
+    attempt = j.begin_attempt(id);
+  };
+  co_await write_async(std::move(write));
+  co_return attempt;
+}
+
 storage::signal_record ledger::enqueue_signal(const std::string& run_id, const std::string& name, const json& payload,
                                               std::uint64_t max_signals) {
   storage::signal_record out;

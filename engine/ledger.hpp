@@ -94,6 +94,15 @@ class ledger {
   task<void> confirm_held_async(std::string id);
   int begin_attempt(const std::string& id);
   task<int> begin_attempt_async(std::string id);
+  // A run on its way in, in one write and so one commit rather than three:
+  // claim_run, then (when `workspace` is given) assign_workspace, then
+  // begin_attempt. Returns the attempt's number, or nullopt when the claim
+  // failed (and nothing was written).
+  struct workspace_assignment {
+    std::string folder, host;
+  };
+  task<std::optional<int>> take_run_async(std::string id, std::string expected_owner, std::string new_owner,
+                                          std::optional<workspace_assignment> workspace);
   storage::signal_record enqueue_signal(const std::string& run_id, const std::string& name, const json& payload,
                                         std::uint64_t max_signals);
   bool request_cancel(const std::string& id, const std::string& reason);

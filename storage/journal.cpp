@@ -559,39 +559,25 @@ struct journal::impl {
     return *status;
   }
 
-  // The runs this object claimed, with the owner and epoch each claim set.
-  struct claim {
-    std::string owner;
-    std::int64_t epoch = 0;
-  };
-  std::unordered_map<std::string, claim> held;
+  // The runs this object claimed; in a group commit (`grouped`) what a
+  // write changes of them waits for the commit.
+  holds held;
+  bool grouped = false;
 
   // Inside a write transaction: refuses the write if this object claimed the
   // run and someone has claimed it since. The claim stays, so every later
   // write is refused too.
   void fence(std::string_view run_id) {
-    auto h = held.find(std::string(run_id));
-    if (h == held.end()) return;
+    const holds::claim* h = held.find(run_id);
+    if (!h) return;
     auto& s = prepared("SELECT owner, epoch FROM runs WHERE id = ?", run_id);
     const bool found = s.executeStep();
     const std::string owner = found ? s.getColumn(0).getString() : "";
     const std::int64_t epoch = found ? s.getColumn(1).getInt64() : 0;
     s.reset();
     require_run(found ? 1 : 0, run_id);
-    if (owner == h->second.owner && epoch == h->second.epoch) return;
-    throw fenced_error(run_id, owner, epoch, h->second.epoch);
-  }
-
-  // Inside write_together: every write is a savepoint of the group's
-  // transaction, and what must wait for the commit (the claims this object
-  // holds) waits in `deferred`.
-  bool grouped = false;
-  std::vector<std::function<void()>> deferred;
-
-  // Runs `f` once the current write is durable: now, or after the group's commit.
-  void after_commit(std::function<void()> f) {
-    if (grouped) deferred.push_back(std::move(f));
-    else f();
+    if (owner == h->owner && epoch == h->epoch) return;
+    throw fenced_error(run_id, owner, epoch, h->epoch);
   }
 
   static constexpr const char* begin_statement = "BEGIN IMMEDIATE";
@@ -601,7 +587,7 @@ struct journal::impl {
   // object holds the run, else as it is (a single statement commits alone).
   template <class F>
   void fenced(std::string_view run_id, F&& write) {
-    if (!held.count(std::string(run_id))) return write();
+    if (!held.find(run_id)) return write();
     write_txn tx(*this);
     fence(run_id);
     write();
@@ -641,7 +627,7 @@ std::vector<std::exception_ptr> journal::write_together(std::span<const std::fun
                        .in_transaction = [&j] { return sqlite3_get_autocommit(j.db.getHandle()) == 0; },
                        .begin = impl::begin_statement,
                        .grouped = j.grouped,
-                       .deferred = j.deferred});
+                       .held = j.held});
 }
 
 journal::journal(const fs::path& path, journal_options options) {
@@ -737,9 +723,7 @@ bool journal::claim_run(std::string_view id, std::string_view expected_owner, st
     s.executeStep();
     const std::int64_t epoch = s.getColumn(0).getInt64();
     tx.commit();
-    impl_->after_commit([this, key = std::string(id), owner = std::string(new_owner), epoch] {
-      impl_->held[key] = {owner, epoch};
-    });
+    impl_->held.take(id, {std::string(new_owner), epoch});
     return true;
   });
 }
@@ -787,7 +771,7 @@ void journal::finish_run(std::string_view id, run_status status, const json& out
                        id);
     impl_->event(id, finish_event_kind(status), ok ? json::object() : error_data(*message, *type), std::nullopt);
     tx.commit();
-    impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
+    impl_->held.end(id);
   });
 }
 
@@ -807,7 +791,7 @@ void journal::reset_attempts(std::string_view id) {
         .exec();
     impl_->event(id, "run_reset", data, std::nullopt);
     tx.commit();
-    impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
+    impl_->held.end(id);
   });
 }
 
@@ -826,7 +810,7 @@ void journal::suspend_run(std::string_view id, const wait_spec& w) {
       impl_->throw_finished_or_missing(id, "make it wait");
     impl_->event(id, "run_waiting", wait_event_data(w), seq);
     tx.commit();
-    impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
+    impl_->held.end(id);
   });
 }
 
@@ -844,7 +828,7 @@ void journal::release_run(std::string_view id, std::string_view reason) {
       impl_->throw_finished_or_missing(id, "release it");
     impl_->event(id, "run_released", {{"reason", reason}}, std::nullopt);
     tx.commit();
-    impl_->after_commit([this, key = std::string(id)] { impl_->held.erase(key); });
+    impl_->held.end(id);
   });
 }
 

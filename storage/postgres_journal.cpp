@@ -594,43 +594,32 @@ struct postgres_journal::impl {
                                                 name, version, latest_version));
   }
 
-  // The runs this object claimed, with the owner and epoch each claim set.
-  struct claim {
-    std::string owner;
-    std::int64_t epoch = 0;
-  };
-  std::unordered_map<std::string, claim> held;
-
-  bool holds(std::string_view run_id) const { return held.count(std::string(run_id)) != 0; }
+  // The runs this object claimed; in a group commit (`grouped`) what a
+  // write changes of them waits for the commit.
+  holds held;
+  bool grouped = false;
 
   // Inside a write transaction: refuses the write if this object claimed the
   // run and someone has claimed it since. FOR SHARE keeps a claim from
   // another worker out until this transaction ends.
   void fence(std::string_view run_id) {
-    auto h = held.find(std::string(run_id));
-    if (h == held.end()) return;
+    const holds::claim* h = held.find(run_id);
+    if (!h) return;
     // In an optimistic group nobody waits for the answer: a refusal fails
     // the group, which runs again member by member, and this says why.
-    if (optimistic) return post("SELECT cairn_fence($1, $2, $3)", run_id, h->second.owner, h->second.epoch);
+    if (optimistic) return post("SELECT cairn_fence($1, $2, $3)", run_id, h->owner, h->epoch);
     auto r = exec("SELECT owner, epoch FROM runs WHERE id = $1 FOR SHARE", run_id);
     if (r.rows() == 0) throw no_run_error(run_id, name);
     const pg_row row{r, 0};
-    if (row.text(0) == h->second.owner && row.int64(1) == h->second.epoch) return;
-    throw fenced_error(run_id, row.text(0), row.int64(1), h->second.epoch);
-  }
-
-  bool grouped = false;
-  std::vector<std::function<void()>> deferred;
-  void after_commit(std::function<void()> f) {
-    if (grouped) deferred.push_back(std::move(f));
-    else f();
+    if (row.text(0) == h->owner && row.int64(1) == h->epoch) return;
+    throw fenced_error(run_id, row.text(0), row.int64(1), h->epoch);
   }
 
   // `write` under the fence: in one transaction with the check when this
   // object holds the run, else as it is.
   template <class F>
   void fenced(std::string_view run_id, F&& write) {
-    if (!holds(run_id)) return write();
+    if (!held.find(run_id)) return write();
     txn tx(*this);
     fence(run_id);
     write();
@@ -672,9 +661,9 @@ struct postgres_journal::impl {
   void insert_step(const step_record& step) {
     const auto& r = step.result;
     const auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
-    const auto h = held.find(step.run_id);
-    const std::optional<std::string> owner = h == held.end() ? std::nullopt : std::optional(h->second.owner);
-    const std::optional<std::int64_t> epoch = h == held.end() ? std::nullopt : std::optional(h->second.epoch);
+    const holds::claim* h = held.find(step.run_id);
+    const std::optional<std::string> owner = h ? std::optional(h->owner) : std::nullopt;
+    const std::optional<std::int64_t> epoch = h ? std::optional(h->epoch) : std::nullopt;
     const auto write = [&, &out = out, &message = message, &type = type](const char* sql) -> std::optional<result> {
       const auto args = std::make_tuple(std::string_view(step.run_id), static_cast<std::int64_t>(r.seq), r.name,
                                         protocol::to_string(r.kind), std::string_view(r.ok ? "ok" : "error"), out,
@@ -725,7 +714,7 @@ struct postgres_journal::impl {
       return std::nullopt;  // the member-by-member path says why
     }
     statements = 0;
-    deferred.clear();
+    held.open();
     grouped = optimistic = true;
     std::exception_ptr failure;
     try {
@@ -740,11 +729,10 @@ struct postgres_journal::impl {
     }
     grouped = optimistic = false;
     if (!failure) {
-      for (auto& f : deferred) f();
-      deferred.clear();
+      held.commit();
       return std::vector<std::exception_ptr>(writes.size());
     }
-    deferred.clear();
+    held.abandon();
     pending.clear();
     // Lost with the COMMIT under way, or gone: everyone hears it.
     if (PQstatus(conn) != CONNECTION_OK) return std::vector<std::exception_ptr>(writes.size(), failure);
@@ -824,7 +812,7 @@ std::vector<std::exception_ptr> postgres_journal::write_together(
                        .in_transaction = [&j] { return PQstatus(j.conn) == CONNECTION_OK && j.in_transaction(); },
                        .begin = impl::begin_statement,
                        .grouped = j.grouped,
-                       .deferred = j.deferred});
+                       .held = j.held});
 }
 
 std::pair<run_record, bool> postgres_journal::create_run(const new_run& run) {
@@ -889,7 +877,7 @@ bool postgres_journal::claim_run(std::string_view id, std::string_view expected_
                     id, expected_owner, new_owner, now_ms());
     if (r.rows() != 1) return false;
     const std::int64_t epoch = pg_row{r, 0}.int64(0);
-    j.after_commit([&j, key = std::string(id), owner = std::string(new_owner), epoch] { j.held[key] = {owner, epoch}; });
+    j.held.take(id, {std::string(new_owner), epoch});
     return true;
   });
 }
@@ -932,7 +920,7 @@ void postgres_journal::finish_run(std::string_view id, run_status status, const 
     j.event(id, finish_event_kind(status), ok ? json::object() : error_data(*message, *type), std::nullopt);
     j.notify_ended(id, text_or_null(pg_row{r, 0}, 0));
     tx.commit();
-    j.after_commit([&j, key = std::string(id)] { j.held.erase(key); });
+    j.held.end(id);
   });
 }
 
@@ -951,7 +939,7 @@ void postgres_journal::reset_attempts(std::string_view id) {
     j.event(id, "run_reset", data, std::nullopt);
     j.notify(change::released, id);
     tx.commit();
-    j.after_commit([&j, key = std::string(id)] { j.held.erase(key); });
+    j.held.end(id);
   });
 }
 
@@ -971,7 +959,7 @@ void postgres_journal::suspend_run(std::string_view id, const wait_spec& w) {
     j.event(id, "run_waiting", wait_event_data(w), seq);
     j.notify(change::waiting, id);
     tx.commit();
-    j.after_commit([&j, key = std::string(id)] { j.held.erase(key); });
+    j.held.end(id);
   });
 }
 
@@ -989,7 +977,7 @@ void postgres_journal::release_run(std::string_view id, std::string_view reason)
     j.event(id, "run_released", {{"reason", reason}}, std::nullopt);
     j.notify(change::released, id);
     tx.commit();
-    j.after_commit([&j, key = std::string(id)] { j.held.erase(key); });
+    j.held.end(id);
   });
 }
 

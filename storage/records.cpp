@@ -151,6 +151,44 @@ std::string workspace_near_sql(const std::string& folder) {
                      folder);
 }
 
+const holds::claim* holds::find(std::string_view run_id) const {
+  for (auto c = pending_.rbegin(); c != pending_.rend(); ++c)
+    if (c->run_id == run_id) return c->taken ? &*c->taken : nullptr;
+  auto h = held_.find(std::string(run_id));
+  return h == held_.end() ? nullptr : &h->second;
+}
+
+void holds::take(std::string_view run_id, claim c) {
+  if (open_) pending_.push_back({std::string(run_id), std::move(c)});
+  else held_[std::string(run_id)] = std::move(c);
+}
+
+void holds::end(std::string_view run_id) {
+  if (open_) pending_.push_back({std::string(run_id), std::nullopt});
+  else held_.erase(std::string(run_id));
+}
+
+void holds::open() {
+  pending_.clear();
+  open_ = true;
+}
+
+void holds::roll_back_to(std::size_t mark) { pending_.resize(std::min(mark, pending_.size())); }
+
+void holds::commit() {
+  open_ = false;
+  for (auto& c : pending_) {
+    if (c.taken) held_[c.run_id] = std::move(*c.taken);
+    else held_.erase(c.run_id);
+  }
+  pending_.clear();
+}
+
+void holds::abandon() {
+  open_ = false;
+  pending_.clear();
+}
+
 std::vector<std::exception_ptr> group_commit(journal& self, std::span<const std::function<void(journal&)>> writes,
                                              const group_commit_backend& backend) {
   std::vector<std::exception_ptr> errors(writes.size());
@@ -162,16 +200,16 @@ std::vector<std::exception_ptr> group_commit(journal& self, std::span<const std:
     return errors;
   }
   backend.grouped = true;
-  backend.deferred.clear();
+  backend.held.open();
   for (std::size_t i = 0; i < writes.size() && !fatal; ++i) {
-    const auto mark = backend.deferred.size();
+    const auto mark = backend.held.mark();
     try {
       backend.run("SAVEPOINT member");
       writes[i](self);
       backend.run("RELEASE member");
     } catch (...) {
       errors[i] = std::current_exception();
-      backend.deferred.resize(mark);
+      backend.held.roll_back_to(mark);
       // A full disk, an I/O error or a lost connection may have ended the
       // whole transaction: then nobody's write is kept.
       if (!backend.in_transaction()) fatal = errors[i];
@@ -198,12 +236,11 @@ std::vector<std::exception_ptr> group_commit(journal& self, std::span<const std:
       } catch (...) {
         // rolled back already
       }
-    backend.deferred.clear();
+    backend.held.abandon();
     std::fill(errors.begin(), errors.end(), fatal);
     return errors;
   }
-  for (auto& f : backend.deferred) f();
-  backend.deferred.clear();
+  backend.held.commit();
   return errors;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -217,17 +218,55 @@ inline constexpr const char* forget_workers_sql =
 // the parameter's placeholder: the same text on both backends.
 std::string workspace_near_sql(const std::string& folder);
 
+// The runs a journal object holds (journal::claim_run), each at the owner
+// and epoch its claim set: what its fence compares the run's row with. A
+// claim taken or a hold ended inside a group commit is seen at once by the
+// later writes of that transaction (a run claimed and begun in one write is
+// fenced by that claim, not by an older one), and counts beyond it only once
+// the group commits; dropped with its write when that write is rolled back.
+class holds {
+ public:
+  struct claim {
+    std::string owner;
+    std::int64_t epoch = 0;
+  };
+  // The claim on the run as a write made now sees it; nullptr: not held.
+  const claim* find(std::string_view run_id) const;
+  // After the write that made it committed (or, in a group, at once for
+  // the group and for good when the group commits).
+  void take(std::string_view run_id, claim c);
+  void end(std::string_view run_id);
+
+  // For a group commit: changes from open() on are pending; mark() and
+  // roll_back_to() drop those of one write; commit() keeps, abandon() drops
+  // what is pending.
+  void open();
+  std::size_t mark() const { return pending_.size(); }
+  void roll_back_to(std::size_t mark);
+  void commit();
+  void abandon();
+
+ private:
+  std::unordered_map<std::string, claim> held_;
+  struct change {
+    std::string run_id;
+    std::optional<claim> taken;  // nullopt: the hold ends
+  };
+  std::vector<change> pending_;
+  bool open_ = false;
+};
+
 // A group commit (journal::write_together) on a backend: `run` executes a
 // statement (BEGIN, SAVEPOINT member, ...; a failure is storage_error) and
 // `in_transaction` says whether the group's transaction is still open (a
 // full disk or a lost connection ends it). While the writes run, `grouped`
-// is set and claims wait in `deferred` for the commit.
+// is set, and the holds' changes wait for the commit.
 struct group_commit_backend {
   std::function<void(const char* sql)> run;
   std::function<bool()> in_transaction;
   const char* begin;  // the statement that opens the transaction
   bool& grouped;
-  std::vector<std::function<void()>>& deferred;
+  holds& held;
 };
 std::vector<std::exception_ptr> group_commit(journal& self, std::span<const std::function<void(journal&)>> writes,
                                              const group_commit_backend& backend);

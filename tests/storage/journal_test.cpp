@@ -1494,6 +1494,58 @@ TEST_CASE("in a group commit, a run taken over is refused alone, and claims coun
   CHECK(err->code() == errc::fenced);
 }
 
+TEST_CASE("in a group commit, a write sees the claim made before it in the same transaction") {
+  ON_EACH_BACKEND(where);
+  const auto db = where.path();
+  journal mine(db), theirs(db);
+  for (const auto* id : {"back", "undone"}) mine.create_run(a_run(id));
+  auto without_workspace = a_run("again");
+  without_workspace.workspace = "";
+  mine.create_run(without_workspace);
+  // "back": held by this object at epoch 1, taken over, handed back;
+  // "again": held at epoch 1 and claimed once more by the same owner.
+  REQUIRE(mine.claim_run("back", "", "me"));
+  REQUIRE(theirs.claim_run("back", "me", "them"));
+  theirs.release_run("back", "handed back");
+  REQUIRE(mine.claim_run("again", "", "me"));
+  REQUIRE(mine.claim_run("undone", "", "me"));
+  int back_attempt = 0, again_attempt = 0;
+  std::vector<write_fn> writes{
+      [&](journal& w) {
+        if (!w.claim_run("back", "", "me")) throw std::logic_error("claim refused");
+        back_attempt = w.begin_attempt("back");
+      },
+      [&](journal& w) {
+        if (!w.claim_run("again", "me", "me")) throw std::logic_error("claim refused");
+        w.assign_workspace("again", "/tmp/again-ws", "");
+        again_attempt = w.begin_attempt("again");
+      },
+      [](journal& w) {
+        // A claim rolled back with its write: the hold it replaced counts again.
+        if (!w.claim_run("undone", "me", "me")) throw std::logic_error("claim refused");
+        throw std::runtime_error("this write fails after its claim");
+      },
+      [](journal& w) { w.append_step(ok_step("undone", 0, "at the first claim's epoch")); },
+  };
+  auto errors = mine.write_together(writes);
+  CHECK_FALSE(errors[0]);
+  CHECK_FALSE(errors[1]);
+  CHECK(errors[2]);
+  CHECK_FALSE(errors[3]);
+  CHECK(back_attempt == 1);
+  CHECK(again_attempt == 1);
+  CHECK(theirs.find_run("again")->workspace == "/tmp/again-ws");
+  CHECK(theirs.find_run("back")->epoch == 3);
+  CHECK(theirs.find_run("undone")->epoch == 1);
+  CHECK(theirs.steps("undone").size() == 1);
+  // Committed, the new claims fence as any other.
+  mine.append_step(ok_step("back", 0, 1));
+  REQUIRE(theirs.claim_run("again", "me", "them"));
+  auto err = error_from([&] { mine.append_step(ok_step("again", 0, 2)); });
+  REQUIRE(err);
+  CHECK(err->code() == errc::fenced);
+}
+
 TEST_CASE("a group commit on a full disk keeps nothing of any write and tells every writer") {
   temp_dir dir;
   tiny_disk disk(dir / "tiny", "4m");
