@@ -12,8 +12,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -149,10 +151,50 @@ inline int count_processes_with(const std::string& token) {
   return count;
 }
 
+// Under CAIRN_TEST_SANDBOXES=pooled (ctest runtime_test_pooled), every
+// sandbox a fixture makes is taken from a warm pool made for that sandbox's
+// own limits, not started cold: each case then attacks, and bounds, a pooled
+// sandbox. One that production would start cold (a script agent's folder to
+// bind; without root, a workspace that is not new and empty) starts cold here too.
+class pooled_backend final : public sandbox_backend {
+ public:
+  explicit pooled_backend(fs::path folder) : folder_(std::move(folder)) {}
+
+  std::string name() const override { return "bwrap"; }
+  std::unique_ptr<sandbox> create(const sandbox_spec& spec) override {
+    bwrap_options options;
+    options.warm = {1, folder_ / ("pool-" + std::to_string(pools_.size())), spec.limits};
+    auto& pool = pools_.emplace_back(make_bwrap_backend(options));
+    if (!pool->wait_warm(1, patience)) FAIL("the pool made no sandbox: " << pool->warm_error().value_or("(no error)"));
+    std::error_code ec;
+    const bool new_workspace = !fs::exists(spec.workspace, ec) || fs::is_empty(spec.workspace, ec);
+    const bool poolable = spec.app_folder.empty() && (::geteuid() == 0 || new_workspace);
+    auto box = pool->create(spec);
+    if (poolable) REQUIRE(box->pooled());
+    return box;
+  }
+  std::vector<doctor_check> check() const override { return cold_->check(); }
+  void release_workspace(const fs::path& workspace, const fs::path& image) override {
+    cold_->release_workspace(workspace, image);
+  }
+  workspace_upkeep upkeep(const fs::path& workspace) const override { return cold_->upkeep(workspace); }
+
+ private:
+  fs::path folder_;
+  std::unique_ptr<sandbox_backend> cold_ = make_bwrap_backend();
+  std::vector<std::unique_ptr<sandbox_backend>> pools_;  // outlive the sandboxes taken from them
+};
+
+inline std::unique_ptr<sandbox_backend> test_backend(const temp_dir& dir) {
+  const char* kind = std::getenv("CAIRN_TEST_SANDBOXES");
+  if (kind && std::string(kind) == "pooled") return std::make_unique<pooled_backend>(dir.path);
+  return make_bwrap_backend();
+}
+
 // A bwrap sandbox with a fresh workspace, for one test.
 struct bwrap_fixture {
   temp_dir dir;
-  std::unique_ptr<sandbox_backend> backend = make_bwrap_backend();
+  std::unique_ptr<sandbox_backend> backend = test_backend(dir);
   sandbox_spec spec = make_spec(dir);
   std::unique_ptr<sandbox> box;
 

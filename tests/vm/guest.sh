@@ -27,6 +27,8 @@ run() {
 
 run "as root, in the root cgroup" "$build/tests/runtime/runtime_test" --warn NoTests "$all_runtime"
 run "as root, in the root cgroup (engine)" "$build/tests/engine/engine_test" --warn NoTests "$engine_cases"
+run "as root, in the root cgroup, pooled sandboxes" \
+  env CAIRN_TEST_SANDBOXES=pooled "$build/tests/runtime/runtime_test" --warn NoTests "bwrap limits:*"
 
 # A service's cgroup, as systemd makes one: cairn is started inside it, so
 # that cgroup holds processes and cannot hand controllers down until cairn
@@ -53,6 +55,8 @@ user() {
 }
 run "as a normal user in a delegated subtree" user "$build/tests/runtime/runtime_test" --warn NoTests "'$all_runtime'"
 run "as a normal user in a delegated subtree (engine)" user "$build/tests/engine/engine_test" --warn NoTests "'$engine_cases'"
+run "as a normal user in a delegated subtree, pooled sandboxes" \
+  user CAIRN_TEST_SANDBOXES=pooled "$build/tests/runtime/runtime_test" --warn NoTests "'bwrap limits:*'"
 # Again, now that the first moved itself (and its shell) into cairn-host.
 run "as a normal user in a delegated subtree, a second process" user "$build/tests/runtime/runtime_test" --warn NoTests "'cgroups:*'"
 
