@@ -146,6 +146,7 @@ std::unique_ptr<warm_sandbox> warm_pool::take() {
   if (ready_.empty()) return nullptr;
   auto taken = std::move(ready_.front());
   ready_.pop_front();
+  last_take_ = std::chrono::steady_clock::now();
   changed_.notify_all();
   return taken;
 }
@@ -166,6 +167,10 @@ void warm_pool::fill() {
   while (!stopping_) {
     if (ready_.size() + making_ >= size_) {
       changed_.wait(lock);
+      continue;
+    }
+    if (const auto due = last_take_ + refill_delay; !ready_.empty() && std::chrono::steady_clock::now() < due) {
+      changed_.wait_until(lock, due, [&] { return stopping_; });
       continue;
     }
     ++making_;

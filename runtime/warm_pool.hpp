@@ -95,8 +95,11 @@ class warm_pool {
   warm_pool(const warm_pool&) = delete;
   warm_pool& operator=(const warm_pool&) = delete;
 
-  // A ready sandbox, or null when none is; a replacement is made.
+  // A ready sandbox, or null when none is; a replacement is made (while
+  // others are still ready, from refill_delay on: making one would compete
+  // for the CPU with the start of the run that took this one).
   std::unique_ptr<warm_sandbox> take();
+  static constexpr std::chrono::milliseconds refill_delay{20};
   // Waits until `count` are ready or `timeout` passes; true if they are.
   bool wait_ready(std::size_t count, std::chrono::milliseconds timeout);
   // Why the last attempt to make one failed (pooling pauses, then tries
@@ -112,6 +115,7 @@ class warm_pool {
   std::condition_variable changed_;
   std::deque<std::unique_ptr<warm_sandbox>> ready_;
   std::size_t making_ = 0;
+  std::chrono::steady_clock::time_point last_take_{};
   bool stopping_ = false;
   std::optional<std::string> last_error_;
   std::vector<std::thread> threads_;
