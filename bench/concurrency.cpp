@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "bench/args.hpp"
 #include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
 #include "storage/journal.hpp"
@@ -156,7 +157,7 @@ round_result one_round(const fs::path& base, int n, int m, int round) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
+  const int rounds = bench::count_arg(argc, argv, 1, 3, "[ROUNDS, default 3]");
   const fs::path base = fs::path("/var/tmp") / ("cairn-bench-concurrency-" + std::to_string(getpid()));
   fs::create_directories(base);
   auto sequential = bench::raw_bwrap(base / "raw-ws", 20, 1);

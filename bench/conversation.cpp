@@ -18,6 +18,7 @@
 #include <fstream>
 #include <thread>
 
+#include "bench/args.hpp"
 #include "bench/fnv1a.hpp"
 #include "engine/engine.hpp"
 
@@ -53,7 +54,7 @@ std::pair<pid_t, int> start_mock(const fs::path& dir, int summary_bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int calls = argc > 1 ? std::atoi(argv[1]) : 100;
+  const int calls = bench::count_arg(argc, argv, 1, 100, "[CALLS, default 100]");
   const std::size_t output_bytes = 5000;
   const int reply_bytes = 3000;
   const fs::path dir = fs::temp_directory_path() / ("cairn-bench-conversation-" + std::to_string(::getpid()));

@@ -20,7 +20,7 @@ using cairn::json;
 
 namespace {
 
-using cairn::bench::fnv1a;
+using bench::fnv1a;
 
 // A tool's output: text that differs from call to call.
 std::string output_of(int call, std::size_t bytes) {

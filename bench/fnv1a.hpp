@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-namespace cairn::bench {
+namespace bench {
 
 inline std::string fnv1a(const std::string& bytes) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
@@ -16,4 +16,4 @@ inline std::string fnv1a(const std::string& bytes) {
   return hex;
 }
 
-}  // namespace cairn::bench
+}  // namespace bench

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "bench/args.hpp"
 #include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
@@ -98,7 +99,7 @@ struct bench_host {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int trials = argc > 1 ? std::atoi(argv[1]) : 5;
+  const int trials = bench::count_arg(argc, argv, 1, 5, "[TRIALS, default 5]");
   const fs::path dir = fs::temp_directory_path() / ("cairn-bench-replay-" + std::to_string(getpid()));
   fs::create_directories(dir / "raw-ws");
   std::printf("replay: %d trials each, times in milliseconds\n", trials);

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/args.hpp"
 #include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
@@ -102,7 +103,7 @@ measured cairn_runs(const fs::path& dir, int n, std::size_t warm, bool quota) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int n = argc > 1 ? std::atoi(argv[1]) : 100;
+  const int n = bench::count_arg(argc, argv, 1, 100, "[SANDBOXES per shape, default 100]");
   fs::path dir = fs::temp_directory_path() / ("cairn-bench-start-" + std::to_string(getpid()));
   fs::create_directories(dir / "raw-ws");
   fs::permissions(dir, fs::perms::owner_all | fs::perms::others_exec | fs::perms::group_exec);

@@ -28,6 +28,7 @@
 #include <fstream>
 #include <thread>
 
+#include "bench/args.hpp"
 #include "bench/host_probe.hpp"
 #include "bench/raw_pg_journal.hpp"
 #include "bench/round_trip.hpp"
@@ -183,7 +184,7 @@ std::vector<double> step_latencies(const fs::path& home, const std::string& db, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
+  const int rounds = bench::count_arg(argc, argv, 1, 3, "[ROUNDS, default 3]");
   const fs::path base = fs::path("/var/tmp") / ("cairn-scale-out-" + std::to_string(getpid()));
   fs::create_directories(base);
   testing::pg_cluster cluster;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "bench/args.hpp"
 #include "bench/raw_journal.hpp"
 #include "bench/round_trip.hpp"
 #include "bench/stats.hpp"
@@ -67,7 +68,7 @@ void durable_steps(const fs::path& dir, storage::sync_mode sync, int round, int 
 int main(int argc, char** argv) {
   // Rounds interleave the raw and the durable measurements so that both see
   // the same disk: a VM's fsync latency drifts by 2x within a minute.
-  const int n = argc > 1 ? std::atoi(argv[1]) : 2000;
+  const int n = bench::count_arg(argc, argv, 1, 2000, "[STEPS, default 2000]");
   const int rounds = 5, per_round = std::max(1, n / rounds);
   fs::path dir = fs::temp_directory_path() / ("cairn-bench-" + std::to_string(getpid()));
   fs::create_directories(dir);

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdio>
 
+#include "bench/args.hpp"
 #include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
@@ -72,8 +73,8 @@ double wait_for(storage::journal& journal, storage::run_status want, int count, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int n = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1000;
-  const int m = argc > 2 ? std::max(1, std::atoi(argv[2])) : 8;  // cairn serve's default
+  const int n = bench::count_arg(argc, argv, 1, 1000, "[RUNS, default 1000] [MAX_CONCURRENT, default 8] [CAIRN]");
+  const int m = bench::count_arg(argc, argv, 2, 8, "[RUNS, default 1000] [MAX_CONCURRENT, default 8] [CAIRN]");  // cairn serve's default
   const std::string cairn_bin = argc > 3 ? argv[3] : CAIRN_BIN;
   const int one_by_one = std::min(n, 50);  // runs woken one at a time for the latency
   const fs::path base = fs::path("/var/tmp") / ("cairn-bench-suspended-" + std::to_string(getpid()));
