@@ -191,7 +191,13 @@ int serve_command(const paths& p, const serve_args& args) {
     warm.limits = (args.warm_policy.empty() ? engine::default_policy() : engine::load_policy_file(args.warm_policy)).limits;
     // One backend for every lane, so one pool; made now, so it fills before the first run.
     o.engine.backends = engine::shared_backends(engine::default_backends(warm));
-    if (warm.size > 0) o.engine.backends("bwrap");
+    if (warm.size > 0)
+      for (const auto& check : o.engine.backends("bwrap")->check())
+        if (check.name == "workspace quota" && check.ok && check.detail.find("FUSE") != std::string::npos &&
+            warm.limits.max_workspace_bytes > 0)
+          log_line("cairn serve: --warm: without root a run's quota image is mounted through FUSE, where a pooled "
+                   "sandbox cannot see it: runs with limits.workspace_mb > 0 start cold; the pool serves runs "
+                   "whose policy (and --warm-policy) sets workspace_mb 0");
     // For tests only: an idle check hours long proves that wake-ups, not the check, move runs.
     if (const char* ms = std::getenv("CAIRN_TEST_IDLE_CHECK_MS")) o.idle_check = std::chrono::milliseconds(std::atoll(ms));
     serve_log log(args.verbose);

@@ -8,11 +8,13 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "engine/engine.hpp"
 #include "engine/run_paths.hpp"
+#include "runtime/fuse_mount.hpp"
 #include "runtime/loop_mount.hpp"
 #include "runtime/no_follow.hpp"
 
@@ -58,21 +60,55 @@ workspace_entry entry_at(int dir_fd, const char* name, const std::string& path) 
 
 }  // namespace
 
+struct workspace_files::fuse_view {
+  fs::path folder;
+  std::optional<runtime::fuse_mount> mount;
+  ~fuse_view() {
+    mount.reset();
+    ::rmdir(folder.c_str());
+  }
+};
+
+workspace_files::~workspace_files() {
+  root_.reset();
+  fuse_.reset();
+}
+
 workspace_files::workspace_files(const fs::path& home, const storage::run_record& run) {
   const fs::path folder = run.workspace, image = workspace_image(home, run.id);
   std::error_code ec;
-  const bool in_image = fs::exists(image, ec) && !runtime::is_loop_mount_of(folder, image);
+  // A live run's image is mounted at its folder: read there.
+  const bool in_image = fs::exists(image, ec) && !runtime::is_loop_mount_of(folder, image) &&
+                        !runtime::is_fuse_mount_of(folder, image);
   if (!in_image) {
     root_.reset(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!root_) not_found(fmt::format("run {} has no workspace at {} ({})", run.id, folder.string(), std::strerror(errno)));
     source_ = "its folder " + folder.string();
     return;
   }
-  if (::geteuid() != 0)
-    throw engine_error(errc::bad_request,
-                       fmt::format("the files of run {} are in its quota image {}, which only root may mount: run "
-                                   "cairn workspace as root, as the run itself",
-                                   run.id, image.string()));
+  if (::geteuid() != 0) {
+    std::string why;
+    const auto tools = runtime::find_fuse_tools(why);
+    if (!tools)
+      throw engine_error(errc::bad_request,
+                         fmt::format("the files of run {} are in its quota image {}, which this user mounts through "
+                                     "FUSE: it {}",
+                                     run.id, image.string(), why));
+    char mount_point[] = "/tmp/cairn-workspace-XXXXXX";
+    if (!::mkdtemp(mount_point))
+      throw engine_error(errc::bad_request, fmt::format("mkdtemp: {}", std::strerror(errno)));
+    fuse_ = std::make_unique<fuse_view>();
+    fuse_->folder = mount_point;
+    try {
+      fuse_->mount.emplace(*tools, image, mount_point, true);
+    } catch (const runtime::sandbox_error& e) {
+      throw engine_error(errc::bad_request, fmt::format("run {}'s quota image {}: {}", run.id, image.string(), e.what()));
+    }
+    root_.reset(::open(mount_point, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!root_) throw engine_error(errc::bad_request, fmt::format("opening {}: {}", image.string(), std::strerror(errno)));
+    source_ = "its quota image " + image.string() + ", mounted read-only through FUSE";
+    return;
+  }
   try {
     runtime::enter_private_mount_namespace();
     char mount_point[] = "/tmp/cairn-workspace-XXXXXX";

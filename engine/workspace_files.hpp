@@ -7,6 +7,7 @@
 #include <climits>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ class workspace_files {
   // not_found (no workspace yet), bad_request (the image cannot be mounted
   // here: not root).
   workspace_files(const std::filesystem::path& home, const storage::run_record& run);
+  ~workspace_files();
 
   // "its folder" or "its quota image, mounted read-only".
   const std::string& source() const { return source_; }
@@ -47,7 +49,11 @@ class workspace_files {
  private:
   runtime::unique_fd open(const std::string& path, int flags) const;
 
-  runtime::unique_fd root_;
+  // Not root: a suspended run's image mounted read-only through FUSE, in a
+  // folder of its own (removed with it), while root_ reads it.
+  struct fuse_view;
+  std::unique_ptr<fuse_view> fuse_;
+  runtime::unique_fd root_;  // closed before fuse_ unmounts
   std::string source_;
 };
 

@@ -420,7 +420,7 @@ class bwrap_backend final : public sandbox_backend {
     kill_orphaned_sandboxes();
     sweep_orphaned_cgroups(detect_cgroups());
     sweep_orphaned_warm_folders();
-    if (::geteuid() == 0) sweep_orphaned_workspace_mounts();
+    sweep_orphaned_workspace_mounts();
     auto user = resolve_sandbox_user(options_);
     context_ = bwrap_context{*bwrap, detect_bwrap_features(*bwrap), user, detect_workspace_quota(),
                              user ? readable_agent_sdks(find_agent_sdks(), user->uid, user->gid) : find_agent_sdks()};
@@ -436,6 +436,10 @@ class bwrap_backend final : public sandbox_backend {
       return nullptr;
     std::error_code ec;
     if (!context.user && !fs::is_empty(workspace, ec)) return nullptr;  // no root: only a new, empty one
+    // No root: its image is mounted through FUSE after the take, where a
+    // sandbox made before cannot see it (it would write past the quota).
+    if (!context.user && context.quota.fuse && !spec.workspace_image.empty() && spec.limits.max_workspace_bytes > 0)
+      return nullptr;
     auto warm = pool_->take();
     if (!warm || warm->folder->shared_mount() || warm->folder->become(workspace)) return warm;
     return nullptr;

@@ -47,16 +47,19 @@ void sandbox_resources::acquire() {
     }
   }
   const auto& image = spec_.workspace_image;
-  bool quota = quota_.available && user_ && !image.empty();
+  // Root mounts it for the sandbox uid; another user, through FUSE, for itself.
+  bool quota = quota_.available && (user_ || quota_.fuse) && !image.empty();
   if (!quota && !image.empty() && std::filesystem::exists(image))
     throw sandbox_error(sandbox_errc::workspace_failed,
                         fmt::format("the files of workspace {} are in its quota image {}, which cannot be mounted "
-                                    "here ({}): run cairn as root, as when the run began",
-                                    workspace_.string(), image.string(), quota_.detail));
+                                    "here ({}): {}",
+                                    workspace_.string(), image.string(), quota_.detail,
+                                    quota_.fix.empty() ? "run cairn as root, as when the run began" : quota_.fix));
   if (!lease_ && quota) {
     open_folder_no_follow(image.parent_path(), 0700);
-    auto mounted = mount_workspace_image(quota_, workspace_, image, spec_.limits.max_workspace_bytes, user_->uid,
-                                         user_->gid, std::exchange(premounted_, {}));
+    auto mounted = mount_workspace_image(quota_, workspace_, image, spec_.limits.max_workspace_bytes,
+                                         user_ ? user_->uid : ::getuid(), user_ ? user_->gid : ::getgid(),
+                                         std::exchange(premounted_, {}));
     lease_ = std::move(mounted.lease);
     for (auto& warning : mounted.warnings)
       if (std::find(warnings_.begin(), warnings_.end(), warning) == warnings_.end())

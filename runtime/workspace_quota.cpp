@@ -163,12 +163,12 @@ workspace_upkeep workspace_upkeep_of(const fs::path& workspace) {
 
 quota_support detect_workspace_quota() {
   quota_support s;
-  s.fix = "run cairn as root on a machine with loop devices (modprobe loop) and mkfs.ext4 (apt-get install "
-          "e2fsprogs); without them files are bounded one by one (limits.file_mb), not in total";
-  if (::geteuid() != 0) {
-    s.detail = "unavailable: needs root and loop devices (cairn does not run as root)";
-    return s;
-  }
+  const bool root = ::geteuid() == 0;
+  s.fix = root ? "make loop devices available (modprobe loop) and install mkfs.ext4 (apt-get install e2fsprogs); "
+                 "without them files are bounded one by one (limits.file_mb), not in total"
+               : "install fuse2fs, fuse3 and mkfs.ext4 (apt-get install fuse2fs fuse3 e2fsprogs) and let this user "
+                 "open /dev/fuse (Debian's udev makes it 0666), or run cairn as root; without them files are "
+                 "bounded one by one (limits.file_mb), not in total";
   for (const char* folder : {"/usr/sbin", "/sbin", "/usr/bin"}) {
     fs::path mkfs = fs::path(folder) / "mkfs.ext4", debugfs = fs::path(folder) / "debugfs";
     if (s.tools.mkfs.empty() && ::access(mkfs.c_str(), X_OK) == 0) s.tools.mkfs = mkfs;
@@ -176,6 +176,19 @@ quota_support detect_workspace_quota() {
   }
   if (s.tools.mkfs.empty()) {
     s.detail = "unavailable: mkfs.ext4 is not installed";
+    return s;
+  }
+  if (!root) {
+    std::string why;
+    s.fuse = find_fuse_tools(why);
+    if (!s.fuse) {
+      s.detail = "unavailable: cairn does not run as root and FUSE " + why;
+      return s;
+    }
+    s.available = true;
+    s.fix.clear();
+    s.detail = fmt::format("ext4 image per run (made with {}, mounted through FUSE by {})", s.tools.mkfs.string(),
+                           s.fuse->fuse2fs.string());
     return s;
   }
   unique_fd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
@@ -190,7 +203,7 @@ quota_support detect_workspace_quota() {
 }
 
 mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& image, std::uint64_t quota_bytes,
-                                     const fs::path& premounted)
+                                     const fs::path& premounted, const std::optional<fuse_tools>& fuse)
     : folder_(folder), quota_bytes_(quota_bytes) {
   const auto cpu = thread_cpu();
   const auto wall = std::chrono::steady_clock::now();
@@ -205,7 +218,8 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
                         fmt::format("workspace {} is in use by another cairn process (its image {} is locked)",
                                     folder.string(), image.string()));
   // Left mounted by a host that died: nobody else can be using it, we hold the lock.
-  if (is_loop_mount_of(folder, image) && !unmount_folder(folder))
+  if (fuse ? is_fuse_mount_of(folder, image) && !fuse_unmount(*fuse, folder)
+           : is_loop_mount_of(folder, image) && !unmount_folder(folder))
     failed(sandbox_errc::workspace_failed, "unmounting the stale workspace image at " + folder.string());
   struct stat here {}, parent {};
   if (::stat(folder.c_str(), &here) == 0 && ::stat((folder / "..").c_str(), &parent) == 0 &&
@@ -215,7 +229,9 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   unique_fd plain = open_folder(folder);  // the folder beneath, once the image covers it
   record_.emplace(mount_record_kind, folder.string() + "\n" + image.string());
   try {
-    if (premounted.empty())
+    if (fuse)
+      fuse_mount_.emplace(*fuse, image, folder);
+    else if (premounted.empty())
       mount_.emplace(image, folder);
     else
       mount_.emplace(image, folder, premounted);
@@ -256,7 +272,7 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
 
 void mounted_workspace::unmount() {
   std::lock_guard lock(unmount_mutex_);
-  if (mount_) {
+  if (mount_ || fuse_mount_) {
     const auto cpu = thread_cpu();
     const auto wall = std::chrono::steady_clock::now();
     // Flushed here rather than by umount, to count what the flush writes.
@@ -265,6 +281,7 @@ void mounted_workspace::unmount() {
     std::uint64_t flushed = device_bytes_written(folder_) - before;
     mounted_ = false;
     mount_.reset();
+    fuse_mount_.reset();
     charge_upkeep(folder_, 0, flushed, cpu, wall);
   }
   record_.reset();
@@ -326,7 +343,7 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
   std::shared_ptr<mounted_workspace> mount;
   try {
     if (fresh) make_workspace_image(support.tools, image, image_bytes, uid, gid);
-    mount = std::make_shared<mounted_workspace>(workspace, image, bytes, premounted);
+    mount = std::make_shared<mounted_workspace>(workspace, image, bytes, premounted, support.fuse);
   } catch (const sandbox_error& e) {
     if (!fresh) throw;
     ::unlink(image.c_str());  // it holds nothing yet
@@ -351,6 +368,8 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
 std::size_t sweep_orphaned_workspace_mounts() {
   std::unique_lock lock(sweep_mutex);
   std::size_t swept = 0;
+  std::string no_fuse;
+  const auto fuse = ::geteuid() == 0 ? std::nullopt : find_fuse_tools(no_fuse);
   for (const auto& record : own_records(mount_record_kind)) {
     auto newline = record.subject.find('\n');
     if (newline == std::string::npos) {
@@ -363,6 +382,10 @@ std::size_t sweep_orphaned_workspace_mounts() {
     if (image_lock && ::flock(image_lock.get(), LOCK_EX | LOCK_NB) < 0) continue;
     if (is_loop_mount_of(folder, image)) {
       if (!unmount_folder(folder)) continue;
+      ++swept;
+    } else if (is_fuse_mount_of(folder, image)) {
+      // Its fuse2fs, left serving it, writes what it holds and ends.
+      if (!fuse || !fuse_unmount(*fuse, folder)) continue;
       ++swept;
     }
     forget_record(record);
@@ -394,8 +417,15 @@ void release_workspace_image(const fs::path& given, const fs::path& image) {
   fs::remove_all(staging, ec);
   fs::create_directories(workspace, ec);
   if (::mkdir(staging.c_str(), 0700) < 0) failed(sandbox_errc::workspace_failed, "creating " + staging.string());
+  const auto support = detect_workspace_quota();
+  if (::geteuid() != 0 && !support.fuse)
+    throw sandbox_error(sandbox_errc::workspace_failed,
+                        fmt::format("the files of workspace {} are in its quota image {}, which cannot be mounted "
+                                    "here ({}): {}",
+                                    workspace.string(), image.string(), support.detail, support.fix));
   {
-    mounted_workspace mount(workspace, image, UINT64_MAX);  // only read: no quota to enforce
+    // Only read: no quota to enforce.
+    mounted_workspace mount(workspace, image, UINT64_MAX, {}, support.fuse);
     unique_fd root = open_folder(workspace), copy = open_folder(staging);
     struct stat image_stat {};
     if (::stat(image.c_str(), &image_stat) < 0) failed(sandbox_errc::workspace_failed, "reading " + image.string());

@@ -1,8 +1,8 @@
-// The size quota of a workspace, when cairn runs as root: the run's files
-// live in an ext4 image the engine names (CAIRN_HOME/images/RUN_ID.img, out
-// of every workspace; sparse, copied once from a template kept in the same
-// folder, its root owned by the sandbox uid), mounted at the
-// folder through a loop device while a sandbox uses it, and turned back into
+// The size quota of a workspace: the run's files live in an ext4 image the
+// engine names (CAIRN_HOME/images/RUN_ID.img, out of every workspace;
+// sparse, copied once from a template kept in the same folder, its root
+// owned by the sandbox uid), mounted at the folder while a sandbox uses it
+// (through a loop device as root, through FUSE by fuse2fs otherwise), and turned back into
 // a plain folder by release_workspace_image() once the run is over. The image
 // stays out of the sandbox's sight: only the folder is mounted into it.
 //
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/fuse_mount.hpp"
 #include "runtime/loop_mount.hpp"
 #include "runtime/own_records.hpp"
 #include "runtime/sandbox.hpp"
@@ -36,8 +37,10 @@ struct quota_support {
   std::string detail;  // "ext4 image per run (...)" or "unavailable: <why>"
   std::string fix;     // when unavailable
   ext4_tools tools;
+  std::optional<fuse_tools> fuse;  // set: images are mounted through FUSE (not root)
 };
-// Needs root, mkfs.ext4 and /dev/loop-control; uses debugfs when installed.
+// Needs mkfs.ext4, and as root /dev/loop-control, as another user fuse2fs,
+// fusermount and /dev/fuse (fuse_mount.hpp); uses debugfs when installed.
 // Cheap: no image is made.
 quota_support detect_workspace_quota();
 
@@ -49,8 +52,10 @@ class mounted_workspace {
   // mounted at the folder, no loop device, mount(2) failed).
   // `premounted`: the image is mounted there already (a pooled sandbox's
   // folder); the folder becomes another mount of it, no loop device taken.
+  // `fuse`: mount through fuse2fs (premounted is then empty).
   mounted_workspace(const std::filesystem::path& folder, const std::filesystem::path& image,
-                    std::uint64_t quota_bytes, const std::filesystem::path& premounted = {});
+                    std::uint64_t quota_bytes, const std::filesystem::path& premounted = {},
+                    const std::optional<fuse_tools>& fuse = std::nullopt);
   mounted_workspace(const mounted_workspace&) = delete;
   mounted_workspace& operator=(const mounted_workspace&) = delete;
 
@@ -69,6 +74,7 @@ class mounted_workspace {
   unique_fd image_lock_;  // flocked: one process at a time mounts an image
   std::optional<own_record> record_;  // from before the mount until after the unmount
   std::optional<loop_mount> mount_;
+  std::optional<fuse_mount> fuse_mount_;
   std::uint64_t quota_bytes_ = 0;
   std::atomic<bool> mounted_{false};
   std::mutex unmount_mutex_;  // the flush and its count happen once

@@ -7,7 +7,7 @@ packages=(
   build-essential clang-15 cmake pkg-config
   libsqlite3-dev libsqlitecpp-dev nlohmann-json3-dev libboost1.81-dev
   catch2 bubblewrap libseccomp-dev libcli11-dev libfmt-dev
-  libssl-dev ca-certificates e2fsprogs
+  libssl-dev ca-certificates e2fsprogs fuse2fs fuse3
   procps util-linux sqlite3
   python3 python3-venv python3-setuptools python3-mypy
   libpq-dev postgresql-15

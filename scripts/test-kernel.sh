@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Puts a Debian kernel and the few modules the cgroup v2 test's virtual
-# machine needs (virtio, 9p for the host's root, loop and ext4 for quota images) into
+# machine needs (virtio, 9p for the host's root, loop and ext4 for quota
+# images, fuse for a normal user's) into
 # DIR, from Debian's own linux-image package; nothing is installed on the host.
 # Safe to run repeatedly: a DIR that has them is left alone.
 # usage: scripts/test-kernel.sh DIR
 set -euo pipefail
 dir=${1:?usage: test-kernel.sh DIR}
 modules=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci netfs fscache 9pnet
-         9pnet_virtio 9p loop crc16 mbcache jbd2 crc32c_generic ext4)
-[ -f "$dir/vmlinuz" ] && [ -f "$dir/modules.list" ] && exit 0
+         9pnet_virtio 9p loop crc16 mbcache jbd2 crc32c_generic ext4 fuse)
+[ -f "$dir/vmlinuz" ] && [ "$(cat "$dir/modules.list" 2>/dev/null)" = "$(printf '%s\n' "${modules[@]}")" ] && exit 0
 
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"

@@ -36,11 +36,13 @@ struct harness {
 };
 
 // Memory, processes and CPU are totals of the sandbox's cgroup (root, or a
-// delegated cgroup v2 subtree); the workspace quota is an image on a loop
-// device (root).
+// delegated cgroup v2 subtree); the workspace quota is an image, mounted
+// through a loop device (root) or FUSE (another user, where fuse2fs is).
 bool enforced_here(const std::string& limit) {
   if (limit == "workspace")
-    return testing::require_capability("root", geteuid() == 0, "the workspace quota needs root");
+    for (const auto& check : engine::default_backends()("bwrap")->check())
+      if (check.name == "workspace quota")
+        return testing::require_capability("quota", check.ok, "the workspace quota: " + check.detail);
   for (const auto& check : engine::default_backends()("bwrap")->check())
     if (check.name == "resource totals")
       return testing::require_capability("cgroups", check.ok, "sandbox totals need a cgroup: " + check.detail);

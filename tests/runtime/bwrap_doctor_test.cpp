@@ -53,7 +53,13 @@ TEST_CASE("the bwrap doctor reports how totals and the workspace size are enforc
   doctor_check quota = find("workspace quota");
   INFO(quota.detail);
   CHECK_THAT(quota.detail, Catch::StartsWith(quota.ok ? "ext4 image per run" : "unavailable: "));
-  CHECK(quota.ok == (::geteuid() == 0 && fs::exists("/dev/loop-control")));
+  // As root through a loop device; otherwise through FUSE, by fuse2fs and fusermount.
+  const bool fuse = (fs::exists("/usr/bin/fuse2fs") || fs::exists("/usr/sbin/fuse2fs")) &&
+                    (fs::exists("/bin/fusermount3") || fs::exists("/usr/bin/fusermount3") ||
+                     fs::exists("/bin/fusermount") || fs::exists("/usr/bin/fusermount")) &&
+                    ::access("/dev/fuse", R_OK | W_OK) == 0;
+  CHECK(quota.ok == (::geteuid() == 0 ? fs::exists("/dev/loop-control") : fuse));
+  if (quota.ok) CHECK_THAT(quota.detail, Catch::Contains(::geteuid() == 0 ? "loop device" : "FUSE"));
 }
 
 TEST_CASE("the bwrap doctor reports a missing bwrap with its fix") {

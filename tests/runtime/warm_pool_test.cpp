@@ -28,7 +28,10 @@ sandbox_spec spec_for(const temp_dir& dir, const std::string& run) {
   sandbox_spec spec = make_spec(dir);
   spec.run_id = run;
   spec.workspace = dir.path / "ws" / run;
-  spec.workspace_image = dir.path / "images" / (run + ".img");
+  // A normal user's run with a quota image starts cold (see "a run with a
+  // workspace quota is held to it"): its pooled runs have none.
+  if (::geteuid() == 0) spec.workspace_image = dir.path / "images" / (run + ".img");
+  else spec.workspace_image.clear();
   spec.log_file = dir.path / (run + ".log");
   return spec;
 }
@@ -150,6 +153,27 @@ TEST_CASE("warm pool: a run whose limits differ from the pool's starts cold, wit
   auto box = backend->create(spec);
   CHECK_FALSE(box->pooled());
   CHECK(run_probe(*box, {"status"})["ok"] == true);
+}
+
+TEST_CASE("warm pool: a run with a workspace quota is held to it, pooled (root) or cold (FUSE)") {
+  if (!require_quota()) return;
+  temp_dir dir;
+  auto spec = spec_for(dir, "run-quota");
+  spec.workspace_image = dir.path / "images" / "run-quota.img";
+  auto backend = warm_backend(dir, spec.limits, 1);
+  auto box = backend->create(spec);
+  // Root's pooled sandbox holds an image mounted already, which becomes the
+  // run's; a normal user's image is mounted through FUSE after the take,
+  // where a pooled sandbox would not see it: that run starts cold.
+  CHECK(box->pooled() == (::geteuid() == 0));
+  auto process = box->exec(SANDBOX_PROBE, {"fill", "/workspace/big"});
+  json report = next_report(*process);
+  INFO(report.dump());
+  CHECK(report["detail"]["error"] == "No space left on device");
+  CHECK(report["detail"]["written"].get<std::uint64_t>() <= workspace_image_size(16u << 20));
+  auto breach = wait_for_breach(*process);
+  REQUIRE(breach);
+  CHECK(breach->limit == "workspace");
 }
 
 TEST_CASE("warm pool: a host killed with a full pool leaves nothing the next start does not sweep", "[serial]") {
