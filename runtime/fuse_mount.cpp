@@ -93,6 +93,8 @@ fuse_mount::fuse_mount(const fuse_tools& tools, const fs::path& image, const fs:
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, log.get(), 1);
   posix_spawn_file_actions_adddup2(&actions, log.get(), 2);
+  // It outlives the attempt: it must hold no other file of the host's (an agent's channel, a pipe's end).
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   // A session of its own: a terminal's ^C to cairn does not unmount a workspace under a run.
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   sigset_t none, all;
