@@ -3,7 +3,10 @@
 // from a re-execution.
 //
 // input: {"steps": N, "sleep_ms": 0, "fail_first": {"3": 2}, "terminal_at": -1,
-//         "crash_at": -1, "rename_on_attempt2": -1, "catch_failure": false}
+//         "crash_at": -1, "rename_on_attempt2": -1, "catch_failure": false,
+//         "mark_begin": false}
+// mark_begin: each body also appends its step number to began.log as it
+// starts (before its sleep), so a test can tell the agent is inside a body.
 #include <unistd.h>
 
 #include <chrono>
@@ -24,6 +27,7 @@ int main(int argc, char** argv) {
     const int terminal_at = input.value("terminal_at", -1);
     const int rename_at = input.value("rename_on_attempt2", -1);
     const json fail_first = input.value("fail_first", json::object());
+    const bool mark_begin = input.value("mark_begin", false);
     std::random_device rd;
 
     json outputs = json::array();
@@ -33,6 +37,7 @@ int main(int argc, char** argv) {
       int tries = 0;
       auto body = [&] {
         ++tries;
+        if (mark_begin) std::ofstream("began.log", std::ios::app) << i << "\n";
         if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
         const auto nonce = std::to_string(rd()) + "-" + std::to_string(rd());
         std::ofstream("exec.log", std::ios::app) << i << " " << nonce << " attempt " << ctx.attempt() << "\n";

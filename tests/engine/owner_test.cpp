@@ -110,14 +110,18 @@ TEST_CASE("a host stopped while its run is taken over writes nothing more to it 
   const auto db = home / "cairn.db";
   cairn::testing::cli_options env;
   env.env["CAIRN_HOME"] = home.path().string();
-  const std::string input = R"({"steps": 4, "sleep_ms": 1500})";
+  const std::string input = R"({"steps": 4, "sleep_ms": 3000, "mark_begin": true})";
   cairn::testing::cli_result a_result, b_result;
   std::thread a([&] { a_result = run_program(CAIRN_BIN, {"run", STEP_AGENT, "--id", "r", "--input", input}, home.path(), env); });
 
-  // A is stopped while its agent executes step 1; the agent sends it meanwhile.
+  // A is stopped while its agent executes step 1 (its body began: A had
+  // acked step 0; stopped between step 0's commit and its ack, A would hold
+  // the agent back); the agent sends step 1 meanwhile.
   const auto exec_log = home / "workspaces" / "r" / "exec.log";
+  const auto began_log = home / "workspaces" / "r" / "began.log";
   auto step_1_done = [&] { return cairn::testing::slurp(exec_log).find("\n1 ") != std::string::npos; };
-  REQUIRE(eventually([&] { return steps_in(db, "r") == 1 && !step_1_done(); }));
+  auto step_1_began = [&] { return cairn::testing::slurp(began_log).find("\n1\n") != std::string::npos; };
+  REQUIRE(eventually([&] { return step_1_began() && steps_in(db, "r") == 1 && !step_1_done(); }));
   const std::string owner_a = run_in(db, "r")->owner;
   const pid_t pid_a = owner_id::parse(owner_a)->pid;
   REQUIRE(kill(pid_a, SIGSTOP) == 0);
