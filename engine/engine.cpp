@@ -221,6 +221,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
     attempt_result result;
     try {
       run_journal journal(*ledger_, journal_, home(), run_id, rules.journal);
+      if (!listening_) listening_.emplace(journal_.path());
       attempt_events events(run_id, journal_.path());
       result =
           co_await run_attempt(journal, events, sandboxes, *run, rules, attempt, attempt_options_of(run_id), watch);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -19,6 +20,7 @@
 #include "engine/attempt.hpp"
 #include "engine/ledger.hpp"
 #include "engine/policy.hpp"
+#include "engine/wakeups.hpp"
 #include "engine/tools/llm_chat.hpp"
 #include "runtime/sandbox.hpp"
 #include "storage/journal.hpp"
@@ -214,6 +216,10 @@ class engine {
   engine_options options_;
   std::shared_ptr<cairn::engine::ledger> ledger_;
   std::map<std::string, std::shared_ptr<runtime::sandbox_backend>> backends_;
+  // Made at the first attempt and kept: a listener is a thread and a socket,
+  // which each attempt of a program that executes runs one after the other
+  // would otherwise make and remove again.
+  std::optional<wake_listening> listening_;
 };
 
 // Can a waiting run move now (its timer is due, its signal is queued or timed
