@@ -426,11 +426,9 @@ inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
   auto user = cairn::runtime::resolve_sandbox_user();
   fs::create_directories(ws);
   if (user) fs::permissions(ws, fs::perms::all);
-  std::vector<std::string> args{"bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop",
-                                "ALL", "--clearenv", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
-                                "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc",
-                                "--dev", "/dev", "--tmpfs", "/tmp", "--bind", ws.string(), "/workspace",
-                                "/usr/bin/true"};
+  // A run's sandbox as cairn makes it, running /usr/bin/true.
+  std::vector<std::string> args =
+      cairn::runtime::bwrap_command(ws, "/usr/bin/true", cairn::engine::default_policy().limits);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -456,7 +454,7 @@ inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
       if (user && (setgroups(0, nullptr) != 0 || setresgid(user->gid, user->gid, user->gid) != 0 ||
                    setresuid(user->uid, user->uid, user->uid) != 0))
         _exit(126);
-      execvp("bwrap", argv.data());
+      execv(argv[0], argv.data());
       _exit(127);
     }
     live[pid] = start;

@@ -98,6 +98,18 @@ struct bwrap_context {
   agent_sdks sdks;  // where the sandbox uid may read them
 };
 
+// The isolation flags, `env`, the workspace at /workspace (also the working
+// folder) and the SDKs: what every sandbox of a run gets before its program.
+std::vector<std::string> run_mounts(const bwrap_context& c, const resource_limits& limits,
+                                    const std::map<std::string, std::string>& env, const fs::path& workspace) {
+  std::vector<std::string> options = bwrap_isolation_args(c.features, limits.max_tmp_bytes);
+  for (const auto& [name, value] : env) options.insert(options.end(), {"--setenv", name, value});
+  options.insert(options.end(), {"--bind", workspace.string(), "/workspace", "--chdir", "/workspace"});
+  if (!c.sdks.python.empty()) options.insert(options.end(), {"--ro-bind", c.sdks.python.string(), sandbox_python_sdk});
+  if (!c.sdks.js.empty()) options.insert(options.end(), {"--ro-bind", c.sdks.js.string(), sandbox_js_sdk});
+  return options;
+}
+
 // bwrap, started with the isolation flags, `env` and `workspace` bound at
 // /workspace, running `agent` (a checked host path, bound or copied in) or,
 // when null, the pool's launcher. Returns once the sandbox's pid 1 is known.
@@ -109,11 +121,7 @@ started_bwrap start_bwrap(const bwrap_context& c, const resource_limits& limits,
                           const std::map<std::string, std::string>& env, const fs::path& workspace,
                           const fs::path* agent, const fs::path& app_folder, const std::vector<std::string>& args,
                           int log_writer, const std::shared_ptr<sandbox_cgroup>& cgroup) {
-  std::vector<std::string> options = bwrap_isolation_args(c.features, limits.max_tmp_bytes);
-  for (const auto& [name, value] : env) options.insert(options.end(), {"--setenv", name, value});
-  options.insert(options.end(), {"--bind", workspace.string(), "/workspace", "--chdir", "/workspace"});
-  if (!c.sdks.python.empty()) options.insert(options.end(), {"--ro-bind", c.sdks.python.string(), sandbox_python_sdk});
-  if (!c.sdks.js.empty()) options.insert(options.end(), {"--ro-bind", c.sdks.js.string(), sandbox_js_sdk});
+  std::vector<std::string> options = run_mounts(c, limits, env, workspace);
 
   std::string program = sandbox_agent_path;
   unique_fd program_copy;
@@ -484,6 +492,19 @@ class bwrap_backend final : public sandbox_backend {
 };
 
 }  // namespace
+
+std::vector<std::string> bwrap_command(const fs::path& workspace, const fs::path& program,
+                                       const resource_limits& limits, const bwrap_options& options) {
+  auto bwrap = find_bwrap(options.bwrap);
+  if (!bwrap) throw sandbox_error(sandbox_errc::bwrap_missing, bwrap_missing_message);
+  auto user = resolve_sandbox_user(options);
+  const bwrap_context c{*bwrap, detect_bwrap_features(*bwrap), user, {},
+                        user ? readable_agent_sdks(find_agent_sdks(), user->uid, user->gid) : find_agent_sdks()};
+  std::vector<std::string> argv = {bwrap->string()};
+  for (auto& option : run_mounts(c, limits, {}, workspace)) argv.push_back(std::move(option));
+  argv.insert(argv.end(), {"--ro-bind", program.string(), sandbox_agent_path, "--remount-ro", "/", sandbox_agent_path});
+  return argv;
+}
 
 std::unique_ptr<sandbox_backend> make_bwrap_backend(bwrap_options options) {
   return std::make_unique<bwrap_backend>(std::move(options));

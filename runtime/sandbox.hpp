@@ -257,6 +257,15 @@ struct sandbox_user {
 // sandbox_error(bad_spec) when CAIRN_SANDBOX_UID is not a nonzero uid.
 std::optional<sandbox_user> resolve_sandbox_user(const bwrap_options& options = {});
 
+// The bwrap command line of a run's sandbox with `limits`, but running
+// `program` (bound where the agent is): the same namespaces and mounts, the
+// workspace `workspace`, none of the run's environment, seccomp filter,
+// cgroup or channel. As root the caller drops to resolve_sandbox_user()
+// before it runs it. For benchmarks that time a raw bwrap beside cairn's
+// sandboxes. Throws sandbox_error(bwrap_missing).
+std::vector<std::string> bwrap_command(const std::filesystem::path& workspace, const std::filesystem::path& program,
+                                       const resource_limits& limits, const bwrap_options& options = {});
+
 // Kills cairn sandboxes whose bwrap died before it let them start. Right
 // after clone, bwrap's child waits for its parent before it arms
 // --die-with-parent; if the host is killed in that window, the child waits
