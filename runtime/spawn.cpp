@@ -52,9 +52,11 @@ struct rlimit_setting {
 };
 
 // Everything the child reads, prepared before the clone: the child shares
-// the host's memory until its exec, so it may only make system calls, and
-// the C library's set*id wrappers (which signal every thread of the host to
-// change its ids too) are replaced by the raw calls.
+// the host's memory until its exec, so it may only make system calls. The C
+// library's set*id wrappers are replaced by the raw calls: in a process
+// with threads they take the library's locks and walk its thread list to
+// change every thread's ids, and a lock another thread of the host held at
+// the clone would never be released in the child.
 struct child_plan {
   std::vector<char*> argv;
   std::vector<char*> envp;
