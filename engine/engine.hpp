@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,8 +20,8 @@
 #include "engine/attempt.hpp"
 #include "engine/ledger.hpp"
 #include "engine/policy.hpp"
-#include "engine/wakeups.hpp"
 #include "engine/tools/llm_chat.hpp"
+#include "engine/wakeups.hpp"
 #include "runtime/sandbox.hpp"
 #include "storage/journal.hpp"
 

@@ -1,4 +1,4 @@
-// fork/exec of a sandbox's first process, shared by both backends. Internal
+// clone/exec of a sandbox's first process, shared by both backends. Internal
 // to runtime/.
 //
 // The child gets: its own session and process group; SIGKILL when the thread
