@@ -98,6 +98,13 @@ struct bwrap_context {
   agent_sdks sdks;  // where the sandbox uid may read them
 };
 
+// What starting sandboxes with `bwrap` needs: its features, and the SDKs
+// where the sandbox uid may read them.
+bwrap_context context_for(const fs::path& bwrap, const std::optional<sandbox_user>& user, quota_support quota) {
+  return {bwrap, detect_bwrap_features(bwrap), user, std::move(quota),
+          user ? readable_agent_sdks(find_agent_sdks(), user->uid, user->gid) : find_agent_sdks()};
+}
+
 // The isolation flags, `env`, the workspace at /workspace (also the working
 // folder) and the SDKs: what every sandbox of a run gets before its program.
 std::vector<std::string> run_mounts(const bwrap_context& c, const resource_limits& limits,
@@ -430,8 +437,7 @@ class bwrap_backend final : public sandbox_backend {
     sweep_orphaned_warm_folders();
     sweep_orphaned_workspace_mounts();
     auto user = resolve_sandbox_user(options_);
-    context_ = bwrap_context{*bwrap, detect_bwrap_features(*bwrap), user, detect_workspace_quota(),
-                             user ? readable_agent_sdks(find_agent_sdks(), user->uid, user->gid) : find_agent_sdks()};
+    context_ = context_for(*bwrap, user, detect_workspace_quota());
     return *context_;
   }
 
@@ -497,9 +503,7 @@ std::vector<std::string> bwrap_command(const fs::path& workspace, const fs::path
                                        const resource_limits& limits, const bwrap_options& options) {
   auto bwrap = find_bwrap(options.bwrap);
   if (!bwrap) throw sandbox_error(sandbox_errc::bwrap_missing, bwrap_missing_message);
-  auto user = resolve_sandbox_user(options);
-  const bwrap_context c{*bwrap, detect_bwrap_features(*bwrap), user, {},
-                        user ? readable_agent_sdks(find_agent_sdks(), user->uid, user->gid) : find_agent_sdks()};
+  const bwrap_context c = context_for(*bwrap, resolve_sandbox_user(options), {});
   std::vector<std::string> argv = {bwrap->string()};
   for (auto& option : run_mounts(c, limits, {}, workspace)) argv.push_back(std::move(option));
   argv.insert(argv.end(), {"--ro-bind", program.string(), sandbox_agent_path, "--remount-ro", "/", sandbox_agent_path});
