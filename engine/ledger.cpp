@@ -130,22 +130,22 @@ ledger::~ledger() {
   committer_.join();
 }
 
-void ledger::enqueue(body write, done_fn done) {
+void ledger::enqueue(body write, done_fn done, bool sync_later) {
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back({std::move(write), std::move(done)});
+    queue_.push_back({std::move(write), std::move(done), sync_later});
   }
   queued_.notify_one();
 }
 
-bool ledger::lead(body& write, std::exception_ptr& error) {
+bool ledger::lead(body& write, std::exception_ptr& error, bool sync_later) {
   {
     std::lock_guard lock(mutex_);
     if (committing_ || !queue_.empty()) return false;
     committing_ = true;
   }
   std::vector<writer> group;
-  group.push_back({std::move(write), [&error](std::exception_ptr e) { error = e; }});
+  group.push_back({std::move(write), [&error](std::exception_ptr e) { error = e; }, sync_later});
   commit_group(group);
   {
     std::lock_guard lock(mutex_);
@@ -179,11 +179,15 @@ void ledger::commit_loop() {
 void ledger::commit_group(std::vector<writer>& group) {
   std::vector<body> bodies;
   bodies.reserve(group.size());
-  for (auto& w : group) bodies.push_back(std::move(w.write));
+  bool sync_later = true;
+  for (auto& w : group) {
+    bodies.push_back(std::move(w.write));
+    sync_later = sync_later && w.sync_later;
+  }
   crash_point("before_group_commit");
   std::vector<std::exception_ptr> errors;
   try {
-    errors = journal_.write_together(bodies);
+    errors = journal_.write_together(bodies, sync_later);
   } catch (...) {
     errors.assign(group.size(), std::current_exception());  // the committer goes on; every writer hears why
   }
@@ -220,9 +224,10 @@ void ledger::write(body write) {
   if (error) std::rethrow_exception(error);
 }
 
-task<void> ledger::write_async(body write) {
+task<void> ledger::write_async(body write, bool sync_later) {
   // Leading blocks this event loop for a commit: only an attempt alone may.
-  if (std::exception_ptr error; live_attempts.load(std::memory_order_relaxed) <= 1 && lead(write, error)) {
+  if (std::exception_ptr error;
+      live_attempts.load(std::memory_order_relaxed) <= 1 && lead(write, error, sync_later)) {
     if (error) std::rethrow_exception(error);
     co_return;
   }
@@ -232,9 +237,10 @@ task<void> ledger::write_async(body write) {
         // The handler moves only (the queue's callbacks are copied), and is
         // invoked as an rvalue: the coroutine it resumes is then no longer its.
         auto resume = std::make_shared<decltype(handler)>(std::move(handler));
-        enqueue(std::move(write), [resume, executor](std::exception_ptr e) {
-          asio::post(executor, [resume, e] { std::move(*resume)(e); });
-        });
+        enqueue(
+            std::move(write),
+            [resume, executor](std::exception_ptr e) { asio::post(executor, [resume, e] { std::move(*resume)(e); }); },
+            sync_later);
       },
       asio::use_awaitable);
 }
@@ -383,7 +389,7 @@ task<std::optional<int>> ledger::take_run_async(std::string id, std::string expe
     if (workspace) j.assign_workspace(id, workspace->folder, workspace->host);
     attempt = j.begin_attempt(id);
   };
-  co_await write_async(std::move(write));
+  co_await write_async(std::move(write), /*sync_later=*/true);
   co_return attempt;
 }
 

@@ -97,7 +97,9 @@ class ledger {
   // A run on its way in, in one write and so one commit rather than three:
   // claim_run, then (when `workspace` is given) assign_workspace, then
   // begin_attempt. Returns the attempt's number, or nullopt when the claim
-  // failed (and nothing was written).
+  // failed (and nothing was written). Visible to every process when it
+  // returns, but synced with the attempt's first synced write (a power cut
+  // before it forgets the claim; the run is then still to be taken).
   struct workspace_assignment {
     std::string folder, host;
   };
@@ -124,17 +126,20 @@ class ledger {
   struct writer {
     body write;
     done_fn done;
+    bool sync_later = false;  // storage::journal::write_together's
   };
   // Runs `write` on the writing connection within the next group commit.
+  // `sync_later`: it may commit without a sync of its own when its group
+  // holds nothing else (see storage's write_together).
   void write(body write);
-  task<void> write_async(body write);
+  task<void> write_async(body write, bool sync_later = false);
   task<void> apply_effect_async(std::string run_id, effect e);
-  void enqueue(body write, done_fn done);
+  void enqueue(body write, done_fn done, bool sync_later = false);
   // Commits `write` on this thread when nobody else is writing (the first
   // writer leads, as in LevelDB's queue: an idle engine's step pays no hand-
   // over to the committer and back); false when another commit is under way
   // or queued, and `write` was left alone.
-  bool lead(body& write, std::exception_ptr& error);
+  bool lead(body& write, std::exception_ptr& error, bool sync_later = false);
   void commit_loop();
   // Commits `group` together, then answers each writer. Without mutex_.
   void commit_group(std::vector<writer>& group);

@@ -336,6 +336,16 @@ void sync_folder_of(const fs::path& file) {
   ::close(fd);
 }
 
+// How the journal's commits are synced, as its options ask.
+const char* sync_pragma(const journal_options& options) {
+#ifdef CAIRN_TEST_UNSAFE_NO_SYNC  // a test-only build (CMake CAIRN_TEST_UNSAFE) that power_loss_test must fail
+  (void)options;
+  return "PRAGMA synchronous = OFF";
+#else
+  return options.sync == sync_mode::full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL";
+#endif
+}
+
 SQLite::Database open_writable(const fs::path& path, const journal_options& options) {
   std::error_code ec;
   if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
@@ -373,11 +383,7 @@ SQLite::Database open_writable(const fs::path& path, const journal_options& opti
   const std::string mode = retrying_busy([&] { return db.execAndGet("PRAGMA journal_mode = WAL").getString(); });
   if (mode != "wal")
     throw storage_error(errc::io, fmt::format("journal {} cannot use WAL mode (SQLite kept '{}')", path.string(), mode));
-#ifdef CAIRN_TEST_UNSAFE_NO_SYNC  // a test-only build (CMake CAIRN_TEST_UNSAFE) that power_loss_test must fail
-  db.exec("PRAGMA synchronous = OFF");
-#else
-  db.exec(options.sync == sync_mode::full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
-#endif
+  db.exec(sync_pragma(options));
   retrying_busy([&] { migrate(db, path); });
   db.exec("PRAGMA foreign_keys = ON");
   // SQLite syncs the file it creates but not the folder that names it: after
@@ -490,7 +496,22 @@ struct journal::impl {
         db(guard({}, [&] { return options.read_only ? open_read_only(p, options) : open_writable(p, options); })),
         busy{options.busy_timeout, {}} {
     sqlite3_busy_handler(db.getHandle(), &busy_wait::on_busy, &busy);
+    if (!options.read_only) sqlite3_wal_hook(db.getHandle(), &impl::after_commit, this);
   }
+
+  // A commit that skips its sync (write_together's sync_later) must not
+  // checkpoint: a checkpoint under synchronous=OFF copies frames into the
+  // database file without syncing it, and once the WAL starts over, a power
+  // cut could take earlier, acknowledged commits with it. So this hook
+  // stands in for SQLite's automatic checkpoint (same threshold, PASSIVE)
+  // and skips it then; the next synced commit checkpoints.
+  bool syncing_later = false;
+  static int after_commit(void* self, sqlite3* db, const char* name, int wal_pages) {
+    if (!static_cast<impl*>(self)->syncing_later && wal_pages >= auto_checkpoint_pages)
+      sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    return SQLITE_OK;
+  }
+  static constexpr int auto_checkpoint_pages = 1000;  // SQLite's default
 
   // Runs `body`, turning SQLite's failures into storage_error. A transaction
   // inside `body` has rolled back by the time the error leaves.
@@ -619,11 +640,29 @@ struct journal::impl {
   }
 };
 
-std::vector<std::exception_ptr> journal::write_together(std::span<const std::function<void(journal&)>> writes) {
+std::vector<std::exception_ptr> journal::write_together(std::span<const std::function<void(journal&)>> writes,
+                                                        bool sync_later) {
   if (pg_) return pg_->write_together(*this, writes);
   auto& j = *impl_;
+  auto run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); };
+  // Whatever happens, the connection syncs again afterwards (one that
+  // cannot must not write on: the exception ends the process).
+  struct sync_again {
+    impl* j;
+    ~sync_again() {
+      if (!j) return;
+      j->syncing_later = false;
+      j->db.exec(sync_pragma(j->options));
+    }
+  } restore{sync_later ? &j : nullptr};
+  if (sync_later) {
+    j.syncing_later = true;
+    // Compiled each time: a PRAGMA takes effect when it is prepared, not
+    // when a cached statement runs again.
+    j.guard({}, [&] { j.db.exec("PRAGMA synchronous = OFF"); });
+  }
   return group_commit(*this, writes,
-                      {.run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); },
+                      {.run = run,
                        .in_transaction = [&j] { return sqlite3_get_autocommit(j.db.getHandle()) == 0; },
                        .begin = impl::begin_statement,
                        .grouped = j.grouped,

@@ -217,7 +217,14 @@ class journal {
   // process past busy_timeout), nothing of any write was kept and every index
   // holds that error. Claims and releases made inside take effect for the
   // fence only once committed.
-  std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes);
+  //
+  // `sync_later`: the commit may skip its own sync (SQLite): every process
+  // sees it at once, but a power cut before the next synced commit of the
+  // journal (which syncs it too) forgets it. For writes nobody is answered
+  // about, whose loss a restart repairs (a run's claim on its way in). On
+  // PostgreSQL it is synced like any other.
+  std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes,
+                                                 bool sync_later = false);
 
   // Inserts a pending run (with its parent, initial owner and deadline). If a
   // run with this id exists, returns it unchanged and false: the id is the

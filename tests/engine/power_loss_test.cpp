@@ -14,12 +14,20 @@
 // how many (default 200).
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <functional>
 #include <random>
+#include <span>
 
 #include "storage/power_loss_vfs.hpp"
 #include "tests/engine/durability_host.hpp"
+#include "tests/storage/journal_samples.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -151,4 +159,56 @@ TEST_CASE("power cuts at random instants lose nothing that was acknowledged or r
               "acknowledgements checked, %.1f s, seed %llu\n",
               cuts, torn, batches_completed, batch(0).size(), told_agents.size(), seconds,
               static_cast<unsigned long long>(seed));
+}
+
+TEST_CASE("a claim committed without its own sync never checkpoints: a power cut after it keeps every synced step") {
+  // The hazard: SQLite checkpoints after a commit once the WAL holds 1,000
+  // pages. A checkpoint run by a commit that skipped its sync copies the
+  // WAL into the database file without syncing that either; the next commit
+  // then starts the WAL over, and a power cut takes the steps whose pages
+  // were in neither. The journal skips the checkpoint after such a commit.
+  temp_dir home;
+  const auto db = home / "cairn.db";
+  const auto images = home / "images";
+  { storage::journal created(db); }
+  const json big(std::string(6000, 'x'));  // two pages of output a step
+  pid_t writer = ::fork();
+  REQUIRE(writer >= 0);
+  if (writer == 0) {
+    try {
+      storage::testing::install_power_loss_vfs(images);
+      storage::journal j(db);
+      j.create_run(storage::samples::a_run("r"));
+      auto step = [&](std::uint64_t seq) { j.append_step(storage::samples::ok_step("r", seq, big)); };
+      // Synced steps until the WAL is just short of SQLite's threshold.
+      const auto wal_pages = [&] { return (fs::file_size(db.string() + "-wal") - 32) / (4096 + 24); };
+      std::uint64_t seq = 0;
+      while (wal_pages() < 960) step(seq++);
+      // A claim that skips its sync and carries the WAL past the threshold.
+      const auto claimed = storage::samples::a_run("claimed");
+      const std::function<void(storage::journal&)> claim = [&](storage::journal& w) {
+        w.create_run(claimed);
+        for (int i = 0; i < 60; ++i)
+          w.append_event("claimed", "padding", json(std::to_string(i) + big.get<std::string>()), std::nullopt);
+      };
+      j.write_together(std::span(&claim, 1), /*sync_later=*/true);
+      // A synced step after it; then the power goes, the journal still open.
+      step(seq++);
+      std::ofstream(home / "synced") << seq;
+      ::kill(::getpid(), SIGKILL);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "writer: %s\n", e.what());
+    }
+    std::_Exit(1);
+  }
+  int status = 0;
+  ::waitpid(writer, &status, 0);
+  REQUIRE(fs::exists(home / "synced"));
+  std::uint64_t synced = 0;
+  std::ifstream(home / "synced") >> synced;
+  REQUIRE(synced > 100);
+  storage::testing::cut_power(images);
+  REQUIRE(integrity(db) == "ok");
+  storage::journal after(db);
+  CHECK(after.steps("r").size() == synced);
 }
