@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,6 +63,16 @@ void make_folder_with_mode(int dir, const std::string& name, mode_t mode, const 
 
 unique_fd open_folder_no_follow(const fs::path& path, std::optional<mode_t> create_mode) {
   if (!path.is_absolute()) bad_spec(fmt::format("{} is not an absolute path", path.string()));
+  for (const auto& part : path.relative_path())
+    if (part == "..") bad_spec(fmt::format("{} holds \"..\"", path.string()));
+  // A folder that exists, reached without a link anywhere on the way: one
+  // system call (Linux 5.6) instead of two per folder on the way. Anything
+  // else (a folder to make, a link to name, an older kernel) takes the walk.
+  open_how how{};
+  how.flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  if (unique_fd found(static_cast<int>(::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how))); found)
+    return found;
   unique_fd dir(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   fs::path reached = "/";
   for (const auto& part : path.relative_path()) {
