@@ -48,6 +48,7 @@ struct serve_args {
   bool verbose = false;  // every step, not only each run's start and end
   int warm = 0;          // pooled sandboxes (runtime::warm_pool_options)
   std::string warm_policy;  // whose limits they get; empty: the default policy
+  bool prestart = false;    // pooled sandboxes start the agent too (warm_pool_options::start_agents)
   int lease_seconds = 15;   // how long the worker's lease lasts unrenewed (engine/worker_lease.hpp)
   std::string workspace_root;  // shared storage for workspaces of runs made without one; empty: CAIRN_HOME's
 };

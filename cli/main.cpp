@@ -73,13 +73,18 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--suspend-after", serve.suspend_after_ms,
                         "ms a run may wait (timer, signal, child) before its sandbox is deleted (default 2000)")
       ->check(CLI::Range(0, 86'400'000));
-  serve_cmd->add_option("--warm", serve.warm,
+  auto* warm_option = serve_cmd->add_option("--warm", serve.warm,
                         "sandboxes kept ready for runs to take (default 0); runs whose limits differ from the "
                         "pool's start cold")
       ->check(CLI::Range(0, 1024));
   serve_cmd->add_option("--warm-policy", serve.warm_policy,
                         "a policy file whose limits the pooled sandboxes get (default: the default policy's)")
       ->check(CLI::ExistingFile);
+  serve_cmd->add_flag("--prestart", serve.prestart,
+                      "with --warm: each pooled sandbox also starts the agent of the last new run, which then waits "
+                      "for its run, so that agent's next runs skip its start (exec, loading, imports); such an agent "
+                      "learns its run id from the start message only, not from CAIRN_RUN_ID")
+      ->needs(warm_option);
   serve_cmd->add_flag("--verbose", serve.verbose, "log every step, not only each run's start and end");
   serve_cmd->add_option("--lease", serve.lease_seconds,
                         "seconds this worker's lease lasts unrenewed (default 15): once it has expired (the "

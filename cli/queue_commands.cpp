@@ -54,8 +54,10 @@ class serve_log : public engine::run_observer {
     log_line(fmt::format("attempt {} crashed: {}{}", attempt, reason, will_retry ? "; retrying" : ""));
   }
   void on_warning(const std::string& message) override { log_line("warning: " + message); }
-  void on_sandbox(const std::string& run_id, bool pooled, std::chrono::microseconds took) override {
-    if (pooled) log_line(fmt::format("run {}: warm sandbox from the pool, ready in {:.1f} ms", run_id, took.count() / 1000.0));
+  void on_sandbox(const std::string& run_id, bool pooled, bool agent_started, std::chrono::microseconds took) override {
+    if (pooled)
+      log_line(fmt::format("run {}: warm sandbox from the pool{}, ready in {:.1f} ms", run_id,
+                           agent_started ? ", its agent started already" : "", took.count() / 1000.0));
   }
 
  private:
@@ -189,6 +191,7 @@ int serve_command(const paths& p, const serve_args& args) {
     warm.size = static_cast<std::size_t>(args.warm);
     warm.folder = p.home / "warm";
     warm.limits = (args.warm_policy.empty() ? engine::default_policy() : engine::load_policy_file(args.warm_policy)).limits;
+    warm.start_agents = args.prestart;
     // One backend for every lane, so one pool; made now, so it fills before the first run.
     o.engine.backends = engine::shared_backends(engine::default_backends(warm));
     if (warm.size > 0)
@@ -221,7 +224,9 @@ int serve_command(const paths& p, const serve_args& args) {
     log_line(fmt::format("cairn serve: journal {}, up to {} runs at once{}, pid {}, lease {} s (SIGTERM stops it "
                          "gracefully)",
                          shown_db(p), args.max_concurrent,
-                         warm.size > 0 ? fmt::format(", {} sandboxes kept warm", warm.size) : "",
+                         warm.size > 0 ? fmt::format(", {} sandboxes kept warm{}", warm.size,
+                                                     warm.start_agents ? " (agents started in them)" : "")
+                                       : "",
                          engine::current_owner().pid, args.lease_seconds));
     engine::scheduler runs(std::move(o));
     std::thread announce([&runs] {

@@ -85,17 +85,29 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   if (policy_.limits.max_workspace_bytes > 0) spec.workspace_image = options_.workspace_image;
   spec.log_file = options_.log_file;
   spec.app_folder = runtime::script_folder(run_.agent);
+  spec.agent = run_.agent;
   // Made, and later taken down, off the event loop: mounts, cgroups, fork and exec.
   starting_.emplace(co_await start_slot::take());
   const auto asked = clock::now();
-  std::shared_ptr<runtime::sandbox> box =
-      co_await offload([&] { return std::shared_ptr(backend.create(spec)); }, pool::starts);
-  observer_.on_sandbox(run_.id, box->pooled(), std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - asked));
-  for (const auto& warning : box->warnings()) {
+  // One trip to a start thread makes the sandbox and starts the agent; only
+  // a sandbox with warnings, which are journaled before its agent starts,
+  // takes two.
+  std::shared_ptr<runtime::sandbox> box;
+  std::vector<std::string> warnings;
+  process_ = co_await offload(
+      [&]() -> std::unique_ptr<runtime::agent_process> {
+        box = backend.create(spec);
+        warnings = box->warnings();
+        return warnings.empty() ? box->exec(run_.agent, {}) : nullptr;
+      },
+      pool::starts);
+  observer_.on_sandbox(run_.id, box->pooled(), box->agent_started(),
+                       std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - asked));
+  for (const auto& warning : warnings) {
     co_await apply_effect(effects::sandbox_warning{warning});
     observer_.on_warning(warning);
   }
-  process_ = co_await offload([&] { return box->exec(run_.agent, {}); }, pool::starts);
+  if (!process_) process_ = co_await offload([&] { return box->exec(run_.agent, {}); }, pool::starts);
   events_.watch_process(process_->pid());
   const auto executor = co_await asio::this_coro::executor;
   channel_fd_.emplace(executor, process_->io().fd());

@@ -32,9 +32,12 @@ class run_observer {
   virtual void on_emit(const json&) {}
   virtual void on_attempt_failed(int /*attempt*/, const std::string& /*reason*/, bool /*will_retry*/) {}
   virtual void on_warning(const std::string&) {}
-  // The attempt's sandbox is ready for its agent: it came from the warm pool
-  // (`pooled`) or was made for it; `took` from asking to ready.
-  virtual void on_sandbox(const std::string& /*run_id*/, bool /*pooled*/, std::chrono::microseconds /*took*/) {}
+  // The attempt's sandbox is ready: it came from the warm pool (`pooled`),
+  // perhaps with its agent running already (`agent_started`), or was made
+  // for it; `took` from asking to ready, its agent started unless the
+  // sandbox has warnings (they are reported first).
+  virtual void on_sandbox(const std::string& /*run_id*/, bool /*pooled*/, bool /*agent_started*/,
+                          std::chrono::microseconds /*took*/) {}
   // The run was suspended until `wait` is over.
   virtual void on_wait(const storage::run_record&, const storage::wait_spec&) {}
 };

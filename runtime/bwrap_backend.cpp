@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -235,6 +236,55 @@ void wait_launcher_ready(warm_sandbox& w) {
                                   why ? *why : output.empty() ? std::string("bwrap said nothing") : output));
 }
 
+// The sandbox reads a script through its folder's bind: the sandbox uid
+// must be able to, as no copy is made.
+void check_script_reachable(const bwrap_context& c, const fs::path& app_folder, const fs::path& agent) {
+  if (agent.parent_path() != app_folder)
+    throw sandbox_error(sandbox_errc::bad_spec,
+                        fmt::format("script agent {} is not in its folder {}", agent.string(), app_folder.string()));
+  const auto& user = c.user;
+  if (!user) return;
+  auto blocked = first_unsearchable_dir(agent, user->uid, user->gid);
+  if (blocked || !may_read_and_execute(agent, user->uid, user->gid))
+    throw sandbox_error(
+        sandbox_errc::bad_spec,
+        fmt::format("script agent {} is out of reach of the sandbox uid {}, which runs it from its folder: {}",
+                    agent.string(), user->uid,
+                    blocked ? fmt::format("it may not enter {} (chmod o+x {})", blocked->string(), blocked->string())
+                            : fmt::format("it may not read it (chmod o+rx {})", agent.string())));
+}
+
+// Which file `path` is and when it last changed, as stat tells it.
+std::string stamp_of(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) < 0) return {};
+  return fmt::format("{}:{}:{}:{}.{}:{}.{}", st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+                     st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+}
+
+// An agent started in a pooled sandbox has its imports behind it once it
+// speaks (an SDK's hello, left on the channel for the run to read).
+constexpr std::chrono::seconds agent_start_timeout{30};
+void wait_agent_spoke(warm_sandbox& w) {
+  pollfd p{w.channel.get(), POLLIN, 0};
+  const auto deadline = std::chrono::steady_clock::now() + agent_start_timeout;
+  int ready;
+  do {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    ready = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
+  } while (ready < 0 && errno == EINTR);
+  char byte = 0;
+  if (ready == 1 && ::recv(w.channel.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1) return;
+  std::string output(4096, '\0');
+  ssize_t n = ::read(w.own_output.get(), output.data(), output.size());
+  output.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  auto why = diagnose_bwrap_failure(output);
+  throw sandbox_error(sandbox_errc::spawn_failed,
+                      fmt::format("agent {} started in a pooled sandbox {}: {}", w.agent->program.string(),
+                                  ready == 1 ? "ended before it said anything" : "said nothing within 30 s",
+                                  why ? *why : output.empty() ? std::string("no output") : output));
+}
+
 class bwrap_sandbox final : public sandbox {
  public:
   bwrap_sandbox(bwrap_context context, sandbox_spec spec, fs::path workspace,
@@ -246,7 +296,8 @@ class bwrap_sandbox final : public sandbox {
         resources_(std::move(resources)),
         max_frame_(max_frame),
         warm_(std::move(warm)),
-        pooled_(warm_ != nullptr) {}
+        pooled_(warm_ != nullptr),
+        agent_started_(warm_ && warm_->agent) {}
 
   ~bwrap_sandbox() override {
     try {
@@ -260,8 +311,15 @@ class bwrap_sandbox final : public sandbox {
                                       const std::vector<std::string>& args) override {
     fs::path agent = check_program(program);
     check_agent_args(args);
-    if (!spec_.app_folder.empty()) check_script_reachable(agent);
-    auto log = std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file, spec_.limits.max_log_bytes);
+    if (!spec_.app_folder.empty()) check_script_reachable(context_, spec_.app_folder, agent);
+    const bool started = warm_ && warm_->agent && warm_->channel;
+    if (started && (agent != warm_->agent->program || args != warm_->agent->args))
+      throw sandbox_error(sandbox_errc::bad_spec,
+                          fmt::format("this sandbox runs {} already, started for its first exec: it cannot start {}",
+                                      warm_->agent->program.string(), agent.string()));
+    auto log = started ? std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file,
+                                                      spec_.limits.max_log_bytes, std::move(warm_->own_output))
+                       : std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file, spec_.limits.max_log_bytes);
     resources_->acquire();  // again, after a destroy()
     auto cgroup = resources_->cgroup();
     // Before the start: counters count from what the cgroup held until now.
@@ -270,7 +328,10 @@ class bwrap_sandbox final : public sandbox {
 
     std::shared_ptr<child_handle> handle;
     unique_fd channel;
-    if (warm_ && warm_->channel) {
+    if (started) {
+      handle = warm_->handle;
+      channel = std::move(warm_->channel);
+    } else if (warm_ && warm_->channel) {
       unique_fd image = program_for_launcher(agent);
       std::vector<std::string> argv = {sandbox_agent_path};
       argv.insert(argv.end(), args.begin(), args.end());
@@ -309,6 +370,7 @@ class bwrap_sandbox final : public sandbox {
   }
 
   bool pooled() const override { return pooled_; }
+  bool agent_started() const override { return agent_started_; }
 
  private:
   // The agent as the launcher executes it: from the host's descriptor when
@@ -335,24 +397,6 @@ class bwrap_sandbox final : public sandbox {
     return copy;
   }
 
-  // The sandbox reads a script through its folder's bind: the sandbox uid
-  // must be able to, as no copy is made.
-  void check_script_reachable(const fs::path& agent) const {
-    if (agent.parent_path() != spec_.app_folder)
-      throw sandbox_error(sandbox_errc::bad_spec,
-                          fmt::format("script agent {} is not in its folder {}", agent.string(), spec_.app_folder.string()));
-    const auto& user = context_.user;
-    if (!user) return;
-    auto blocked = first_unsearchable_dir(agent, user->uid, user->gid);
-    if (blocked || !may_read_and_execute(agent, user->uid, user->gid))
-      throw sandbox_error(
-          sandbox_errc::bad_spec,
-          fmt::format("script agent {} is out of reach of the sandbox uid {}, which runs it from its folder: {}",
-                      agent.string(), user->uid,
-                      blocked ? fmt::format("it may not enter {} (chmod o+x {})", blocked->string(), blocked->string())
-                              : fmt::format("it may not read it (chmod o+rx {})", agent.string())));
-  }
-
   bwrap_context context_;
   sandbox_spec spec_;
   fs::path workspace_;
@@ -360,6 +404,7 @@ class bwrap_sandbox final : public sandbox {
   std::size_t max_frame_;
   std::unique_ptr<warm_sandbox> warm_;  // until its one attempt ends
   bool pooled_;
+  bool agent_started_;
   child_tracker tracker_;
 };
 
@@ -370,7 +415,9 @@ class bwrap_backend final : public sandbox_backend {
       if (options_.warm.folder.empty())
         throw sandbox_error(sandbox_errc::bad_spec, "a warm pool needs a folder for its sandboxes' workspaces");
       open_folder_no_follow(options_.warm.folder, 0711);
-      pool_ = std::make_unique<warm_pool>(options_.warm.size, [this] { return make_warm(); });
+      pool_ = std::make_unique<warm_pool>(
+          options_.warm.size, [this](std::shared_ptr<const warm_agent> agent) { return make_warm(std::move(agent)); },
+          options_.warm.start_agents);
     }
   }
 
@@ -441,33 +488,77 @@ class bwrap_backend final : public sandbox_backend {
     return *context_;
   }
 
+  // Whether the pooled sandboxes come with a quota image (root's, mounted
+  // before the sandbox is made).
+  bool pool_has_images(const bwrap_context& c) const {
+    return c.user && c.quota.available && options_.warm.limits.max_workspace_bytes > 0;
+  }
+
+  // The agent this run's sandbox may come with, started already: for a new
+  // run, whose workspace is new and empty and which, when the pool's
+  // sandboxes have images, has none yet (it takes the pooled one), so that
+  // the agent's working folder is the run's /workspace. Null otherwise.
+  std::shared_ptr<const warm_agent> agent_for(const bwrap_context& c, const sandbox_spec& spec,
+                                              const fs::path& workspace) const {
+    if (!options_.warm.start_agents || spec.agent.empty()) return nullptr;
+    std::error_code ec;
+    if (!fs::is_empty(workspace, ec) || ec) return nullptr;
+    const bool image = c.quota.available && !spec.workspace_image.empty() && spec.limits.max_workspace_bytes > 0;
+    if (image != pool_has_images(c)) return nullptr;
+    if (image && (fs::exists(spec.workspace_image, ec) ||
+                  spec.limits.max_workspace_bytes != options_.warm.limits.max_workspace_bytes))
+      return nullptr;
+    try {
+      auto agent = std::make_shared<warm_agent>();
+      agent->program = check_program(spec.agent);
+      check_agent_args(spec.agent_args);
+      agent->args = spec.agent_args;
+      agent->app_folder = spec.app_folder;
+      if (!spec.app_folder.empty()) check_script_reachable(c, spec.app_folder, agent->program);
+      agent->stamp = stamp_of(agent->program) + (spec.app_folder.empty() ? "" : "|" + stamp_of(spec.app_folder));
+      agent->env = sandbox_environment(spec, detect_cgroups().mode != cgroup_mode::none);
+      agent->env.erase("CAIRN_RUN_ID");
+      return agent;
+    } catch (const sandbox_error&) {
+      return nullptr;  // its exec says why
+    }
+  }
+
   // A pooled sandbox for this run, or null: none ready, other limits, or
   // (without root) a workspace that is not a new, empty folder.
   std::unique_ptr<warm_sandbox> take_warm(const bwrap_context& context, const sandbox_spec& spec,
                                           const fs::path& workspace) {
-    // A script agent's folder is bound when its sandbox is made: a pooled one has none.
-    if (!pool_ || !spec.app_folder.empty() || !same_sandbox_limits(options_.warm.limits, spec.limits))
-      return nullptr;
+    if (!pool_ || !same_sandbox_limits(options_.warm.limits, spec.limits)) return nullptr;
     std::error_code ec;
     if (!context.user && !fs::is_empty(workspace, ec)) return nullptr;  // no root: only a new, empty one
     // No root: its image is mounted through FUSE after the take, where a
     // sandbox made before cannot see it (it would write past the quota).
     if (!context.user && context.quota.fuse && !spec.workspace_image.empty() && spec.limits.max_workspace_bytes > 0)
       return nullptr;
-    auto warm = pool_->take();
+    // A script agent's folder is bound when its sandbox is made: only one
+    // made running it will do.
+    auto warm = pool_->take(agent_for(context, spec, workspace), spec.app_folder.empty());
     if (!warm || warm->folder->shared_mount() || warm->folder->become(workspace)) return warm;
     return nullptr;
   }
 
   // Runs on the pool's threads.
-  std::unique_ptr<warm_sandbox> make_warm() {
+  std::unique_ptr<warm_sandbox> make_warm(std::shared_ptr<const warm_agent> agent) {
     bwrap_context context = context_of();
     const auto& limits = options_.warm.limits;
     auto warm = std::make_unique<warm_sandbox>();
+    warm->agent = std::move(agent);
     const bool root = context.user.has_value();  // as resolve_sandbox_user says
+    // A started agent's working folder stays its run's /workspace: the
+    // pooled image, which its run takes, or a plain folder, which becomes
+    // the run's (a workspace mounted over the folder would hide it).
     warm->folder = std::make_unique<warm_folder>(
-        options_.warm.folder / fmt::format("{}-{}", ::getpid(), made_.fetch_add(1)), root);
-    if (root && context.quota.available && limits.max_workspace_bytes > 0) {
+        options_.warm.folder / fmt::format("{}-{}", ::getpid(), made_.fetch_add(1)),
+        root && (!warm->agent || pool_has_images(context)));
+    if (root && !warm->folder->shared_mount() && ::chown(warm->folder->path().c_str(), context.user->uid,
+                                                         context.user->gid) < 0)
+      spawn_failed("giving " + warm->folder->path().string() + " to the sandbox uid");
+    if (pool_has_images(context)) {
       warm->image_path = fs::path(warm->folder->path()) += ".img";
       make_workspace_image(context.quota.tools, warm->image_path, workspace_image_size(limits.max_workspace_bytes),
                            context.user->uid, context.user->gid);
@@ -482,11 +573,17 @@ class bwrap_backend final : public sandbox_backend {
     warm->own_output.reset(output[0]);
     unique_fd writer(output[1]);
     ::fcntl(warm->own_output.get(), F_SETFL, O_NONBLOCK);
-    auto started = start_bwrap(context, limits, {}, warm->folder->path(), nullptr, {}, {}, writer.get(), warm->cgroup);
+    const auto& a = warm->agent;
+    auto started = a ? start_bwrap(context, limits, a->env, warm->folder->path(), &a->program, a->app_folder, a->args,
+                                   writer.get(), warm->cgroup)
+                     : start_bwrap(context, limits, {}, warm->folder->path(), nullptr, {}, {}, writer.get(), warm->cgroup);
     warm->handle = std::move(started.handle);
     warm->channel = std::move(started.channel);
     writer.reset();
-    wait_launcher_ready(*warm);
+    if (a)
+      wait_agent_spoke(*warm);
+    else
+      wait_launcher_ready(*warm);
     return warm;
   }
 

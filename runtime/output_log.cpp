@@ -152,6 +152,15 @@ output_log::output_log(unique_fd file, std::filesystem::path path, std::uint64_t
   pumped_as_ = output_pump::get().add(*this);
 }
 
+output_log::output_log(unique_fd file, std::filesystem::path path, std::uint64_t max_bytes, unique_fd reader)
+    : path_(std::move(path)),
+      max_bytes_(std::max<std::uint64_t>(max_bytes, 2 * buffer_bytes)),
+      file_(std::move(file)),
+      reader_(std::move(reader)) {
+  if (::fcntl(reader_.get(), F_SETFL, O_NONBLOCK) < 0) failed("pipe for the agent's output");
+  pumped_as_ = output_pump::get().add(*this);
+}
+
 output_log::~output_log() {
   output_pump::get().remove(pumped_as_);
   copy_available();

@@ -27,6 +27,9 @@ class output_log {
   // `file`: the log at `path`, opened for appending (open_log). Hands the
   // pipe to the pump. Throws sandbox_error(spawn_failed) when no pipe can be made.
   output_log(unique_fd file, std::filesystem::path path, std::uint64_t max_bytes);
+  // The same, for a child started already: `reader` is the read end of the
+  // pipe it writes to; writer() is -1.
+  output_log(unique_fd file, std::filesystem::path path, std::uint64_t max_bytes, unique_fd reader);
   // Takes the pipe back from the pump, then copies what it holds at this moment.
   ~output_log();
   output_log(const output_log&) = delete;

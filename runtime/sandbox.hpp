@@ -86,6 +86,11 @@ struct sandbox_spec {
   // appended here, on the host, through a pipe the host reads (the agent
   // never holds this file); see output_log.hpp. Required.
   std::filesystem::path log_file;
+  // The program and arguments the caller will exec() first, when known: a
+  // warm pool that starts agents (warm_pool_options::start_agents) hands
+  // over a sandbox whose agent is this one, started already.
+  std::filesystem::path agent;
+  std::vector<std::string> agent_args;
 };
 
 // The folder of a script agent (a program that starts with "#!"), for
@@ -158,8 +163,10 @@ class sandbox {
   // "workspace ... has no size quota: ...", a kept image of another size.
   // Known from create() on; empty when every limit holds as asked.
   virtual std::vector<std::string> warnings() const = 0;
-  // Whether it came ready from the warm pool (bwrap_options::warm).
+  // Whether it came ready from the warm pool (bwrap_options::warm), and
+  // with its agent started already (warm_pool_options::start_agents).
   virtual bool pooled() const { return false; }
+  virtual bool agent_started() const { return false; }
 };
 
 // What keeping a workspace's files between attempts has cost the host in
@@ -227,6 +234,15 @@ struct warm_pool_options {
   // when size > 0.
   std::filesystem::path folder;
   resource_limits limits;  // every pooled sandbox is made with these
+  // Each pooled sandbox also starts the agent of the last run that could
+  // take one (sandbox_spec::agent; a new run, whose workspace is new and
+  // empty and, with a quota, has no image yet), and that agent's next runs
+  // take a sandbox whose agent is running: they skip its start (exec,
+  // loading, imports). Such an agent is started before its run exists: its
+  // run id reaches it in `start` only, not in CAIRN_RUN_ID. Runs of another
+  // agent take a sandbox without one, or start cold; a program changed on
+  // disk since is not served from the pool.
+  bool start_agents = false;
 };
 
 struct bwrap_options {

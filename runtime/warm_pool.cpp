@@ -1,16 +1,19 @@
 #include "runtime/warm_pool.hpp"
 
+#include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "runtime/bwrap_support.hpp"
+#include "runtime/tree_copy.hpp"
 #include "runtime/warm/launch.hpp"
 
 namespace cairn::runtime {
@@ -25,6 +28,20 @@ constexpr std::size_t max_makers = 2;
 
 [[noreturn]] void failed(const std::string& what) {
   throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+// Removes the folder; an agent started in it may have left files there.
+bool remove_folder(const fs::path& path) {
+  if (::rmdir(path.c_str()) == 0) return true;
+  if (errno != ENOTEMPTY) return false;
+  unique_fd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir) return false;
+  try {
+    clear_tree(dir.get(), path);
+  } catch (const sandbox_error&) {
+    return false;
+  }
+  return ::rmdir(path.c_str()) == 0;
 }
 
 // Every mount stacked on `path` (the folder's own, a run's workspace on it).
@@ -66,7 +83,7 @@ warm_folder::warm_folder(fs::path path, bool shared_mount) : path_(std::move(pat
 warm_folder::~warm_folder() {
   if (given_away_) return;
   if (shared_mount_) unmount_all(path_);
-  ::rmdir(path_.c_str());
+  remove_folder(path_);
 }
 
 void warm_folder::show(const fs::path& workspace) {
@@ -127,7 +144,8 @@ void warm_sandbox::launch(int program, int log_writer, const std::vector<std::st
   send_all(channel.get(), body.data(), body.size());
 }
 
-warm_pool::warm_pool(std::size_t size, maker make) : size_(size), make_(std::move(make)) {
+warm_pool::warm_pool(std::size_t size, maker make, bool start_agents)
+    : size_(size), make_(std::move(make)), start_agents_(start_agents) {
   for (std::size_t i = 0; i < std::min(size_, max_makers); ++i) threads_.emplace_back([this] { fill(); });
 }
 
@@ -141,11 +159,19 @@ warm_pool::~warm_pool() {
   ready_.clear();
 }
 
-std::unique_ptr<warm_sandbox> warm_pool::take() {
+std::unique_ptr<warm_sandbox> warm_pool::take(const std::shared_ptr<const warm_agent>& agent, bool launcher_will_do) {
   std::lock_guard lock(mutex_);
-  if (ready_.empty()) return nullptr;
-  auto taken = std::move(ready_.front());
-  ready_.pop_front();
+  const auto runs = [&](const auto& w) { return agent && w->agent && *w->agent == *agent; };
+  if (start_agents_ && agent && !(wanted_ && *wanted_ == *agent) && !(refused_ && *refused_ == *agent)) {
+    wanted_ = agent;
+    changed_.notify_all();  // the fillers destroy what runs another
+  }
+  auto it = std::find_if(ready_.begin(), ready_.end(), runs);
+  if (it == ready_.end() && launcher_will_do)
+    it = std::find_if(ready_.begin(), ready_.end(), [](const auto& w) { return !w->agent; });
+  if (it == ready_.end()) return nullptr;
+  auto taken = std::move(*it);
+  ready_.erase(it);
   last_take_ = std::chrono::steady_clock::now();
   changed_.notify_all();
   return taken;
@@ -153,7 +179,16 @@ std::unique_ptr<warm_sandbox> warm_pool::take() {
 
 bool warm_pool::wait_ready(std::size_t count, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  return changed_.wait_for(lock, timeout, [&] { return ready_.size() >= count; });
+  return changed_.wait_for(lock, timeout, [&] {
+    return static_cast<std::size_t>(std::count_if(ready_.begin(), ready_.end(),
+                                                  [&](const auto& w) { return current(*w); })) >= count;
+  });
+}
+
+bool warm_pool::current(const warm_sandbox& w) const {
+  // A sandbox running an agent no run asks for any more serves nobody; one
+  // whose launcher waits gives way to one running the agent asked for.
+  return w.agent ? wanted_ && *w.agent == *wanted_ : wanted_ == nullptr;
 }
 
 std::optional<std::string> warm_pool::last_error() const {
@@ -165,6 +200,15 @@ void warm_pool::fill() {
   std::unique_lock lock(mutex_);
   auto pause = std::chrono::seconds(1);
   while (!stopping_) {
+    if (auto stale = std::find_if(ready_.begin(), ready_.end(), [&](const auto& w) { return !current(*w); });
+        stale != ready_.end()) {
+      auto dropped = std::move(*stale);
+      ready_.erase(stale);
+      lock.unlock();
+      dropped.reset();
+      lock.lock();
+      continue;
+    }
     if (ready_.size() + making_ >= size_) {
       changed_.wait(lock);
       continue;
@@ -174,19 +218,28 @@ void warm_pool::fill() {
       continue;
     }
     ++making_;
+    const auto agent = wanted_;
     lock.unlock();
     std::unique_ptr<warm_sandbox> made;
     std::string error;
     try {
-      made = make_();
+      made = make_(agent);
     } catch (const std::exception& e) {
       error = e.what();
     }
     lock.lock();
     --making_;
+    if (!made && agent) {
+      // An agent that does not start in a pooled sandbox starts cold, each
+      // time; the pool goes on without it.
+      refused_ = agent;
+      if (wanted_ == agent) wanted_.reset();
+      last_error_ = error;
+      continue;
+    }
     if (made) {
       ready_.push_back(std::move(made));
-      last_error_.reset();
+      if (agent || !refused_) last_error_.reset();  // why an agent is not started ahead stays told
       pause = std::chrono::seconds(1);
       changed_.notify_all();
       continue;
@@ -209,7 +262,7 @@ std::size_t sweep_orphaned_warm_folders() {
     const fs::path image = fs::path(folder) += ".img";
     ::unlink(image.c_str());
     ::unlink(attached_marker(image).c_str());
-    if (::rmdir(folder.c_str()) == 0) ++swept;
+    if (remove_folder(folder)) ++swept;
     forget_record(record);
   }
   return swept;

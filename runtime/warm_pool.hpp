@@ -16,6 +16,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -60,14 +61,29 @@ class warm_folder {
   std::unique_ptr<own_record> record_;
 };
 
+// An agent a pooled sandbox runs already, as a run must ask for it to take
+// that sandbox: the program, when and how it was last changed (`stamp`:
+// a program rebuilt since is not this one), and its whole environment.
+struct warm_agent {
+  std::filesystem::path program;  // canonical
+  std::vector<std::string> args;
+  std::filesystem::path app_folder;  // a script's; empty for a binary
+  std::string stamp;
+  std::map<std::string, std::string> env;
+  bool operator==(const warm_agent&) const = default;
+};
+
 // One sandbox of the pool: bwrap has built it and its launcher waits on the
-// channel. Destroying it unused kills and reaps it, then its folder goes.
+// channel, or (`agent`) that agent is running and has spoken on it.
+// Destroying it unused kills and reaps it, then its folder goes.
 struct warm_sandbox {
+  std::shared_ptr<const warm_agent> agent;  // null: a launcher waits for one
   std::shared_ptr<child_handle> handle;
   unique_fd channel;  // the host's end
   std::shared_ptr<sandbox_cgroup> cgroup;
   // The read end of bwrap's and the launcher's own stdout and stderr (their
-  // errors, before the launch gives the agent the run's log).
+  // errors, before the launch gives the agent the run's log); with `agent`,
+  // the agent's own, which the run's log takes.
   unique_fd own_output;
   std::unique_ptr<warm_folder> folder;
   // As root with a quota: an image made ahead (FOLDER.img), mounted at the
@@ -86,31 +102,42 @@ struct warm_sandbox {
 
 class warm_pool {
  public:
-  using maker = std::function<std::unique_ptr<warm_sandbox>()>;
+  // Makes a sandbox running `agent`, or (null) one whose launcher waits.
+  using maker = std::function<std::unique_ptr<warm_sandbox>(std::shared_ptr<const warm_agent> agent)>;
   // Starts filling at once, on threads of its own (the pooled sandboxes
-  // die with the thread that made them: see sandbox::exec).
-  warm_pool(std::size_t size, maker make);
+  // die with the thread that made them: see sandbox::exec). With
+  // `start_agents`, the sandboxes it makes run the agent last asked for.
+  warm_pool(std::size_t size, maker make, bool start_agents = false);
   // Stops filling; the sandboxes still pooled are destroyed.
   ~warm_pool();
   warm_pool(const warm_pool&) = delete;
   warm_pool& operator=(const warm_pool&) = delete;
 
-  // A ready sandbox, or null when none is; a replacement is made (while
+  // A ready sandbox running `agent` or, when `launcher_will_do`, else one
+  // whose launcher waits; null when none is. A replacement is made (while
   // others are still ready, from refill_delay on: making one would compete
-  // for the CPU with the start of the run that took this one).
-  std::unique_ptr<warm_sandbox> take();
+  // for the CPU with the start of the run that took this one). With
+  // start_agents, `agent` is what the pool starts from now on: the
+  // sandboxes running another, or none, are destroyed and replaced.
+  std::unique_ptr<warm_sandbox> take(const std::shared_ptr<const warm_agent>& agent, bool launcher_will_do);
   static constexpr std::chrono::milliseconds refill_delay{20};
-  // Waits until `count` are ready or `timeout` passes; true if they are.
+  // Waits until `count` are ready (of what the pool makes now) or
+  // `timeout` passes; true if they are.
   bool wait_ready(std::size_t count, std::chrono::milliseconds timeout);
   // Why the last attempt to make one failed (pooling pauses, then tries
-  // again), if it did.
+  // again), or why the agent last refused is not started ahead, if so.
   std::optional<std::string> last_error() const;
 
  private:
   void fill();
+  // Whether `w` is what the pool makes now (under mutex_).
+  bool current(const warm_sandbox& w) const;
 
   std::size_t size_;
   maker make_;
+  bool start_agents_;
+  std::shared_ptr<const warm_agent> wanted_;   // what the sandboxes made next run
+  std::shared_ptr<const warm_agent> refused_;  // an agent that did not start: not asked for again
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::unique_ptr<warm_sandbox>> ready_;

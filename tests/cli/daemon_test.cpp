@@ -776,6 +776,46 @@ TEST_CASE("a run the journal calls completed has its files in its workspace, eve
   for (int i = 0; i < 4; ++i) check_completed(h, numbered("r", i), plan, {});
 }
 
+TEST_CASE("serve --warm --prestart: runs take sandboxes whose agent runs already, each in its own workspace") {
+  cairn_home h;
+  daemon_process serve(h, "serve", {"--warm", "1", "--prestart"});
+  const json plan = plan_of({step("a"), step("b")});
+  // The first run of the agent tells the pool which agent to start; each
+  // run after it is submitted once the one before has completed, when the
+  // pool has had time to start the agent in its next sandbox.
+  std::vector<std::string> ids;
+  auto started_ahead = [&] {
+    for (const auto& id : ids)
+      if (serve.log().find("run " + id + ": warm sandbox from the pool, its agent started already") !=
+          std::string::npos)
+        return true;
+    return false;
+  };
+  for (int i = 0; i < 10 && !started_ahead(); ++i) {
+    ids.push_back(numbered("p", i));
+    h.submit(ids.back(), plan);
+    eventually(ids.back() + " completed",
+               [&] { return h.journal()->find_run(ids.back())->status == run_status::completed; },
+               [&] { return serve.log() + show_runs(h); });
+  }
+  INFO(serve.log());
+  CHECK(started_ahead());
+  CHECK_THAT(serve.log(), Catch::Contains("1 sandboxes kept warm (agents started in them)"));
+  // Each wrote its steps into its own workspace, once.
+  for (const auto& id : ids) {
+    INFO(id);
+    CHECK(h.exec_log(id) == std::vector<std::string>{"step a", "step b"});
+  }
+  serve.stop();
+}
+
+TEST_CASE("serve --prestart without --warm is refused") {
+  cairn_home h;
+  auto r = h.cli({"serve", "--prestart"});
+  CHECK(r.code != 0);
+  CHECK_THAT(r.err, Catch::Contains("--warm"));
+}
+
 namespace {
 
 // Everything a command could change in the journal, run by run.

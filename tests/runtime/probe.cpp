@@ -411,6 +411,22 @@ int exec_and_report(const std::string& program) {
 
 }  // namespace
 
+// As an agent does before its run begins: says so on stderr, then waits for
+// the host's first frame, which names the run (start's run_id).
+json first_frame() {
+  std::fprintf(stderr, "probe: waiting for the host's first frame\n");
+  std::fflush(stderr);
+  cairn::protocol::frame_decoder decoder;
+  char buffer[65536];
+  for (;;) {
+    if (auto message = decoder.next()) return *message;
+    ssize_t n = ::read(channel_fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) std::exit(4);
+    decoder.feed(std::string_view(buffer, static_cast<std::size_t>(n)));
+  }
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string action = args.empty() ? "status" : args[0];
@@ -418,6 +434,16 @@ int main(int argc, char** argv) {
 
   if (action == "status") {
     report(action, true, status());
+  } else if (action == "await_run") {
+    // As an SDK does: says hello, waits for the host's answer, writes its
+    // run_id to "run.txt" in the working folder, and reports its status.
+    send_frame({{"t", "hello"}});
+    json frame = first_frame();
+    std::string run = frame.value("run_id", std::string());
+    int fd = ::open("run.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    bool ok = fd >= 0 && ::write(fd, run.data(), run.size()) == static_cast<ssize_t>(run.size());
+    if (fd >= 0) ::close(fd);
+    report(action, ok, status());
   } else if (action == "env") {
     // The needle arrives reversed so that this process's own cmdline does not hold it.
     std::string reversed = arg(1);

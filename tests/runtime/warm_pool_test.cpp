@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <thread>
 
 #include "runtime/cgroup.hpp"
 #include "tests/runtime/sandbox_fixture.hpp"
@@ -34,6 +35,47 @@ sandbox_spec spec_for(const temp_dir& dir, const std::string& run) {
   else spec.workspace_image.clear();
   spec.log_file = dir.path / (run + ".log");
   return spec;
+}
+
+// A pool whose sandboxes start the agent of the last run that could take one.
+std::unique_ptr<sandbox_backend> starting_backend(const temp_dir& dir, const resource_limits& limits) {
+  bwrap_options options;
+  options.warm.size = 1;
+  options.warm.folder = dir.path / "warm";
+  options.warm.limits = limits;
+  options.warm.start_agents = true;
+  auto backend = make_bwrap_backend(options);
+  if (!backend->wait_warm(1, patience))
+    FAIL("the pool made no sandbox: " << backend->warm_error().value_or("(no error)"));
+  return backend;
+}
+
+// Runs `program` in a sandbox of `backend` for run `run` as an agent waiting
+// for its run would: sends it a start naming the run, returns its report.
+json await_run(sandbox_backend& backend, const temp_dir& dir, const std::string& run, const fs::path& program,
+               bool* pooled = nullptr) {
+  auto spec = spec_for(dir, run);
+  spec.agent = program;
+  spec.agent_args = {"await_run"};
+  auto box = backend.create(spec);
+  if (pooled) *pooled = box->pooled();
+  auto process = box->exec(program, spec.agent_args);
+  CHECK(next_report(*process)["t"] == "hello");
+  process->io().send({{"t", "start"}, {"run_id", run}});
+  json report = next_report(*process);
+  auto status = process->wait_for(patience);
+  REQUIRE(status);
+  INFO("log: " << process->log_tail());
+  CHECK(status->describe() == "exited with code 0");
+  // The run ends: its files leave its image (if it has one) for its folder.
+  box->destroy();
+  backend.release_workspace(spec.workspace, spec.workspace_image);
+  return report;
+}
+
+bool has_env(const json& report, const std::string& entry) {
+  std::vector<std::string> env = report["detail"]["env"];
+  return std::find(env.begin(), env.end(), entry) != env.end();
 }
 
 std::vector<std::string> sorted(std::vector<std::string> v) {
@@ -174,6 +216,99 @@ TEST_CASE("warm pool: a run with a workspace quota is held to it, pooled (root) 
   auto breach = wait_for_breach(*process);
   REQUIRE(breach);
   CHECK(breach->limit == "workspace");
+}
+
+TEST_CASE("warm pool with agents started: the agent's next run takes one running it, in the run's own workspace") {
+  temp_dir dir;
+  auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
+  // The first run of the agent finds no sandbox running it: it takes one
+  // whose launcher starts it, and tells the pool which agent to start.
+  bool pooled = false;
+  json first = await_run(*backend, dir, "run-1", SANDBOX_PROBE, &pooled);
+  CHECK(pooled);
+  CHECK(has_env(first, "CAIRN_RUN_ID=run-1"));
+  REQUIRE(backend->wait_warm(1, patience));
+
+  json second = await_run(*backend, dir, "run-2", SANDBOX_PROBE, &pooled);
+  CHECK(pooled);
+  // Started before its run existed: no run id in its environment, only in start.
+  CHECK_FALSE(has_env(second, "CAIRN_RUN_ID=run-2"));
+  CHECK_FALSE(has_env(second, "CAIRN_RUN_ID=run-1"));
+  std::vector<std::string> env = second["detail"]["env"];
+  std::vector<std::string> first_env = first["detail"]["env"];
+  std::erase(first_env, "CAIRN_RUN_ID=run-1");
+  CHECK(sorted(env) == sorted(first_env));
+  // Its working folder is the run's workspace: the file it wrote after the
+  // start is there, and what it said while it waited is in the run's log.
+  CHECK(second["detail"]["cwd"] == "/workspace");
+  CHECK(file_text(dir.path / "ws" / "run-2" / "run.txt") == "run-2");
+  CHECK(file_text(dir.path / "run-2.log").find("probe: waiting for the host's first frame") != std::string::npos);
+  CHECK(sorted(second["detail"]["fds"]) == std::vector<std::string>{"0", "1", "2", "3"});
+  // Nothing of the first run: its file is in its own workspace only.
+  CHECK(file_text(dir.path / "ws" / "run-1" / "run.txt") == "run-1");
+}
+
+TEST_CASE("warm pool with agents started: a run whose workspace holds files never takes a started agent") {
+  temp_dir dir;
+  auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
+  await_run(*backend, dir, "run-new", SANDBOX_PROBE);
+  REQUIRE(backend->wait_warm(1, patience));
+  // A run resumed, say: its files are in its folder (its image released).
+  auto spec = spec_for(dir, "run-resumed");
+  spec.agent = SANDBOX_PROBE;
+  spec.agent_args = {"await_run"};
+  fs::create_directories(spec.workspace);
+  std::ofstream(spec.workspace / "input.txt") << "from an earlier attempt";
+  auto box = backend->create(spec);
+  CHECK_FALSE(box->agent_started());
+  auto process = box->exec(SANDBOX_PROBE, {"read", "/workspace/input.txt"});
+  CHECK(next_report(*process)["detail"] == "from an earlier attempt");
+}
+
+TEST_CASE("warm pool with agents started: a program changed on disk is started anew, not taken from the pool") {
+  temp_dir dir;
+  const fs::path program = dir.path / "agent";
+  fs::copy_file(SANDBOX_PROBE, program);
+  fs::permissions(program, fs::perms(0755));
+  auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
+  await_run(*backend, dir, "run-old", program);
+  REQUIRE(backend->wait_warm(1, patience));
+  // A new build of the agent: another file under the same name.
+  fs::remove(program);
+  fs::copy_file(SANDBOX_PROBE, program);
+  fs::permissions(program, fs::perms(0755));
+  json report = await_run(*backend, dir, "run-new", program);
+  CHECK(has_env(report, "CAIRN_RUN_ID=run-new"));  // started for this run
+  CHECK(file_text(dir.path / "ws" / "run-new" / "run.txt") == "run-new");
+}
+
+TEST_CASE("warm pool with agents started: an agent that ends before it speaks is not started ahead again") {
+  temp_dir dir;
+  auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
+  auto spec = spec_for(dir, "run-exit-1");
+  spec.agent = "/usr/bin/false";
+  auto run = [&](const std::string& id) {
+    auto s = spec;
+    s.run_id = id;
+    s.workspace = dir.path / "ws" / id;
+    s.log_file = dir.path / (id + ".log");
+    if (!s.workspace_image.empty()) s.workspace_image = dir.path / "images" / (id + ".img");
+    auto box = backend->create(s);
+    auto process = box->exec(s.agent, {});
+    auto status = process->wait_for(patience);
+    REQUIRE(status);
+    CHECK(status->describe() == "exited with code 1");
+    return box->pooled();
+  };
+  CHECK(run("run-exit-1"));
+  // The pool tried to start it ahead, saw it end, and went on without it.
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (!backend->warm_error() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(backend->warm_error());
+  CHECK(backend->warm_error()->find("ended before it said anything") != std::string::npos);
+  REQUIRE(backend->wait_warm(1, patience));
+  CHECK(run("run-exit-2"));  // a sandbox whose launcher starts it, as before
 }
 
 TEST_CASE("warm pool: a host killed with a full pool leaves nothing the next start does not sweep", "[serial]") {
