@@ -5,7 +5,7 @@
 // sandboxes, for the host memory one live run costs. The raw operation,
 // measured just before: N starts of `bwrap ... /usr/bin/true`, M at once.
 // Goal: 1,000 runs completed in <= 10 s.
-// usage: fanout [--runs N] [--max-concurrent M (default 64)] [--warm W (default 16)]
+// usage: fanout [--runs N] [--max-concurrent M (default 64)] [--warm W (default 16)] [--prestart]
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -48,10 +48,16 @@ struct sampler {
 
 int main(int argc, char** argv) {
   int runs = 1000, concurrency = 64, warm = 16;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--max-concurrent")) concurrency = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--warm")) warm = std::atoi(argv[i + 1]);
+  bool prestart = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--prestart")) {
+      prestart = true;
+      continue;
+    }
+    if (i + 1 == argc) bench::die(std::string("option ") + argv[i] + " needs a value");
+    if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--max-concurrent")) concurrency = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warm")) warm = std::atoi(argv[++i]);
     else bench::die(std::string("unknown option ") + argv[i]);
   }
   const fs::path base = fs::temp_directory_path() / ("cairn-bench-fanout-" + std::to_string(getpid()));
@@ -65,9 +71,10 @@ int main(int argc, char** argv) {
 
   auto raw = bench::raw_bwrap(base / "raw-ws", runs, concurrency);
 
-  pid_t daemon = bench::start_process({CAIRN_BIN, "serve", "--max-concurrent", std::to_string(concurrency), "--warm",
-                                       std::to_string(warm)},
-                                      home, log);
+  std::vector<std::string> serve = {CAIRN_BIN, "serve", "--max-concurrent", std::to_string(concurrency), "--warm",
+                                    std::to_string(warm)};
+  if (prestart) serve.push_back("--prestart");
+  pid_t daemon = bench::start_process(serve, home, log);
   bench::running_daemon = daemon;
   bench::wait_for_daemon(daemon, db, log);
   sampler sample(daemon);
@@ -95,8 +102,8 @@ int main(int argc, char** argv) {
     warm_starts = std::to_string(taken);
   }
 
-  std::printf("fanout: %d runs of %d steps, one `cairn submit --from`, serve --max-concurrent %d --warm %d\n", runs,
-              steps_per_run, concurrency, warm);
+  std::printf("fanout: %d runs of %d steps, one `cairn submit --from`, serve --max-concurrent %d --warm %d%s\n", runs,
+              steps_per_run, concurrency, warm, prestart ? " --prestart" : "");
   std::printf("  raw bwrap /usr/bin/true, %d at once     %8.0f starts/s (p50 %.1f ms)\n", concurrency, raw.per_second(),
               summarize(raw.ms).p50);
   std::printf("  submit --from (one transaction)         %8.0f ms\n", submit_ms);
