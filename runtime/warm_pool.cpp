@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "runtime/bwrap_support.hpp"
+#include "runtime/no_follow.hpp"
 #include "runtime/tree_copy.hpp"
 #include "runtime/warm/launch.hpp"
 
@@ -30,13 +31,19 @@ constexpr std::size_t max_makers = 2;
   throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
 }
 
-// Removes the folder; an agent started in it may have left files there.
+// Removes the folder; an agent started in it may have left files there,
+// in folders it made unwritable. Its processes are gone by then.
 bool remove_folder(const fs::path& path) {
   if (::rmdir(path.c_str()) == 0) return true;
   if (errno != ENOTEMPTY) return false;
   unique_fd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!dir) return false;
   try {
+    ::fchmod(dir.get(), 0700);
+    walk_tree_no_follow(dir.get(), path, [](int parent, const char* name, const fs::path&) {
+      struct stat st {};
+      if (::fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) ::fchmodat(parent, name, 0700, 0);
+    });
     clear_tree(dir.get(), path);
   } catch (const sandbox_error&) {
     return false;

@@ -434,6 +434,17 @@ int main(int argc, char** argv) {
 
   if (action == "status") {
     report(action, true, status());
+  } else if (action == "lock_and_await") {
+    // Leaves a file in a folder it makes unwritable, then waits as
+    // await_run does (an agent started ahead that litters its workspace).
+    bool ok = ::mkdir("locked", 0755) == 0;
+    int fd = ::open("locked/file", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ok = ok && fd >= 0;
+    if (fd >= 0) ::close(fd);
+    ok = ok && ::chmod("locked", 0500) == 0 && ::chmod(".", 0500) == 0;
+    send_frame({{"t", "hello"}});
+    first_frame();
+    report(action, ok, nullptr);
   } else if (action == "await_run") {
     // As an SDK does: says hello, waits for the host's answer, writes its
     // run_id to "run.txt" in the working folder, and reports its status.

@@ -282,6 +282,40 @@ TEST_CASE("warm pool with agents started: a program changed on disk is started a
   CHECK(file_text(dir.path / "ws" / "run-new" / "run.txt") == "run-new");
 }
 
+TEST_CASE("warm pool with agents started: a sandbox no run takes leaves nothing, whatever its agent wrote") {
+  temp_dir dir;
+  auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
+  const fs::path litterer = dir.path / "litterer";
+  fs::copy_file(SANDBOX_PROBE, litterer);
+  fs::permissions(litterer, fs::perms(0755));
+  // A run of the litterer: from then on the pool starts it, and it leaves
+  // a file in a folder it makes unwritable, then makes /workspace so too.
+  auto spec = spec_for(dir, "run-litter");
+  spec.agent = litterer;
+  spec.agent_args = {"lock_and_await"};
+  {
+    auto box = backend->create(spec);
+    auto process = box->exec(litterer, spec.agent_args);
+    CHECK(next_report(*process)["t"] == "hello");
+    process->io().send({{"t", "start"}, {"run_id", "run-litter"}});
+    CHECK(next_report(*process)["ok"] == true);
+  }
+  REQUIRE(backend->wait_warm(1, patience));
+  // A run of another agent: the pool's littered sandbox goes, folder and all.
+  await_run(*backend, dir, "run-other", SANDBOX_PROBE);
+  REQUIRE(backend->wait_warm(1, patience));
+  auto leftovers = [&] {
+    std::size_t n = 0;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir.path / "warm")) n += fs::exists(entry.path() / "locked", ec);
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (leftovers() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(leftovers() == 0);
+}
+
 TEST_CASE("warm pool with agents started: an agent that ends before it speaks is not started ahead again") {
   temp_dir dir;
   auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
