@@ -31,6 +31,9 @@ constexpr std::size_t max_makers = 2;
   throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
 }
 
+// A pooled sandbox whose launcher waits for whichever agent a run brings.
+bool waits(const std::unique_ptr<warm_sandbox>& w) { return !w->agent; }
+
 // Removes the folder; an agent started in it may have left files there,
 // in folders it made unwritable. Its processes are gone by then.
 bool remove_folder(const fs::path& path) {
@@ -174,8 +177,7 @@ std::unique_ptr<warm_sandbox> warm_pool::take(const std::shared_ptr<const warm_a
     changed_.notify_all();  // the fillers destroy what runs another
   }
   auto it = std::find_if(ready_.begin(), ready_.end(), runs);
-  if (it == ready_.end() && launcher_will_do)
-    it = std::find_if(ready_.begin(), ready_.end(), [](const auto& w) { return !w->agent; });
+  if (it == ready_.end() && launcher_will_do) it = std::find_if(ready_.begin(), ready_.end(), waits);
   if (it == ready_.end()) return nullptr;
   auto taken = std::move(*it);
   ready_.erase(it);
@@ -187,15 +189,26 @@ std::unique_ptr<warm_sandbox> warm_pool::take(const std::shared_ptr<const warm_a
 bool warm_pool::wait_ready(std::size_t count, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   return changed_.wait_for(lock, timeout, [&] {
-    return static_cast<std::size_t>(std::count_if(ready_.begin(), ready_.end(),
-                                                  [&](const auto& w) { return current(*w); })) >= count;
+    const auto launchers = static_cast<std::size_t>(std::count_if(ready_.begin(), ready_.end(), waits));
+    const auto running = static_cast<std::size_t>(std::count_if(ready_.begin(), ready_.end(), [&](const auto& w) {
+      return w->agent && wanted_ && *w->agent == *wanted_;
+    }));
+    return running + std::min(launchers, launchers_kept()) >= count;
   });
 }
 
-bool warm_pool::current(const warm_sandbox& w) const {
-  // A sandbox running an agent no run asks for any more serves nobody; one
-  // whose launcher waits gives way to one running the agent asked for.
-  return w.agent ? wanted_ && *w.agent == *wanted_ : wanted_ == nullptr;
+std::size_t warm_pool::launchers_kept() const { return wanted_ ? size_ / 4 : size_; }
+
+std::deque<std::unique_ptr<warm_sandbox>>::iterator warm_pool::stale() {
+  // A sandbox running an agent no run asks for any more serves nobody; those
+  // whose launcher waits give way to ones running the agent asked for, but
+  // for a quarter of the pool, kept for runs that cannot take those.
+  auto it = std::find_if(ready_.begin(), ready_.end(),
+                         [&](const auto& w) { return w->agent && !(wanted_ && *w->agent == *wanted_); });
+  if (it != ready_.end()) return it;
+  if (static_cast<std::size_t>(std::count_if(ready_.begin(), ready_.end(), waits)) > launchers_kept())
+    return std::find_if(ready_.begin(), ready_.end(), waits);
+  return ready_.end();
 }
 
 std::optional<std::string> warm_pool::last_error() const {
@@ -207,10 +220,9 @@ void warm_pool::fill() {
   std::unique_lock lock(mutex_);
   auto pause = std::chrono::seconds(1);
   while (!stopping_) {
-    if (auto stale = std::find_if(ready_.begin(), ready_.end(), [&](const auto& w) { return !current(*w); });
-        stale != ready_.end()) {
-      auto dropped = std::move(*stale);
-      ready_.erase(stale);
+    if (auto gone = stale(); gone != ready_.end()) {
+      auto dropped = std::move(*gone);
+      ready_.erase(gone);
       lock.unlock();
       dropped.reset();
       lock.lock();
@@ -224,8 +236,12 @@ void warm_pool::fill() {
       changed_.wait_until(lock, due, [&] { return stopping_; });
       continue;
     }
+    // Sandboxes running the agent asked for, but for the launchers kept.
+    const auto launchers =
+        static_cast<std::size_t>(std::count_if(ready_.begin(), ready_.end(), waits)) + making_launchers_;
+    const auto agent = launchers < launchers_kept() ? nullptr : wanted_;
     ++making_;
-    const auto agent = wanted_;
+    making_launchers_ += !agent;
     lock.unlock();
     std::unique_ptr<warm_sandbox> made;
     std::string error;
@@ -236,6 +252,7 @@ void warm_pool::fill() {
     }
     lock.lock();
     --making_;
+    making_launchers_ -= !agent;
     if (!made && agent) {
       // An agent that does not start in a pooled sandbox starts cold, each
       // time; the pool goes on without it.

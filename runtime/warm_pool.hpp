@@ -118,7 +118,9 @@ class warm_pool {
   // others are still ready, from refill_delay on: making one would compete
   // for the CPU with the start of the run that took this one). With
   // start_agents, `agent` is what the pool starts from now on: the
-  // sandboxes running another, or none, are destroyed and replaced.
+  // sandboxes running another are destroyed and replaced, and so are those
+  // whose launcher waits, but for a quarter of the pool (size / 4), kept
+  // for the runs that cannot take a started agent.
   std::unique_ptr<warm_sandbox> take(const std::shared_ptr<const warm_agent>& agent, bool launcher_will_do);
   static constexpr std::chrono::milliseconds refill_delay{20};
   // Waits until `count` are ready (of what the pool makes now) or
@@ -130,8 +132,11 @@ class warm_pool {
 
  private:
   void fill();
-  // Whether `w` is what the pool makes now (under mutex_).
-  bool current(const warm_sandbox& w) const;
+  // Under mutex_: how many sandboxes whose launcher waits the pool keeps
+  // (all, until an agent is asked for); the first ready one the pool
+  // destroys rather than keeps, or end().
+  std::size_t launchers_kept() const;
+  std::deque<std::unique_ptr<warm_sandbox>>::iterator stale();
 
   std::size_t size_;
   maker make_;
@@ -142,6 +147,7 @@ class warm_pool {
   std::condition_variable changed_;
   std::deque<std::unique_ptr<warm_sandbox>> ready_;
   std::size_t making_ = 0;
+  std::size_t making_launchers_ = 0;  // of making_
   std::chrono::steady_clock::time_point last_take_{};
   bool stopping_ = false;
   std::optional<std::string> last_error_;

@@ -38,14 +38,15 @@ sandbox_spec spec_for(const temp_dir& dir, const std::string& run) {
 }
 
 // A pool whose sandboxes start the agent of the last run that could take one.
-std::unique_ptr<sandbox_backend> starting_backend(const temp_dir& dir, const resource_limits& limits) {
+std::unique_ptr<sandbox_backend> starting_backend(const temp_dir& dir, const resource_limits& limits,
+                                                  std::size_t size = 1) {
   bwrap_options options;
-  options.warm.size = 1;
+  options.warm.size = size;
   options.warm.folder = dir.path / "warm";
   options.warm.limits = limits;
   options.warm.start_agents = true;
   auto backend = make_bwrap_backend(options);
-  if (!backend->wait_warm(1, patience))
+  if (!backend->wait_warm(size, patience))
     FAIL("the pool made no sandbox: " << backend->warm_error().value_or("(no error)"));
   return backend;
 }
@@ -248,11 +249,12 @@ TEST_CASE("warm pool with agents started: the agent's next run takes one running
   CHECK(file_text(dir.path / "ws" / "run-1" / "run.txt") == "run-1");
 }
 
-TEST_CASE("warm pool with agents started: a run whose workspace holds files never takes a started agent") {
+TEST_CASE("warm pool with agents started: a run whose workspace holds files takes a kept launcher, never an agent") {
   temp_dir dir;
-  auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
+  // A pool of 4 keeps one sandbox whose launcher waits beside 3 running the agent.
+  auto backend = starting_backend(dir, spec_for(dir, "limits").limits, 4);
   await_run(*backend, dir, "run-new", SANDBOX_PROBE);
-  REQUIRE(backend->wait_warm(1, patience));
+  REQUIRE(backend->wait_warm(4, patience));
   // A run resumed, say: its files are in its folder (its image released).
   auto spec = spec_for(dir, "run-resumed");
   spec.agent = SANDBOX_PROBE;
@@ -261,8 +263,16 @@ TEST_CASE("warm pool with agents started: a run whose workspace holds files neve
   std::ofstream(spec.workspace / "input.txt") << "from an earlier attempt";
   auto box = backend->create(spec);
   CHECK_FALSE(box->agent_started());
+  // As root a pooled sandbox shows it the run's files; a normal user's run
+  // with files starts cold.
+  CHECK(box->pooled() == (::geteuid() == 0));
   auto process = box->exec(SANDBOX_PROBE, {"read", "/workspace/input.txt"});
   CHECK(next_report(*process)["detail"] == "from an earlier attempt");
+  // A new run of the agent still takes one running it.
+  bool pooled = false;
+  json report = await_run(*backend, dir, "run-next", SANDBOX_PROBE, &pooled);
+  CHECK(pooled);
+  CHECK_FALSE(has_env(report, "CAIRN_RUN_ID=run-next"));
 }
 
 TEST_CASE("warm pool with agents started: a program changed on disk is started anew, not taken from the pool") {
