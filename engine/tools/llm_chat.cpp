@@ -345,8 +345,14 @@ class llm_chat final : public tool {
     if (!key.empty()) headers.emplace_back("Authorization", "Bearer " + key);
 
     auto deadline = std::chrono::steady_clock::now() + grant_.timeout;
+    // The host's own endpoint, not the agent's choice: any address it names
+    // may be reached (a model server on this machine included).
     http::exchange exchange({"POST", url, std::move(headers), body.dump()},
-                            {tool_name, deadline, grant_.timeout, grant_.max_response_bytes});
+                            {.who = tool_name,
+                             .deadline = deadline,
+                             .timeout = grant_.timeout,
+                             .max_body_bytes = grant_.max_response_bytes,
+                             .refuse_address = {}});
     int status = exchange.status();
     if (status < 200 || status >= 300) {
       auto type = status == 429 || status >= 500 ? "unavailable" : "failed";
