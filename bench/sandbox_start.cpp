@@ -3,9 +3,11 @@
 // and reap, as the same unprivileged uid) and whole cairn runs of a one-step
 // agent, cold (the sandbox made for the run) and warm (taken from a pool of
 // ready sandboxes, refilled between runs): submit -> first step journaled
-// and acked, and submit -> done -> sandbox destroyed; with the CPU each run
-// cost the host (this process and its children, the sandboxes included; a
-// warm run is charged the making of its replacement). "agent started": the
+// and acked, and submit -> done -> sandbox destroyed, each run started as
+// `cairn run` starts one (engine::start: its creation is synced by its
+// first step's commit); with the CPU each run cost the host (this process
+// and its children, the sandboxes included; a warm run is charged the
+// making of its replacement). "agent started": the
 // pool also starts the agent (warm_pool_options::start_agents), as
 // `cairn serve --warm N --prestart` does; for the C++ agent and the same
 // agent in Python (bench_agent.py), whose interpreter and imports a warm
@@ -91,7 +93,7 @@ measured cairn_runs(const fs::path& dir, int n, std::size_t warm, bool quota, bo
     first_step seen;
     const double cpu0 = cpu_ms();
     auto t0 = clock_type::now();
-    eng.submit(r);
+    eng.start(r);
     auto run = eng.execute(r.id, &seen);
     whole_ms.push_back(ms_since(t0));
     first_ms.push_back(std::chrono::duration<double, std::milli>(seen.at - t0).count());

@@ -37,10 +37,9 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
   return guarded([&] {
     auto request = make_request(args);
     if (!request) return 2;
-    request->owner = engine::current_owner().str();  // this process runs it; no daemon takes it meanwhile
     storage::journal journal(p.db);
     engine::engine eng(journal, options_for(p));
-    auto [run, created] = eng.submit(*request);
+    auto [run, created] = eng.start(*request);  // owned by this process: no daemon takes it meanwhile
     if (!created) {
       if (!as_json)
         std::cout << fmt::format("run {} already exists ({}); the id is an idempotency key", run.id,

@@ -110,6 +110,11 @@ std::pair<storage::run_record, bool> engine::submit(const run_request& request) 
   return ledger_->create_run(new_run_of(request));
 }
 
+std::pair<storage::run_record, bool> engine::start(run_request request) {
+  request.owner = current_owner().str();
+  return ledger_->create_run(new_run_of(std::move(request)), /*sync_later=*/true);
+}
+
 storage::new_run engine::new_run_of(run_request request) {
   if (request.max_attempts < 1) throw engine_error(errc::bad_request, "--max-attempts must be at least 1");
   if (protocol::nesting_depth(request.input) > protocol::max_input_depth)

@@ -115,6 +115,13 @@ class engine {
   // or workspace that cannot be used, or an input deeper than
   // protocol::max_input_depth, is refused (bad_request).
   std::pair<storage::run_record, bool> submit(const run_request& request);
+  // submit() of a run this process executes next (execute()), as `cairn run`
+  // does: its owner is this process, so no other host takes it meanwhile,
+  // and its creation commits without a sync of its own, like the take that
+  // follows; the run's first synced write (its first step, its end, a crash
+  // recorded) syncs them. A power cut before that forgets the run, which
+  // nobody was told of as kept: started again with its id, it begins anew.
+  std::pair<storage::run_record, bool> start(run_request request);
   // submit() of every request, in one transaction: all or nothing. Returns
   // each run's id and whether it was created (an id that exists: left as it
   // is), in the order of `requests`. A request submit() would refuse, a workspace

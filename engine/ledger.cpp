@@ -204,8 +204,8 @@ void ledger::commit_group(std::vector<writer>& group) {
   for (std::size_t i = 0; i < group.size(); ++i) group[i].done(errors[i]);
 }
 
-void ledger::write(body write) {
-  if (std::exception_ptr error; lead(write, error)) {
+void ledger::write(body write, bool sync_later) {
+  if (std::exception_ptr error; lead(write, error, sync_later)) {
     if (error) std::rethrow_exception(error);
     return;
   }
@@ -213,12 +213,15 @@ void ledger::write(body write) {
   std::condition_variable committed;
   bool done = false;
   std::exception_ptr error;
-  enqueue(std::move(write), [&](std::exception_ptr e) {
-    std::lock_guard lock(m);
-    error = e;
-    done = true;
-    committed.notify_one();
-  });
+  enqueue(
+      std::move(write),
+      [&](std::exception_ptr e) {
+        std::lock_guard lock(m);
+        error = e;
+        done = true;
+        committed.notify_one();
+      },
+      sync_later);
   std::unique_lock lock(m);
   committed.wait(lock, [&] { return done; });
   if (error) std::rethrow_exception(error);
@@ -302,9 +305,9 @@ void ledger::announce_end(const std::string& run_id, const std::string& parent_i
 
 std::optional<event_row> ledger::event_of(const effect& e) { return row_of(e); }
 
-std::pair<storage::run_record, bool> ledger::create_run(const storage::new_run& run) {
+std::pair<storage::run_record, bool> ledger::create_run(const storage::new_run& run, bool sync_later) {
   std::pair<storage::run_record, bool> out;
-  write([&](storage::journal& j) { out = j.create_run(run); });
+  write([&](storage::journal& j) { out = j.create_run(run); }, sync_later);
   if (out.second) announce(path_, run.id, storage::change::submitted);
   return out;
 }

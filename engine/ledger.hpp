@@ -83,7 +83,9 @@ class ledger {
 
   // The journal's typed writes that answer something; each as storage's
   // call of the same name (journal.hpp), group-committed like apply.
-  std::pair<storage::run_record, bool> create_run(const storage::new_run& run);
+  // `sync_later`: as write_together's, for a run its own process executes
+  // next (engine::start).
+  std::pair<storage::run_record, bool> create_run(const storage::new_run& run, bool sync_later = false);
   // create_run of each run, in order, all in one transaction: all of them
   // or (when it throws) none. Announced once, however many were created.
   // Keeps no record: a batch's memory is its requests, not their rows too.
@@ -131,7 +133,7 @@ class ledger {
   // Runs `write` on the writing connection within the next group commit.
   // `sync_later`: it may commit without a sync of its own when its group
   // holds nothing else (see storage's write_together).
-  void write(body write);
+  void write(body write, bool sync_later = false);
   task<void> write_async(body write, bool sync_later = false);
   task<void> apply_effect_async(std::string run_id, effect e);
   void enqueue(body write, done_fn done, bool sync_later = false);
