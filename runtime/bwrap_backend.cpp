@@ -417,7 +417,7 @@ class bwrap_backend final : public sandbox_backend {
       open_folder_no_follow(options_.warm.folder, 0711);
       pool_ = std::make_unique<warm_pool>(
           options_.warm.size, [this](std::shared_ptr<const warm_agent> agent) { return make_warm(std::move(agent)); },
-          options_.warm.start_agents);
+          options_.warm.start_agents, options_.warm.refused_agent_pause);
     }
   }
 

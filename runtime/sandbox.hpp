@@ -243,6 +243,12 @@ struct warm_pool_options {
   // agent take a sandbox without one, or start cold; a program changed on
   // disk since is not served from the pool.
   bool start_agents = false;
+  // An agent that would not start ahead (it ended, or said nothing for
+  // 30 s, in its pooled sandbox: broken, or a machine under load) is asked
+  // for again after this pause, and after twice as long each time it is
+  // refused again in a row, up to an hour; meanwhile its runs take a
+  // launcher or start cold. A changed program is tried at once.
+  std::chrono::milliseconds refused_agent_pause{std::chrono::minutes(1)};
 };
 
 struct bwrap_options {

@@ -154,8 +154,8 @@ void warm_sandbox::launch(int program, int log_writer, const std::vector<std::st
   send_all(channel.get(), body.data(), body.size());
 }
 
-warm_pool::warm_pool(std::size_t size, maker make, bool start_agents)
-    : size_(size), make_(std::move(make)), start_agents_(start_agents) {
+warm_pool::warm_pool(std::size_t size, maker make, bool start_agents, std::chrono::milliseconds refused_pause)
+    : size_(size), make_(std::move(make)), start_agents_(start_agents), refused_pause_(refused_pause) {
   for (std::size_t i = 0; i < std::min(size_, max_makers); ++i) threads_.emplace_back([this] { fill(); });
 }
 
@@ -172,7 +172,8 @@ warm_pool::~warm_pool() {
 std::unique_ptr<warm_sandbox> warm_pool::take(const std::shared_ptr<const warm_agent>& agent, bool launcher_will_do) {
   std::lock_guard lock(mutex_);
   const auto runs = [&](const auto& w) { return agent && w->agent && *w->agent == *agent; };
-  if (start_agents_ && agent && !(wanted_ && *wanted_ == *agent) && !(refused_ && *refused_ == *agent)) {
+  const bool resting = agent && refused_ && *refused_ == *agent && std::chrono::steady_clock::now() < refused_until_;
+  if (start_agents_ && agent && !(wanted_ && *wanted_ == *agent) && !resting) {
     wanted_ = agent;
     changed_.notify_all();  // the fillers destroy what runs another
   }
@@ -254,12 +255,20 @@ void warm_pool::fill() {
     --making_;
     making_launchers_ -= !agent;
     if (!made && agent) {
-      // An agent that does not start in a pooled sandbox starts cold, each
-      // time; the pool goes on without it.
+      // An agent that does not start in a pooled sandbox starts cold (or
+      // from a launcher); the pool goes on without it for a while.
+      refusals_ = refused_ && *refused_ == *agent ? refusals_ + 1 : 1;
       refused_ = agent;
+      refused_until_ = std::chrono::steady_clock::now() +
+                       std::min<std::chrono::milliseconds>(refused_pause_ * (1 << std::min(refusals_ - 1, 12)),
+                                                           std::chrono::hours(1));
       if (wanted_ == agent) wanted_.reset();
       last_error_ = error;
       continue;
+    }
+    if (made && agent && refused_ && *refused_ == *agent) {
+      refused_.reset();
+      refusals_ = 0;
     }
     if (made) {
       ready_.push_back(std::move(made));

@@ -106,8 +106,11 @@ class warm_pool {
   using maker = std::function<std::unique_ptr<warm_sandbox>(std::shared_ptr<const warm_agent> agent)>;
   // Starts filling at once, on threads of its own (the pooled sandboxes
   // die with the thread that made them: see sandbox::exec). With
-  // `start_agents`, the sandboxes it makes run the agent last asked for.
-  warm_pool(std::size_t size, maker make, bool start_agents = false);
+  // `start_agents`, the sandboxes it makes run the agent last asked for;
+  // one whose making failed is asked for again after `refused_pause`
+  // (warm_pool_options::refused_agent_pause).
+  warm_pool(std::size_t size, maker make, bool start_agents = false,
+            std::chrono::milliseconds refused_pause = std::chrono::minutes(1));
   // Stops filling; the sandboxes still pooled are destroyed.
   ~warm_pool();
   warm_pool(const warm_pool&) = delete;
@@ -142,7 +145,11 @@ class warm_pool {
   maker make_;
   bool start_agents_;
   std::shared_ptr<const warm_agent> wanted_;   // what the sandboxes made next run
-  std::shared_ptr<const warm_agent> refused_;  // an agent that did not start: not asked for again
+  // An agent that did not start: not asked for again until refused_until_.
+  std::shared_ptr<const warm_agent> refused_;
+  std::chrono::steady_clock::time_point refused_until_{};
+  int refusals_ = 0;  // of refused_, in a row
+  std::chrono::milliseconds refused_pause_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::unique_ptr<warm_sandbox>> ready_;

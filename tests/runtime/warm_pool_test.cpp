@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "runtime/cgroup.hpp"
+#include "runtime/warm_pool.hpp"
 #include "tests/runtime/sandbox_fixture.hpp"
 
 namespace cairn::runtime::test {
@@ -326,7 +328,7 @@ TEST_CASE("warm pool with agents started: a sandbox no run takes leaves nothing,
   CHECK(leftovers() == 0);
 }
 
-TEST_CASE("warm pool with agents started: an agent that ends before it speaks is not started ahead again") {
+TEST_CASE("warm pool with agents started: an agent that ends before it speaks is not started ahead again at once") {
   temp_dir dir;
   auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
   auto spec = spec_for(dir, "run-exit-1");
@@ -353,6 +355,66 @@ TEST_CASE("warm pool with agents started: an agent that ends before it speaks is
   CHECK(backend->warm_error()->find("ended before it said anything") != std::string::npos);
   REQUIRE(backend->wait_warm(1, patience));
   CHECK(run("run-exit-2"));  // a sandbox whose launcher starts it, as before
+}
+
+TEST_CASE("warm pool with agents started: a refused agent is asked for again after a pause, longer each time",
+          "[cold]") {
+  // The pool alone, with a maker that refuses the agent twice, then starts
+  // it (no sandbox: only when the pool asks for what is tested here).
+  using clock = std::chrono::steady_clock;
+  const auto pause = std::chrono::milliseconds(500);
+  auto agent = std::make_shared<warm_agent>();
+  agent->program = "/usr/bin/agent";
+  std::mutex m;
+  std::vector<clock::time_point> asked, refused;  // for the agent
+  warm_pool pool(
+      1,
+      [&](std::shared_ptr<const warm_agent> wanted) {
+        auto made = std::make_unique<warm_sandbox>();
+        if (!wanted) return made;  // a launcher's
+        std::lock_guard lock(m);
+        asked.push_back(clock::now());
+        if (asked.size() <= 2) {
+          refused.push_back(clock::now());
+          throw sandbox_error(sandbox_errc::spawn_failed, "the agent ended before it said anything");
+        }
+        made->agent = wanted;
+        return made;
+      },
+      /*start_agents=*/true, pause);
+  const auto count = [&](const auto& v) {
+    std::lock_guard lock(m);
+    return v.size();
+  };
+  const auto at = [&](const auto& v, std::size_t i) {
+    std::lock_guard lock(m);
+    return v.at(i);
+  };
+  // Asks as runs of the agent do until the pool has asked `n` times.
+  const auto asked_for = [&](std::size_t n) {
+    const auto deadline = clock::now() + patience * 4;
+    while (count(asked) < n && clock::now() < deadline) {
+      pool.take(agent, false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return count(asked) >= n;
+  };
+  REQUIRE(asked_for(1));
+  REQUIRE(pool.last_error());
+  // Refused: asked again only once its pause is over, then after twice as long.
+  REQUIRE(asked_for(2));
+  CHECK(at(asked, 1) - at(refused, 0) >= pause);
+  REQUIRE(asked_for(3));
+  CHECK(at(asked, 2) - at(refused, 1) >= 2 * pause);
+  // Started this time: its runs take it.
+  const auto deadline = clock::now() + patience;
+  std::unique_ptr<warm_sandbox> taken;
+  while (!taken && clock::now() < deadline) {
+    taken = pool.take(agent, false);
+    if (!taken) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(taken);
+  CHECK(taken->agent == agent);
 }
 
 TEST_CASE("warm pool: a host killed with a full pool leaves nothing the next start does not sweep", "[serial]") {
