@@ -22,4 +22,30 @@ out="$("$work/prefix/bin/cairn" run "$work/agent/my_agent" --input '{"name":"ins
 echo "$out"
 echo "$out" | grep -q '"status": "completed"'
 grep -qx "hello, installer" "$work/.cairn/workspaces/ext/greeting.txt"
+
+# The agent carries its C++ runtime (no libstdc++.so to load at each start),
+# unless its target asks for the shared one (CAIRN_DYNAMIC_RUNTIME).
+needs_libstdcxx() { readelf -d "$1" | grep -q 'NEEDED.*libstdc++'; }
+if needs_libstdcxx "$work/agent/my_agent"; then
+  echo "my_agent loads libstdc++.so; the SDK should link it in" >&2
+  exit 1
+fi
+mkdir "$work/dynamic"
+cat > "$work/dynamic/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.25)
+project(dynamic_agent LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+find_package(cairn REQUIRED)
+add_executable(dynamic_agent $source_dir/examples/external/main.cpp)
+target_link_libraries(dynamic_agent PRIVATE cairn::sdk)
+set_target_properties(dynamic_agent PROPERTIES CAIRN_DYNAMIC_RUNTIME ON)
+EOF
+cmake -S "$work/dynamic" -B "$work/dynamic/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$work/dynamic/build" >/dev/null
+if ! needs_libstdcxx "$work/dynamic/build/dynamic_agent"; then
+  echo "dynamic_agent (CAIRN_DYNAMIC_RUNTIME ON) does not load libstdc++.so" >&2
+  exit 1
+fi
+"$work/prefix/bin/cairn" run "$work/dynamic/build/dynamic_agent" --input '{"name":"shared"}' --id dyn --json |
+  grep -q '"status": "completed"'
 echo "installed SDK and CLI work from an outside project"
