@@ -119,6 +119,17 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
     counted_live live;
     co_return co_await converse_to_end(start);
   }();
+  // The attempt that ends its run releases the workspace from its own
+  // sandbox, whose image is still mounted: end_run then finds it released.
+  // Only while this process still holds the run (a run taken over has
+  // another owner's workspace); what fails here, end_run tries again and tells.
+  if (result.outcome == kind::completed || result.outcome == kind::failed || result.outcome == kind::cancelled) {
+    co_await journal_.confirm_held();
+    try {
+      co_await offload([&] { box->destroy_ending_run(); });
+    } catch (const runtime::sandbox_error&) {
+    }
+  }
   co_await offload([&] { box.reset(); });
   co_return result;
 }

@@ -352,13 +352,8 @@ class bwrap_sandbox final : public sandbox {
                                            std::move(watch));
   }
 
-  void destroy() override {
-    tracker_.kill_all();
-    warm_.reset();  // its folder's mounts before the workspace's own
-    resources_->release();
-    strip_set_id_bits(workspace_);
-    open_log(spec_.log_file);  // sets its mode back to 0600: the agent may have fchmod'ed its stdout
-  }
+  void destroy() override { end(false); }
+  void destroy_ending_run() override { end(true); }
 
   std::vector<std::string> warnings() const override {
     auto warnings = resources_->warnings();
@@ -373,6 +368,21 @@ class bwrap_sandbox final : public sandbox {
   bool agent_started() const override { return agent_started_; }
 
  private:
+  void end(bool releasing_workspace) {
+    tracker_.kill_all();
+    warm_.reset();  // its folder's mounts before the workspace's own
+    std::exception_ptr not_released;  // told after the rest is done
+    if (releasing_workspace) try {
+        resources_->release_ending_run();
+      } catch (const sandbox_error&) {
+        not_released = std::current_exception();
+      }
+    resources_->release();
+    strip_set_id_bits(workspace_);
+    open_log(spec_.log_file);  // sets its mode back to 0600: the agent may have fchmod'ed its stdout
+    if (not_released) std::rethrow_exception(not_released);
+  }
+
   // The agent as the launcher executes it: from the host's descriptor when
   // the sandbox uid may read and execute the file but not change it (its
   // /proc/self/exe is that file, on a writable host mount: its owner could

@@ -158,6 +158,12 @@ class sandbox {
   // plain workspace folder stays set-uid or set-gid. Idempotent; also done
   // by the destructor. A later exec() takes them again.
   virtual void destroy() = 0;
+  // destroy(), by the attempt that ends its run: its workspace is also
+  // released, as sandbox_backend::release_workspace does (which then has
+  // nothing left to do), from the image this sandbox has mounted rather
+  // than from one mounted again after destroy(). Throws sandbox_error as
+  // release_workspace does; destroyed in any case.
+  virtual void destroy_ending_run() { destroy(); }
   // What this sandbox cannot enforce on this machine, one sentence each with
   // the fix, for the run's log: "resource totals are per process only: ...",
   // "workspace ... has no size quota: ...", a kept image of another size.

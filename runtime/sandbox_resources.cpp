@@ -78,6 +78,14 @@ void sandbox_resources::release() noexcept {
   held_ = false;
 }
 
+void sandbox_resources::release_ending_run() {
+  std::lock_guard lock(mutex_);
+  if (cgroup_) cgroup_->remove();
+  cgroup_.reset();
+  held_ = false;
+  if (lease_) release_workspace_image(workspace_, spec_.workspace_image, &lease_);
+}
+
 std::shared_ptr<sandbox_cgroup> sandbox_resources::cgroup() const {
   std::lock_guard lock(mutex_);
   return cgroup_;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <shared_mutex>
 
 #include <chrono>
@@ -301,6 +302,11 @@ bool mounted_workspace::full() const {
 void workspace_lease::release() noexcept {
   if (!mount_) return;
   folder_guard busy(folder_);
+  release_locked();
+}
+
+void workspace_lease::release_locked() noexcept {
+  if (!mount_) return;
   std::shared_ptr<mounted_workspace> last;
   {
     std::lock_guard lock(registry_mutex);
@@ -393,15 +399,24 @@ std::size_t sweep_orphaned_workspace_mounts() {
   return swept;
 }
 
-void release_workspace_image(const fs::path& given, const fs::path& image) {
+void release_workspace_image(const fs::path& given, const fs::path& image, workspace_lease* mounted) {
   fs::path workspace = fs::absolute(given).lexically_normal();
   folder_guard busy(workspace);
+  // Whatever happens below, the sandbox's lease goes (under this lock).
+  struct lease_guard {
+    workspace_lease* lease;
+    ~lease_guard() {
+      if (lease) lease->release_locked();
+    }
+  } held{mounted && *mounted && mounted->folder_ == workspace ? mounted : nullptr};
+  if (mounted && !held.lease) mounted->release_locked();  // another folder's, or none: not used here
   fs::path staging = workspace.string() + ".released";
   std::error_code ec;
   bool in_use;
   {
     std::lock_guard lock(registry_mutex);
-    in_use = registry.count(workspace) > 0;
+    auto entry = registry.find(workspace);
+    in_use = entry != registry.end() && entry->second.leases > (held.lease ? 1 : 0);
   }
   if (in_use)
     throw sandbox_error(sandbox_errc::bad_spec,
@@ -418,14 +433,15 @@ void release_workspace_image(const fs::path& given, const fs::path& image) {
   fs::create_directories(workspace, ec);
   if (::mkdir(staging.c_str(), 0700) < 0) failed(sandbox_errc::workspace_failed, "creating " + staging.string());
   const auto support = detect_workspace_quota();
-  if (::geteuid() != 0 && !support.fuse)
+  if (!held.lease && ::geteuid() != 0 && !support.fuse)
     throw sandbox_error(sandbox_errc::workspace_failed,
                         fmt::format("the files of workspace {} are in its quota image {}, which cannot be mounted "
                                     "here ({}): {}",
                                     workspace.string(), image.string(), support.detail, support.fix));
   {
     // Only read: no quota to enforce.
-    mounted_workspace mount(workspace, image, UINT64_MAX, {}, support.fuse);
+    std::optional<mounted_workspace> mount;
+    if (!held.lease) mount.emplace(workspace, image, UINT64_MAX, fs::path{}, support.fuse);
     unique_fd root = open_folder(workspace), copy = open_folder(staging);
     struct stat image_stat {};
     if (::stat(image.c_str(), &image_stat) < 0) failed(sandbox_errc::workspace_failed, "reading " + image.string());
@@ -441,6 +457,8 @@ void release_workspace_image(const fs::path& given, const fs::path& image) {
         ::fchmod(copy.get(), st.st_mode & 01777) < 0 ||
         (nothing_copied ? ::fsync(copy.get()) : ::syncfs(copy.get())) < 0)
       failed(sandbox_errc::workspace_failed, "finishing " + staging.string());
+    root.reset();
+    if (held.lease) std::exchange(held.lease, nullptr)->release_locked();  // the last lease: unmounted
   }
   if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, workspace.c_str(), RENAME_EXCHANGE) < 0 &&
       (errno != ENOENT || ::rename(staging.c_str(), workspace.c_str()) < 0))

@@ -97,7 +97,9 @@ class workspace_lease {
   std::shared_ptr<const mounted_workspace> mount() const { return mount_; }
 
  private:
+  friend void release_workspace_image(const std::filesystem::path&, const std::filesystem::path&, workspace_lease*);
   void release() noexcept;
+  void release_locked() noexcept;  // release(), the folder's lock held
 
   std::filesystem::path folder_;
   std::shared_ptr<mounted_workspace> mount_;
@@ -122,9 +124,14 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
 // Leaves `workspace` a plain folder holding the image's files, then deletes
 // the image. Nothing to do without an image. A crash at any point leaves
 // the image (and calling it again finishes the job) or the copied files.
-// Throws sandbox_error: bad_spec while a sandbox of this process still uses
-// the workspace, workspace_failed when copying fails.
-void release_workspace_image(const std::filesystem::path& workspace, const std::filesystem::path& image);
+// `mounted`: the lease of the sandbox that used the image, whose processes
+// are gone: the files are copied from its mount, which then goes, rather
+// than from a mount made for the copy (one mount and unmount fewer); it is
+// released in any case. Throws sandbox_error: bad_spec while another
+// sandbox of this process still uses the workspace, workspace_failed when
+// copying fails.
+void release_workspace_image(const std::filesystem::path& workspace, const std::filesystem::path& image,
+                             workspace_lease* mounted = nullptr);
 
 // What mounting and unmounting the image of `workspace` has cost so far.
 workspace_upkeep workspace_upkeep_of(const std::filesystem::path& workspace);

@@ -194,6 +194,47 @@ TEST_CASE("quota: release_workspace leaves a plain folder and is idempotent") {
   CHECK(run_probe(*box, {"read", "/workspace/result.txt"})["detail"] == "done");
 }
 
+TEST_CASE("quota: the attempt that ends its run releases the workspace from the image its sandbox mounted") {
+  if (!require_quota() || pooled_without_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = test_backend(dir);  // pooled too, under runtime_test_pooled: the pool's image, taken
+  auto box = backend->create(spec);
+  CHECK(run_probe(*box, {"write", "/workspace/result.txt", "done"})["ok"] == true);
+  REQUIRE(is_mount_point(spec.workspace));
+  const auto loop = through_fuse() ? fs::path() : loop_sysfs(spec.workspace);
+  box->destroy_ending_run();
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
+  CHECK_FALSE(fs::exists(spec.workspace / "lost+found"));
+  CHECK_FALSE(fs::exists(spec.workspace_image));
+  CHECK_FALSE(fs::exists(dir.path / "ws.released"));
+  CHECK_FALSE(is_mount_point(spec.workspace));
+  if (!through_fuse()) CHECK(loop_released(loop, spec.workspace_image));
+  // What the engine does next finds nothing left to do.
+  backend->release_workspace(spec.workspace, spec.workspace_image);
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
+  box.reset();
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
+}
+
+TEST_CASE("quota: a workspace another sandbox still uses is not released by the attempt that ends its run") {
+  if (!require_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = make_bwrap_backend();
+  auto ending = backend->create(spec);
+  CHECK(run_probe(*ending, {"write", "/workspace/result.txt", "done"})["ok"] == true);
+  auto other = backend->create(spec);  // the same workspace, one mount
+  CHECK_THROWS_AS(ending->destroy_ending_run(), sandbox_error);
+  // Destroyed all the same; the files stay in the image the other one uses.
+  CHECK(run_probe(*other, {"read", "/workspace/result.txt"})["detail"] == "done");
+  CHECK(fs::exists(spec.workspace_image));
+  other.reset();
+  backend->release_workspace(spec.workspace, spec.workspace_image);
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
+  CHECK_FALSE(fs::exists(spec.workspace_image));
+}
+
 TEST_CASE("quota: release_workspace finishes after a crash at any point") {
   if (!require_quota()) return;
   temp_dir dir;
