@@ -123,6 +123,9 @@ void walk_tree_no_follow(int dir_fd, const fs::path& where, const tree_visitor& 
     unique_fd sub(::openat(dir_fd, entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!sub) {
       if (errno == ENOTDIR || errno == ELOOP) continue;
+      // What a normal user's agent locked itself out of: nothing in there
+      // runs with more than this user's rights (no root to walk for).
+      if (errno == EACCES && ::geteuid() != 0) continue;
       bad_spec(fmt::format("cannot open {}: {}", (where / name).string(), std::strerror(errno)));
     }
     walk_tree_no_follow(sub.get(), where / name, visit, depth + 1);

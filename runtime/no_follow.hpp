@@ -29,7 +29,8 @@ unique_fd open_append_no_follow(int folder_fd, const std::filesystem::path& name
 // itself), a folder before what it holds, never following a link: a link is
 // visited itself, never walked. `where` names `dir_fd` in messages. Throws
 // sandbox_error(bad_spec) for a folder that cannot be listed or opened, or a
-// tree more than 128 levels deep (each level holds an fd).
+// tree more than 128 levels deep (each level holds an fd); not as root, a
+// folder this user may not enter (an agent's mode 0) is visited, not walked.
 using tree_visitor = std::function<void(int dir_fd, const char* name, const std::filesystem::path& where)>;
 void walk_tree_no_follow(int dir_fd, const std::filesystem::path& where, const tree_visitor& visit, int depth = 0);
 

@@ -13,7 +13,6 @@
 #include <fmt/format.h>
 
 #include "runtime/bwrap_support.hpp"
-#include "runtime/no_follow.hpp"
 #include "runtime/tree_copy.hpp"
 #include "runtime/warm/launch.hpp"
 
@@ -35,7 +34,8 @@ constexpr std::size_t max_makers = 2;
 bool waits(const std::unique_ptr<warm_sandbox>& w) { return !w->agent; }
 
 // Removes the folder; an agent started in it may have left files there,
-// in folders it made unwritable. Its processes are gone by then.
+// in folders it made unwritable (clear_tree lets the owner back in). Its
+// processes are gone by then.
 bool remove_folder(const fs::path& path) {
   if (::rmdir(path.c_str()) == 0) return true;
   if (errno != ENOTEMPTY) return false;
@@ -43,10 +43,6 @@ bool remove_folder(const fs::path& path) {
   if (!dir) return false;
   try {
     ::fchmod(dir.get(), 0700);
-    walk_tree_no_follow(dir.get(), path, [](int parent, const char* name, const fs::path&) {
-      struct stat st {};
-      if (::fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) ::fchmodat(parent, name, 0700, 0);
-    });
     clear_tree(dir.get(), path);
   } catch (const sandbox_error&) {
     return false;

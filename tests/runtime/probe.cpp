@@ -512,6 +512,13 @@ int main(int argc, char** argv) {
       out[name] = ok ? "created" : error_text();
     }
     report(action, ok_any, out);
+  } else if (action == "lock_out") {
+    // A folder holding a file, both mode 0: its owner may not read either.
+    const std::string folder = arg(1), file = folder + "/secret.txt";
+    bool ok = ::mkdir(folder.c_str(), 0700) == 0;
+    if (ok) std::ofstream(file) << "kept";
+    ok = ok && ::chmod(file.c_str(), 0) == 0 && ::chmod(folder.c_str(), 0) == 0;
+    report(action, ok, ok ? "locked" : error_text());
   } else if (action == "chmod_self") {
     // Through /proc/self/exe: the program's file, wherever it came from.
     bool ok = ::chmod("/proc/self/exe", 0777) == 0;

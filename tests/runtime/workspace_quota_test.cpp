@@ -235,6 +235,29 @@ TEST_CASE("quota: a workspace another sandbox still uses is not released by the 
   CHECK_FALSE(fs::exists(spec.workspace_image));
 }
 
+TEST_CASE("quota: a folder and a file the agent made mode 0 are released all the same") {
+  // Root reads them anyway; another user, through FUSE, owns them and
+  // opens them up for the copy.
+  if (!require_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = make_bwrap_backend();
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"lock_out", "/workspace/locked"})["ok"] == true);
+  }
+  backend->release_workspace(spec.workspace, spec.workspace_image);
+  CHECK_FALSE(fs::exists(spec.workspace_image));
+  // Released as the agent left them, mode 0; their owner may open them again.
+  const fs::path locked = spec.workspace / "locked";
+  struct stat st {};
+  REQUIRE(::lstat(locked.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0);
+  fs::permissions(locked, fs::perms::owner_all);
+  fs::permissions(locked / "secret.txt", fs::perms::owner_read);
+  CHECK(read_file(locked / "secret.txt") == "kept");
+}
+
 TEST_CASE("quota: release_workspace finishes after a crash at any point") {
   if (!require_quota()) return;
   temp_dir dir;
