@@ -80,9 +80,6 @@ void sandbox_resources::release() noexcept {
 
 void sandbox_resources::release_ending_run() {
   std::lock_guard lock(mutex_);
-  if (cgroup_) cgroup_->remove();
-  cgroup_.reset();
-  held_ = false;
   if (lease_) release_workspace_image(workspace_, spec_.workspace_image, &lease_);
 }
 

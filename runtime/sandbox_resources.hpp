@@ -36,10 +36,10 @@ class sandbox_resources {
   // Kills what runs in the cgroup, removes it and unmounts the workspace.
   // Idempotent.
   void release() noexcept;
-  // release(), for a sandbox whose attempt ends its run, with no process
-  // left in it: the workspace's image is released into its folder
-  // (release_workspace_image) from the mount this sandbox holds. Throws
-  // sandbox_error as that does; released in any case.
+  // Before release(), for a sandbox whose attempt ends its run, with no
+  // process left in it: the workspace's image is released into its folder
+  // (release_workspace_image) from the mount this sandbox holds, which goes
+  // with it. Throws sandbox_error as that does; the mount goes in any case.
   void release_ending_run();
 
   // Empty when there is none (or after release()).

@@ -47,14 +47,13 @@ std::vector<std::string> entries(int dir, const fs::path& where) {
   return names;
 }
 
-// Gives `name` in `dir` the owner's permissions in `needed` when this
-// process owns it (not root: its sandboxes' files are another uid's, and
-// root needs none): an agent may have made its own files and folders
-// unreadable, unsearchable or unwritable, mode 0 even, and the trees copied
-// or cleared here are emptied or deleted afterwards.
-void let_owner_in(int dir, const std::string& name, mode_t needed) {
-  struct stat st {};
-  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0 || S_ISLNK(st.st_mode)) return;
+// Gives `name` in `dir` (a folder or a regular file, as `st` says) the
+// owner's permissions in `needed` when this process owns it (not root: its
+// sandboxes' files are another uid's, and root needs none): an agent may
+// have made its own files and folders unreadable, unsearchable or
+// unwritable, mode 0 even, and the trees copied or cleared here are
+// emptied or deleted afterwards.
+void let_owner_in(int dir, const std::string& name, const struct stat& st, mode_t needed) {
   if (st.st_uid == ::geteuid() && ::geteuid() != 0 && (st.st_mode & needed) != needed)
     ::fchmodat(dir, name.c_str(), (st.st_mode | needed) & 07777, 0);
 }
@@ -62,7 +61,9 @@ void let_owner_in(int dir, const std::string& name, mode_t needed) {
 void remove_entry(int dir, const std::string& name, const fs::path& where, int depth) {
   if (::unlinkat(dir, name.c_str(), 0) == 0 || errno == ENOENT) return;
   if (errno != EISDIR && errno != EPERM) failed("cannot remove", where);
-  let_owner_in(dir, name, S_IRWXU);  // to list it, enter it and remove what it holds
+  // To list it, enter it and remove what it holds.
+  if (struct stat st {}; ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+    let_owner_in(dir, name, st, S_IRWXU);
   unique_fd sub(::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!sub) failed("cannot open", where);
   if (depth > max_depth) failed("too deeply nested:", where);
@@ -154,7 +155,7 @@ void copy_entry(copy_state& state, int from, int to, const std::string& name, co
   if (::fstatat(from, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) failed("cannot stat", from_path);
   if (S_ISDIR(st.st_mode)) {
     if (depth > max_depth) failed("too deeply nested:", from_path);
-    let_owner_in(from, name, S_IRUSR | S_IXUSR);
+    let_owner_in(from, name, st, S_IRUSR | S_IXUSR);
     unique_fd source(::openat(from, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!source) failed("cannot open", from_path);
     unique_fd target(::openat(to, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -177,7 +178,7 @@ void copy_entry(copy_state& state, int from, int to, const std::string& name, co
       if (!fresh && ::linkat(state.to_root, first->second.c_str(), to, name.c_str(), 0) == 0) return;
     }
     state.check(allocated(st), from_path);
-    let_owner_in(from, name, S_IRUSR);
+    let_owner_in(from, name, st, S_IRUSR);
     unique_fd source(::openat(from, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (!source) failed("cannot open", from_path);
     unique_fd target(::openat(to, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
