@@ -147,11 +147,15 @@ bool ledger::lead(body& write, std::exception_ptr& error, bool sync_later) {
   std::vector<writer> group;
   group.push_back({std::move(write), [&error](std::exception_ptr e) { error = e; }, sync_later});
   commit_group(group);
+  bool queued;
   {
     std::lock_guard lock(mutex_);
     committing_ = false;
+    queued = !queue_.empty() || closing_;
   }
-  queued_.notify_one();  // writers that queued meanwhile
+  // Writers that queued meanwhile (or a closing ledger); else the committer
+  // sleeps on: waking it for nothing costs a step a context switch.
+  if (queued) queued_.notify_one();
   return true;
 }
 
