@@ -107,8 +107,11 @@ fuse_mount::fuse_mount(const fuse_tools& tools, const fs::path& image, const fs:
     throw sandbox_error(sandbox_errc::spawn_failed,
                         fmt::format("fuse2fs cannot mount an image whose path holds a comma or a backslash: {}",
                                     image.string()));
+  // Read-only, it is a view for the image's owner (`cairn workspace`):
+  // fakeroot lets this user read what an agent of theirs made mode 0. The
+  // mount, as every FUSE mount without allow_other, serves this user alone.
   std::vector<std::string> args = {tools.fuse2fs.string(), image.string(), target.string(), "-f", "-o",
-                                   read_only ? "ro,noatime" : "rw,noatime,nonempty"};
+                                   read_only ? "ro,noatime,fakeroot" : "rw,noatime,nonempty"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

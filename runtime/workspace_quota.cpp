@@ -463,11 +463,15 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
   if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, workspace.c_str(), RENAME_EXCHANGE) < 0 &&
       (errno != ENOENT || ::rename(staging.c_str(), workspace.c_str()) < 0))
     failed(sandbox_errc::workspace_failed, "moving the released files into " + workspace.string());
+  // The swap is durable before the image goes: a crash between them leaves
+  // the image, and the next call starts over from it.
   sync_folder(workspace.parent_path());
-  fs::remove_all(staging, ec);  // the folder the image was mounted on
+  fs::remove_all(staging, ec);  // the folder the image was mounted on; left over, the next call removes it
   if (::unlink(image.c_str()) < 0) failed(sandbox_errc::workspace_failed, "deleting " + image.string());
   ::unlink(attached_marker(image).c_str());
-  sync_folder(workspace.parent_path());
+  // Else a power cut could bring the image back, stale, and `cairn
+  // workspace` would read the run's files from it rather than the folder.
+  sync_folder(image.parent_path());
   std::lock_guard lock(registry_mutex);
   upkeeps.erase(workspace);  // the run is over
 }

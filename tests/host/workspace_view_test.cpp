@@ -53,6 +53,13 @@ TEST_CASE("cairn workspace lists and prints a suspended run's files without waki
   CHECK(listing.out.find('\x07') == std::string::npos);
   CHECK_THAT(listing.out, Catch::Contains("\\x1b]0;pwned"));
 
+  // What the agent made mode 0 is its user's own: listed and read.
+  CHECK_THAT(listing.out, Catch::Contains("locked/kept.txt"));
+  auto locked = r.workspace({"locked/kept.txt"});
+  INFO(locked.err);
+  CHECK(locked.code == 0);
+  CHECK(locked.out == "kept\n");
+
   auto file = r.workspace({"notes/a.txt"});
   CHECK(file.code == 0);
   CHECK(file.out == "hello from the agent\n");

@@ -1,5 +1,7 @@
-// For `cairn workspace`: leaves in its workspace a file, a link out of it
-// and a file whose name and bytes are terminal escape sequences, then waits
+// For `cairn workspace`: leaves in its workspace a file, a link out of it,
+// a file whose name and bytes are terminal escape sequences, and a folder
+// and a file in it that it made mode 0 (its own, so its user may read them
+// all the same), then waits
 // for the signal "go" (suspended meanwhile) and returns what notes/a.txt
 // holds then.
 #include <sys/stat.h>
@@ -19,6 +21,10 @@ int main(int argc, char** argv) {
       std::ofstream("notes/a.txt") << "hello from the agent\n";
       ::symlink("/etc/shadow", "escape");
       std::ofstream("\x1b]0;pwned\x07name.txt") << "\x1b[2J";
+      ::mkdir("locked", 0755);
+      std::ofstream("locked/kept.txt") << "kept\n";
+      ::chmod("locked/kept.txt", 0);
+      ::chmod("locked", 0);
       return json(true);
     });
     ctx.wait_signal("go");
