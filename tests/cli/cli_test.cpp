@@ -1,6 +1,7 @@
 // The `cairn` command as users and scripts see it: exit codes, messages, --json.
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,9 +34,10 @@ std::string slurp(const std::filesystem::path& p) {
 // Runs cairn in `dir` with CAIRN_HOME=dir/.cairn; `path_env` replaces PATH
 // when given; `uid` runs it as that user, from a copy of the binary in `dir`
 // (the build tree may be closed to other users, e.g. under /root).
+// `program`: runs that instead of cairn, with `args` (which then name cairn).
 result run_cli(const cairn::testing::temp_dir& dir, std::vector<std::string> args, const char* path_env = nullptr,
-             uid_t uid = 0) {
-  std::string binary = CAIRN_BIN;
+             uid_t uid = 0, const char* program = CAIRN_BIN) {
+  std::string binary = program;
   if (uid != 0) {
     binary = (dir / "cairn").string();
     std::filesystem::copy_file(CAIRN_BIN, binary, std::filesystem::copy_options::skip_existing);
@@ -157,6 +159,30 @@ TEST_CASE("without bwrap, run and doctor say so and how to fix it, and never run
   auto resumed = run_cli(dir, {"resume", "nobwrap"});
   INFO(resumed.err);
   CHECK(resumed.code == 0);
+}
+
+TEST_CASE("without libpq, a PostgreSQL journal says what to install and a SQLite journal works as before") {
+  if (!cairn::testing::require_capability("root", ::geteuid() == 0,
+                                          "only root can hide libpq in a mount namespace of its own"))
+    return;
+  // The file the dynamic loader finds for libpq.so.5, hidden below by an empty one.
+  void* libpq = ::dlopen("libpq.so.5", RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(libpq != nullptr);
+  Dl_info found{};
+  REQUIRE(::dladdr(::dlsym(libpq, "PQping"), &found) != 0);
+  const std::string library = std::filesystem::canonical(found.dli_fname).string();
+  cairn::testing::temp_dir dir;
+  const auto without_libpq = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"-m", "/bin/sh", "-c", R"(mount --bind /dev/null "$0" && exec "$@")", library,
+                               CAIRN_BIN});
+    return run_cli(dir, args, nullptr, 0, "/usr/bin/unshare");
+  };
+  auto pg = without_libpq({"ls", "--db", "postgresql://cairn@127.0.0.1:1/nothing"});
+  CHECK(pg.code == 3);
+  CHECK_THAT(pg.err, Catch::Contains("libpq") && Catch::Contains("apt-get install libpq5"));
+  auto sqlite = without_libpq(run_steps("no-libpq", 2));
+  INFO(sqlite.err);
+  CHECK(sqlite.code == 0);
 }
 
 TEST_CASE("a journal locked by another process gives a clear error and loses nothing") {
