@@ -128,6 +128,23 @@ TEST_CASE("a policy file that is not JSON names the file") {
   }
 }
 
+TEST_CASE("a policy file over 1 MiB is refused, and one just under is read whole") {
+  testing::temp_dir dir;
+  // Valid JSON either way: only the size decides. `pad` spaces inside the object.
+  const auto policy_of_size = [&](const char* name, std::size_t bytes) {
+    const std::string body = R"({"limits": {"memory_mb": 64}})";
+    std::ofstream(dir / name) << body.substr(0, 1) << std::string(bytes - body.size(), ' ') << body.substr(1);
+    return dir / name;
+  };
+  try {
+    engine::load_policy_file(policy_of_size("big.json", (1 << 20) + 1));
+    FAIL("accepted");
+  } catch (const engine::policy_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("big.json") && Catch::Contains("larger than 1024 KiB"));
+  }
+  CHECK(engine::load_policy_file(policy_of_size("fits.json", 1 << 20)).limits.max_memory_bytes == 64ull << 20);
+}
+
 TEST_CASE("a user tool's program may be named relative to its policy file") {
   testing::temp_dir dir;
   std::filesystem::create_directories(dir / "tools");
