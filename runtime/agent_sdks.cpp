@@ -31,18 +31,18 @@ agent_sdks locate() {
   std::error_code ec;
   const fs::path installed = fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path() / "share/cairn/sdk";
   agent_sdks found{existing(installed / "python", "cairn/__init__.py"), existing(installed / "js", "package.json")};
-  if (found.python.empty()) found.python = existing(CAIRN_SOURCE_PYTHON_SDK, "cairn/__init__.py");
+  if (found.python.empty()) found.python = existing(CAIRN_BUILT_PYTHON_SDK, "cairn/__init__.py");
   if (found.js.empty()) found.js = existing(CAIRN_SOURCE_JS_SDK, "package.json");
   return found;
 }
 
-// What a sandbox needs of an SDK: its files, without tests, benchmarks,
-// development packages and caches; links are not followed.
+// What a sandbox needs of an SDK: its files and the Python SDK's bytecode,
+// without tests, benchmarks and development packages; links are not followed.
 std::vector<fs::path> sdk_files(const fs::path& sdk) {
   std::vector<fs::path> files;
   for (auto it = fs::recursive_directory_iterator(sdk); it != fs::recursive_directory_iterator(); ++it) {
     const auto name = it->path().filename().string();
-    if (name == "node_modules" || name == "test" || name == "tests" || name == "bench" || name == "__pycache__") {
+    if (name == "node_modules" || name == "test" || name == "tests" || name == "bench") {
       if (it->is_directory()) it.disable_recursion_pending();
       continue;
     }

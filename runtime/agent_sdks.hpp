@@ -22,7 +22,8 @@ struct agent_sdks {
 };
 
 // Installed beside this program (PREFIX/share/cairn/sdk/{python,js}, for
-// PREFIX/bin/cairn), else in the source tree this program was built from.
+// PREFIX/bin/cairn), else this program's build's: the Python SDK with its
+// bytecode in the build tree (sdk/CMakeLists.txt), the JS SDK's sources.
 const agent_sdks& find_agent_sdks();
 
 // The SDKs as the sandbox uid can read them: where they are, or, when it

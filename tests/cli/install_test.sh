@@ -12,6 +12,14 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 test -x "$work/prefix/bin/cairn"
 test -f "$work/prefix/include/cairn/cairn.hpp"
+# The Python SDK sandboxes are given carries its bytecode (a sandbox cannot write it).
+for module in "$work/prefix/share/cairn/sdk/python/cairn/"*.py; do
+  name="$(basename "$module" .py)"
+  if ! compgen -G "$work/prefix/share/cairn/sdk/python/cairn/__pycache__/$name.cpython-*.pyc" >/dev/null; then
+    echo "the installed Python SDK has no bytecode for $name" >&2
+    exit 1
+  fi
+done
 
 cmake -S "$source_dir/examples/external" -B "$work/agent" -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "runtime/agent_sdks.hpp"
@@ -15,6 +16,7 @@
 #include "runtime/cgroup.hpp"
 #include "runtime/host_paths.hpp"
 #include "runtime/own_records.hpp"
+#include "tests/cairn_cli.hpp"
 #include "tests/runtime/sandbox_fixture.hpp"
 
 namespace cairn::runtime::test {
@@ -305,6 +307,51 @@ TEST_CASE("the SDKs under a folder the sandbox uid may not enter reach it as a r
   CHECK(changed != readable.js);
   fs::remove_all(readable.js);
   fs::remove_all(changed);
+}
+
+// The modules of the Python SDK at `sdk` that Python compiled from their
+// sources when importing it, as a sandboxed agent does (it may not write
+// bytecode there), rather than loading their bytecode; and how many it loaded.
+struct python_import {
+  std::vector<std::string> compiled, loaded;
+};
+python_import import_python_sdk(const fs::path& sdk) {
+  temp_dir scratch;
+  // -S: the machine's own .pth files are not the SDK's.
+  auto r = cairn::testing::run_program("/usr/bin/python3", {"-S", "-v", "-c", "import cairn"}, scratch.path,
+                                       {.env = {{"PYTHONPATH", sdk.string()}, {"PYTHONDONTWRITEBYTECODE", "1"}}});
+  REQUIRE(r.code == 0);
+  python_import found;
+  std::istringstream lines(r.err);
+  const std::string prefix = "# code object from ";
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(prefix, 0) != 0 || line.find((sdk / "cairn").string()) == std::string::npos) continue;
+    (line.find(".pyc") != std::string::npos ? found.loaded : found.compiled).push_back(line.substr(prefix.size()));
+  }
+  return found;
+}
+
+TEST_CASE("the Python SDK reaches sandboxes compiled: no agent compiles it at its start") {
+  const fs::path sdk = find_agent_sdks().python;
+  REQUIRE_FALSE(sdk.empty());
+  std::size_t modules = 0;
+  for (const auto& e : fs::directory_iterator(sdk / "cairn")) modules += e.path().extension() == ".py";
+  const auto here = import_python_sdk(sdk);
+  CHECK(here.compiled.empty());
+  CHECK(here.loaded.size() == modules);
+  if (!require_root("only under root does the sandbox run as another uid")) return;
+  // The root-only copy made for a sandbox uid that may not reach the SDK keeps the bytecode.
+  temp_dir dir;
+  const fs::path closed = dir.path / "closed";
+  fs::create_directories(closed);
+  fs::copy(sdk, closed / "python", fs::copy_options::recursive);
+  ::chmod(closed.c_str(), 0700);
+  const auto readable = readable_agent_sdks({closed / "python", {}}, 65534, 65534);
+  REQUIRE(readable.python.parent_path() == "/var/cache/cairn/sdk");
+  const auto copied = import_python_sdk(readable.python);
+  CHECK(copied.compiled.empty());
+  CHECK(copied.loaded.size() == modules);
+  fs::remove_all(readable.python);
 }
 
 }  // namespace cairn::runtime::test
