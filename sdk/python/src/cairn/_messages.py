@@ -3,9 +3,9 @@ the C++ SDK parses them (protocol/messages.cpp): every field's presence, type
 and range is checked, and the first wrong one is named. Fields not known are
 ignored, so later minor additions stay compatible."""
 
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from ._record import Record
 from ._wire import MAX_DURATION_MS, MAX_NAME_BYTES, HostGone
 
 VERSION = 2
@@ -15,61 +15,79 @@ KINDS = frozenset({"step", "now", "random", "tool", "sleep", "signal", "child", 
 HOST_RECORDED = frozenset({"tool", "sleep", "signal", "child", "join"})
 
 
-@dataclass(slots=True)
-class StepRecord:
+class StepRecord(Record):
     """A journaled outcome: a history entry, or the result of a request."""
 
-    seq: int
-    name: str
-    kind: str
-    ok: bool
-    output: Any  # when ok
-    error_message: str  # when not ok
-    error_type: str
-    attempt: int
+    __slots__ = ("seq", "name", "kind", "ok", "output", "error_message", "error_type", "attempt")
+
+    def __init__(self, seq: int, name: str, kind: str, ok: bool, output: Any, error_message: str, error_type: str,
+                 attempt: int) -> None:
+        self.seq = seq
+        self.name = name
+        self.kind = kind
+        self.ok = ok
+        self.output = output  # when ok
+        self.error_message = error_message  # when not ok
+        self.error_type = error_type
+        self.attempt = attempt
 
 
-@dataclass(slots=True)
-class Start:
-    version: int
-    run_id: str
-    input: Any
-    attempt: int
-    history_steps: int
-    next_step_attempt: int
+class Start(Record):
+    __slots__ = ("version", "run_id", "input", "attempt", "history_steps", "next_step_attempt")
+
+    def __init__(self, version: int, run_id: str, input: Any, attempt: int, history_steps: int,
+                 next_step_attempt: int) -> None:
+        self.version = version
+        self.run_id = run_id
+        self.input = input
+        self.attempt = attempt
+        self.history_steps = history_steps
+        self.next_step_attempt = next_step_attempt
 
 
-@dataclass(slots=True)
-class History:
-    start: int  # the chunk's `from`
-    steps: list[StepRecord]
+class History(Record):
+    __slots__ = ("start", "steps")
+
+    def __init__(self, start: int, steps: list[StepRecord]) -> None:
+        self.start = start  # the chunk's `from`
+        self.steps = steps
 
 
-@dataclass(slots=True)
-class Ack:
-    seq: int
+class Ack(Record):
+    __slots__ = ("seq",)
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
 
 
-@dataclass(slots=True)
-class RetryAnswer:
-    seq: int
-    attempt: int
-    delay_ms: int
+class RetryAnswer(Record):
+    __slots__ = ("seq", "attempt", "delay_ms")
+
+    def __init__(self, seq: int, attempt: int, delay_ms: int) -> None:
+        self.seq = seq
+        self.attempt = attempt
+        self.delay_ms = delay_ms
 
 
-@dataclass(slots=True)
-class Result:
-    record: StepRecord
+class Result(Record):
+    __slots__ = ("record",)
+
+    def __init__(self, record: StepRecord) -> None:
+        self.record = record
 
 
-@dataclass(slots=True)
-class Cancel:
-    reason: str
+class Cancel(Record):
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
-@dataclass(slots=True)
-class Reject:
-    error: str
+class Reject(Record):
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
 
 
 HostMessage = Start | History | Ack | RetryAnswer | Result | Cancel | Reject

@@ -6,11 +6,11 @@ import random as _random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, ParamSpec, TypeVar, overload
 
 from ._messages import StepRecord
+from ._record import FrozenRecord
 from ._session import Session
 from ._wire import (
     MAX_DURATION_MS,
@@ -33,11 +33,15 @@ Json = Any
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-@dataclass(frozen=True, slots=True)
-class ChildHandle:
+class ChildHandle(FrozenRecord):
     """A started child run, as returned by ctx.start_child."""
 
+    __slots__ = ("run_id",)
+    __match_args__ = ("run_id",)
     run_id: str
+
+    def __init__(self, run_id: str) -> None:
+        self._set("run_id", run_id)
 
 
 # Longest error message sent, in characters: an exception may quote a whole

@@ -1,7 +1,8 @@
 """How a failing step asks to be retried inside the same run."""
 
-from dataclasses import dataclass
 from datetime import timedelta
+
+from ._record import FrozenRecord
 
 # A duration: seconds (int or float) or a timedelta, everywhere in the SDK.
 Duration = float | timedelta
@@ -12,8 +13,7 @@ def seconds_of(d: Duration) -> float:
     return d.total_seconds() if isinstance(d, timedelta) else float(d)
 
 
-@dataclass(frozen=True, slots=True)
-class Retry:
+class Retry(FrozenRecord):
     """The host decides from this and the run's policy: after attempt n fails
     it waits min(initial_delay * multiplier**(n-1), max_delay), scaled by a
     random factor in [1 - jitter, 1] so that runs failing together do not
@@ -24,14 +24,26 @@ class Retry:
     overruns it and counts a failed attempt. Durations are seconds or
     timedeltas; longer than 100 years counts as 100 years."""
 
-    max_attempts: int = 3
-    initial_delay: Duration = 0.1
-    multiplier: float = 2.0
-    max_delay: Duration = 10.0
-    timeout: Duration | None = None
-    jitter: float = 0.2
+    __slots__ = ("max_attempts", "initial_delay", "multiplier", "max_delay", "timeout", "jitter")
+    __match_args__ = ("max_attempts", "initial_delay", "multiplier", "max_delay", "timeout", "jitter")
+    max_attempts: int
+    initial_delay: Duration
+    multiplier: float
+    max_delay: Duration
+    timeout: Duration | None
+    jitter: float
 
-    def __post_init__(self) -> None:
+    def __init__(self, max_attempts: int = 3, initial_delay: Duration = 0.1, multiplier: float = 2.0,
+                 max_delay: Duration = 10.0, timeout: Duration | None = None, jitter: float = 0.2) -> None:
+        self._set("max_attempts", max_attempts)
+        self._set("initial_delay", initial_delay)
+        self._set("multiplier", multiplier)
+        self._set("max_delay", max_delay)
+        self._set("timeout", timeout)
+        self._set("jitter", jitter)
+        self._check()
+
+    def _check(self) -> None:
         if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool):
             raise TypeError(f"Retry.max_attempts must be an int (got {self.max_attempts!r})")
         if self.max_attempts < 1:

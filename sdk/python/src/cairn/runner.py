@@ -7,7 +7,6 @@ import os
 import socket
 import stat
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -38,6 +37,8 @@ def _outcome(s: Session, workflow: Workflow) -> tuple[bytes, str | None]:
         raise
     except BaseException as e:
         if not isinstance(e, CancelledError):
+            import traceback  # here, not at the top: a start of every agent would pay for it
+
             traceback.print_exc()
         failed = (f"{type(e).__name__}: {e}", "error")
     s.check()  # a workflow that swallowed HostGone still stops
