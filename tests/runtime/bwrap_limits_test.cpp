@@ -45,7 +45,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: each sandbox runs in its own cgro
   if (!require_cgroups()) return;
   spec.limits.max_memory_bytes = 200u << 20;
   spec.limits.max_processes = 40;
-  box = backend->create(spec);
+  new_run();
   auto process = box->exec(SANDBOX_PROBE, {"grandchild", unique_token("cairn-cgroup")});
   REQUIRE(next_report(*process)["ok"] == true);
   auto folders = cgroup_folders_of(process->pid());
@@ -76,7 +76,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: each sandbox runs in its own cgro
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a fork bomb ends with a processes breach") {
   if (!require_cgroups()) return;  // RLIMIT_NPROC alone stops it, unseen by check_limits()
   spec.limits.max_processes = 16;
-  box = backend->create(spec);
+  new_run();
   auto process = box->exec(SANDBOX_PROBE, {"forkbomb"});
   REQUIRE(next_report(*process)["ok"] == true);
   auto folders = cgroup_folders_of(process->pid());
@@ -95,7 +95,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a fork bomb ends with a processes
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: processes together past the memory limit end with a memory breach") {
   if (!require_cgroups()) return;
   spec.limits.max_memory_bytes = 96u << 20;
-  box = backend->create(spec);
+  new_run();
   // Each one stays under the limit (and under RLIMIT_AS); four together do not.
   auto process = box->exec(SANDBOX_PROBE, {"memhog", "4", std::to_string(40u << 20)});
   REQUIRE(next_report(*process)["ok"] == true);
@@ -140,7 +140,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: filling the workspace stops at it
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: /tmp and /dev/shm fill up at their size") {
   spec.limits.max_tmp_bytes = 4u << 20;
-  box = backend->create(spec);
+  new_run();
   std::string name = unique_token("cairn-tmp-fill");
   for (const std::string& path : {"/tmp/" + name, "/dev/shm/" + name}) {
     json report = probe({"fill", path});
@@ -156,7 +156,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: /tmp and /dev/shm fill up at thei
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a CPU spin ends with a cpu breach") {
   spec.limits.max_cpu_seconds = 1;
-  box = backend->create(spec);
+  new_run();
   auto process = box->exec(SANDBOX_PROBE, {"spin"});
   REQUIRE(next_report(*process)["ok"] == true);
   auto breach = wait_for_breach(*process);
@@ -169,7 +169,7 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a CPU spin ends with a cpu breach
 
 TEST_CASE_METHOD(bwrap_fixture, "bwrap limits: a file past the file size limit ends with a file_size breach") {
   spec.limits.max_file_bytes = 1u << 20;
-  box = backend->create(spec);
+  new_run();
   auto process = box->exec(SANDBOX_PROBE, {"fill", "/tmp/big"});
   auto status = process->wait_for(patience);
   REQUIRE(status);

@@ -1,6 +1,7 @@
 // sandbox_probe: runs inside a sandbox under test and reports what it could
 // do as one frame on fd 3: {"t":"probe","action":...,"ok":bool,"detail":...}.
-// Usage: sandbox_probe ACTION [ARGS...]; see the dispatch in main().
+// Usage: sandbox_probe ACTION [ARGS...]; see the dispatch in main(). Or
+// sandbox_probe ahead: the action and its arguments come in the first frame.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -385,10 +386,19 @@ int exec_and_report(const std::string& program) {
 }
 
 [[noreturn]] void grandchild(const std::string& token) {
+  // Closed on the child's exec: the report waits until its command line is the new one.
+  int execed[2];
+  if (::pipe2(execed, O_CLOEXEC) != 0) std::_Exit(91);
   pid_t child = ::fork();
   if (child == 0) {
-    ::signal(SIGTERM, SIG_IGN);
+    ::signal(SIGTERM, SIG_IGN);  // kept across the exec
+    // With the token in its own command line, however the probe was started.
+    ::execl("/proc/self/exe", "sandbox_probe", "pause", token.c_str(), nullptr);
     for (;;) ::pause();
+  }
+  ::close(execed[1]);
+  char byte;
+  while (child > 0 && ::read(execed[0], &byte, 1) < 0 && errno == EINTR) {
   }
   report("grandchild", child > 0, {{"pid", child}, {"token", token}});
   for (;;) ::pause();
@@ -429,6 +439,17 @@ json first_frame() {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && args[0] == "ahead") {
+    // Started ahead by a warm pool (the runtime tests' CAIRN_TEST_SANDBOXES=
+    // started), as an SDK is: says hello, waits for its run's first frame,
+    // which names the run and carries what to do, then does it as if started
+    // with those arguments, with the run id in its environment as a cold
+    // start would have put it.
+    send_frame({{"t", "hello"}});
+    json frame = first_frame();
+    ::setenv("CAIRN_RUN_ID", frame.value("run_id", std::string()).c_str(), 1);
+    args = frame.value("args", std::vector<std::string>{});
+  }
   std::string action = args.empty() ? "status" : args[0];
   auto arg = [&](std::size_t i) { return i < args.size() ? args[i] : std::string(); };
 
@@ -549,6 +570,8 @@ int main(int argc, char** argv) {
     report(action, true, interfaces());
   } else if (action == "grandchild") {
     grandchild(arg(1));
+  } else if (action == "pause") {
+    for (;;) ::pause();
   } else if (action == "alloc") {
     std::size_t bytes = std::strtoull(arg(1).c_str(), nullptr, 10);
     void* p = std::malloc(bytes);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -50,13 +51,18 @@ struct temp_dir {
   }
 };
 
-// CAIRN_TEST_SANDBOXES=pooled without root: a normal user's run with a
-// workspace quota starts cold (its image is mounted through FUSE after the
-// take, out of a pooled sandbox's sight), so these runs have none.
-inline bool pooled_without_quota() {
+// How the fixtures' sandboxes are made: CAIRN_TEST_SANDBOXES=pooled takes
+// each from a warm pool, =started from a pool that starts its agent ahead;
+// otherwise each starts cold.
+inline std::string sandbox_kind() {
   const char* kind = std::getenv("CAIRN_TEST_SANDBOXES");
-  return kind && std::string(kind) == "pooled" && ::geteuid() != 0;
+  return kind ? kind : "cold";
 }
+
+// Pooled or started without root: a normal user's run with a workspace
+// quota starts cold (its image is mounted through FUSE after the take, out
+// of a pooled sandbox's sight), so these runs have none.
+inline bool pooled_without_quota() { return sandbox_kind() != "cold" && ::geteuid() != 0; }
 
 // Small quotas keep the tests fast: a 16 MiB workspace image (the least a
 // policy allows) and 8 MiB tmpfs.
@@ -163,27 +169,66 @@ inline int count_processes_with(const std::string& token) {
   return count;
 }
 
+// A sandbox whose agent, the probe, was started ahead by its pool with the
+// one argument "ahead" and waits for its run. The first exec() of that
+// program sends it what to do as its run's first frame (as a run's `start`
+// reaches an SDK started ahead); anything else is passed on.
+class started_sandbox final : public sandbox {
+ public:
+  started_sandbox(std::unique_ptr<sandbox> box, fs::path program, std::string run_id)
+      : box_(std::move(box)), program_(std::move(program)), run_id_(std::move(run_id)) {}
+
+  std::unique_ptr<agent_process> exec(const fs::path& program, const std::vector<std::string>& args) override {
+    if (std::exchange(taken_, true)) return box_->exec(program, args);
+    if (program != program_)
+      FAIL("this sandbox's agent " << program_ << " was started ahead; the case runs " << program
+                                   << " first: set spec.agent to it before create()");
+    auto process = box_->exec(program, {"ahead"});
+    auto hello = process->io().receive(patience);
+    if (!hello || hello->value("t", "") != "hello")
+      FAIL("the probe started ahead did not say hello; log: " << process->log_tail());
+    process->io().send({{"t", "start"}, {"run_id", run_id_}, {"args", args}});
+    return process;
+  }
+  void destroy() override { box_->destroy(); }
+  void destroy_ending_run() override { box_->destroy_ending_run(); }
+  std::vector<std::string> warnings() const override { return box_->warnings(); }
+  bool pooled() const override { return box_->pooled(); }
+  bool agent_started() const override { return box_->agent_started(); }
+
+ private:
+  std::unique_ptr<sandbox> box_;
+  fs::path program_;
+  std::string run_id_;
+  bool taken_ = false;
+};
+
 // Under CAIRN_TEST_SANDBOXES=pooled (ctest runtime_test_pooled), every
 // sandbox a fixture makes is taken from a warm pool made for that sandbox's
 // own limits, not started cold: each case then attacks, and bounds, a pooled
 // sandbox. One that production would start cold (a script agent's folder to
 // bind; without root, a workspace that is not new and empty) starts cold here too.
-class pooled_backend final : public sandbox_backend {
+//
+// Under =started (ctest runtime_test_started), the pool also starts agents
+// ahead (warm_pool_options::start_agents), and every sandbox a fixture makes
+// for a new run comes running the probe (or spec.agent) already: each case
+// then attacks, and bounds, an agent started before its run, in the sandbox
+// it was started in. The pool learns which agent to start from a first run
+// it then discards, as `cairn serve --prestart` learns it from the runs it
+// serves. A run that production would not give a started agent (a workspace
+// holding files) gets what production gives it.
+class pool_backend final : public sandbox_backend {
  public:
-  explicit pooled_backend(fs::path folder) : folder_(std::move(folder)) {}
+  pool_backend(fs::path folder, bool start_agents) : folder_(std::move(folder)), start_agents_(start_agents) {}
 
   std::string name() const override { return "bwrap"; }
   std::unique_ptr<sandbox> create(const sandbox_spec& spec) override {
     bwrap_options options;
-    options.warm = {1, folder_ / ("pool-" + std::to_string(pools_.size())), spec.limits};
-    auto& pool = pools_.emplace_back(make_bwrap_backend(options));
-    if (!pool->wait_warm(1, patience)) FAIL("the pool made no sandbox: " << pool->warm_error().value_or("(no error)"));
-    std::error_code ec;
-    const bool new_workspace = !fs::exists(spec.workspace, ec) || fs::is_empty(spec.workspace, ec);
-    const bool poolable = spec.app_folder.empty() && (::geteuid() == 0 || new_workspace);
-    auto box = pool->create(spec);
-    if (poolable) REQUIRE(box->pooled());
-    return box;
+    const fs::path pool_folder = folder_ / ("pool-" + std::to_string(pools_.size()));
+    options.warm = {1, pool_folder, spec.limits, start_agents_};
+    auto& pool = *pools_.emplace_back(make_bwrap_backend(options));
+    if (!pool.wait_warm(1, patience)) FAIL("the pool made no sandbox: " << pool.warm_error().value_or("(no error)"));
+    return start_agents_ ? started(pool, pool_folder, spec) : pooled(pool, spec);
   }
   std::vector<doctor_check> check() const override { return cold_->check(); }
   void release_workspace(const fs::path& workspace, const fs::path& image) override {
@@ -192,14 +237,46 @@ class pooled_backend final : public sandbox_backend {
   workspace_upkeep upkeep(const fs::path& workspace) const override { return cold_->upkeep(workspace); }
 
  private:
+  static std::unique_ptr<sandbox> pooled(sandbox_backend& pool, const sandbox_spec& spec) {
+    std::error_code ec;
+    const bool new_workspace = !fs::exists(spec.workspace, ec) || fs::is_empty(spec.workspace, ec);
+    const bool poolable = spec.app_folder.empty() && (::geteuid() == 0 || new_workspace);
+    auto box = pool.create(spec);
+    if (poolable) REQUIRE(box->pooled());
+    return box;
+  }
+
+  static std::unique_ptr<sandbox> started(sandbox_backend& pool, const fs::path& pool_folder, const sandbox_spec& spec) {
+    sandbox_spec run = spec;
+    if (run.agent.empty()) run.agent = SANDBOX_PROBE;
+    run.agent_args = {"ahead"};
+    // As bwrap_backend's agent_for(): only a new run, whose workspace is
+    // new and empty and has no image yet.
+    std::error_code ec;
+    const bool startable = (!fs::exists(spec.workspace, ec) || fs::is_empty(spec.workspace, ec)) &&
+                           (spec.workspace_image.empty() || !fs::exists(spec.workspace_image, ec));
+    if (!startable) return pool.create(run);
+    sandbox_spec first = run;
+    first.run_id += "-first";
+    first.workspace = pool_folder.string() + "-first";
+    if (!first.workspace_image.empty()) first.workspace_image = pool_folder.string() + "-first.img";
+    pool.create(first)->destroy();
+    if (!pool.wait_warm(1, patience))
+      FAIL("the pool started no agent ahead: " << pool.warm_error().value_or("(no error)"));
+    auto box = pool.create(run);
+    REQUIRE(box->agent_started());
+    return std::make_unique<started_sandbox>(std::move(box), run.agent, run.run_id);
+  }
+
   fs::path folder_;
+  bool start_agents_;
   std::unique_ptr<sandbox_backend> cold_ = make_bwrap_backend();
   std::vector<std::unique_ptr<sandbox_backend>> pools_;  // outlive the sandboxes taken from them
 };
 
 inline std::unique_ptr<sandbox_backend> test_backend(const temp_dir& dir) {
-  const char* kind = std::getenv("CAIRN_TEST_SANDBOXES");
-  if (kind && std::string(kind) == "pooled") return std::make_unique<pooled_backend>(dir.path);
+  const std::string kind = sandbox_kind();
+  if (kind == "pooled" || kind == "started") return std::make_unique<pool_backend>(dir.path, kind == "started");
   return make_bwrap_backend();
 }
 
@@ -212,6 +289,19 @@ struct bwrap_fixture {
 
   bwrap_fixture() { box = backend->create(spec); }
   json probe(const std::vector<std::string>& args) { return run_probe(*box, args); }
+  // The sandbox of a new run with `spec` as the case changed it (its
+  // limits): a new workspace (and image), as a new run has, so that a pool
+  // may give it a started agent as it gave the first.
+  void new_run() {
+    box.reset();
+    const std::string name = "ws-" + std::to_string(++runs_);
+    spec.workspace = dir.path / name;
+    if (!spec.workspace_image.empty()) spec.workspace_image = dir.path / "images" / (name + ".img");
+    box = backend->create(spec);
+  }
+
+ private:
+  int runs_ = 0;
 };
 
 }  // namespace cairn::runtime::test

@@ -29,6 +29,8 @@ run "as root, in the root cgroup" "$build/tests/runtime/runtime_test" --warn NoT
 run "as root, in the root cgroup (engine)" "$build/tests/engine/engine_test" --warn NoTests "$engine_cases"
 run "as root, in the root cgroup, pooled sandboxes" \
   env CAIRN_TEST_SANDBOXES=pooled "$build/tests/runtime/runtime_test" --warn NoTests "bwrap limits:*"
+run "as root, in the root cgroup, agents started ahead" \
+  env CAIRN_TEST_SANDBOXES=started "$build/tests/runtime/runtime_test" --warn NoTests "bwrap limits:*"
 
 # A service's cgroup, as systemd makes one: cairn is started inside it, so
 # that cgroup holds processes and cannot hand controllers down until cairn
@@ -60,6 +62,8 @@ run "as a normal user in a delegated subtree" user "$build/tests/runtime/runtime
 run "as a normal user in a delegated subtree (engine)" user "$build/tests/engine/engine_test" --warn NoTests "'$engine_cases'"
 run "as a normal user in a delegated subtree, pooled sandboxes" \
   user CAIRN_TEST_WITHOUT=root,quota CAIRN_TEST_SANDBOXES=pooled "$build/tests/runtime/runtime_test" --warn NoTests "'bwrap limits:*'"
+run "as a normal user in a delegated subtree, agents started ahead" \
+  user CAIRN_TEST_WITHOUT=root,quota CAIRN_TEST_SANDBOXES=started "$build/tests/runtime/runtime_test" --warn NoTests "'bwrap limits:*'"
 run "as a normal user in a delegated subtree, cairn workspace" \
   user "$build/tests/host/host_test" --warn NoTests "'cairn workspace*'"
 # Again, now that the first moved itself (and its shell) into cairn-host.
