@@ -445,6 +445,12 @@ struct postgres_journal::impl {
     auto queue = std::move(pending);
     pending.clear();
     queue.push_back(std::move(last));
+    // A transaction of one write (a group commit of one step): that write
+    // alone commits as one, without a BEGIN and a COMMIT for the server to
+    // parse and answer and without pipeline mode. Lost, it is as ambiguous
+    // as the COMMIT it stands for; failed, nothing of it was kept.
+    if (queue.size() == 3 && queue[0].sql == std::string_view(begin_statement) && queue[1].name && sql == "COMMIT")
+      queue = {std::move(queue[1])};
     if (queue.size() == 1) {
       const auto& q = queue.front();
       const wire w(q.params);

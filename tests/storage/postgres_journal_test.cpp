@@ -290,6 +290,39 @@ TEST_CASE("postgres: a group commit in which a run was taken over fences that wr
   CHECK(second.events("kept").size() == 1);
 }
 
+TEST_CASE("postgres: a group commit of one write (a step's, the usual case) keeps it or refuses it whole") {
+  // Sent without BEGIN and COMMIT: the statement commits alone.
+  const auto url = testing::shared_pg_cluster().fresh_database();
+  journal first(url), second(url);
+  for (auto id : {"kept", "taken"}) {
+    first.create_run(a_run(id));
+    REQUIRE(first.claim_run(id, "", "worker-1"));
+  }
+  REQUIRE(second.claim_run("taken", "worker-1", "worker-2"));
+  auto alone = [&](std::function<void(journal&)> write) {
+    auto errors = first.write_together({&write, 1});
+    REQUIRE(errors.size() == 1);
+    if (!errors[0]) return std::optional<errc>();
+    try {
+      std::rethrow_exception(errors[0]);
+    } catch (const storage_error& e) {
+      return std::optional(e.code());
+    }
+  };
+  CHECK(alone([](journal& w) { w.append_step(ok_step("kept", 0, {{"n", 1}})); }) == std::nullopt);
+  CHECK(alone([](journal& w) { w.append_step(ok_step("kept", 0, {{"n", 2}})); }) == errc::conflict);
+  CHECK(alone([](journal& w) { w.append_step(ok_step("taken", 0, {{"n", 1}})); }) == errc::fenced);
+  CHECK(alone([](journal& w) { w.append_step(ok_step("nope", 0, {{"n", 1}})); }) == errc::not_found);
+  CHECK(alone([](journal& w) { w.append_event("kept", "note", {{"k", "v"}}); }) == std::nullopt);
+  CHECK(second.step_count("kept") == 1);
+  CHECK(second.steps("kept").at(0).result.output == json{{"n", 1}});
+  CHECK(second.step_count("taken") == 0);
+  CHECK(second.events("kept").size() == 1);
+  // The connection is left outside any transaction: the next group starts clean.
+  CHECK(alone([](journal& w) { w.append_step(ok_step("kept", 1, {{"n", 3}})); }) == std::nullopt);
+  CHECK(second.step_count("kept") == 2);
+}
+
 TEST_CASE("postgres: after a server restart the journal reconnects, and nothing committed is lost") {
   auto& cluster = testing::shared_pg_cluster();
   const auto url = cluster.fresh_database();
