@@ -47,6 +47,30 @@ class raw_connection {
   PGconn* conn_;
 };
 
+// What a group commit's member was told: nothing (kept), or the error's code.
+std::optional<errc> code_of(const std::exception_ptr& e) {
+  if (!e) return std::nullopt;
+  try {
+    std::rethrow_exception(e);
+  } catch (const storage_error& err) {
+    return err.code();
+  }
+}
+
+// Two workers on one fresh database, both runs claimed by worker-1 (`first`),
+// "taken" then taken over by worker-2 (`second`).
+struct one_run_taken_over {
+  const std::string url = testing::shared_pg_cluster().fresh_database();
+  journal first{url}, second{url};
+  one_run_taken_over() {
+    for (auto id : {"kept", "taken"}) {
+      first.create_run(a_run(id));
+      REQUIRE(first.claim_run(id, "", "worker-1"));
+    }
+    REQUIRE(second.claim_run("taken", "worker-1", "worker-2"));
+  }
+};
+
 template <class F>
 bool eventually(F&& condition, std::chrono::seconds deadline = 60s) {
   const auto until = std::chrono::steady_clock::now() + deadline;
@@ -231,32 +255,16 @@ TEST_CASE("postgres: in a group commit one refused write fails alone and the oth
   REQUIRE(errors.size() == 4);
   CHECK_FALSE(errors[0]);
   CHECK_FALSE(errors[2]);
-  auto code = [](const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const storage_error& err) {
-      return err.code();
-    }
-  };
-  REQUIRE(errors[1]);
-  CHECK(code(errors[1]) == errc::conflict);
-  REQUIRE(errors[3]);
-  CHECK(code(errors[3]) == errc::not_found);
+  CHECK(code_of(errors[1]) == errc::conflict);
+  CHECK(code_of(errors[3]) == errc::not_found);
   CHECK(j.step_count("a") == 1);
   CHECK(j.step_count("c") == 1);
   CHECK(j.events("b").empty());  // rolled back with its member
 }
 
-TEST_CASE("postgres: a group commit in which a run was taken over fences that writer alone") {
+TEST_CASE_METHOD(one_run_taken_over, "postgres: a group commit in which a run was taken over fences that writer alone") {
   // The group goes to the server in one pipeline with its COMMIT; the fence
   // refusing one member must not lose the others, nor keep anything of it.
-  const auto url = testing::shared_pg_cluster().fresh_database();
-  journal first(url), second(url);
-  for (auto id : {"kept", "taken"}) {
-    first.create_run(a_run(id));
-    REQUIRE(first.claim_run(id, "", "worker-1"));
-  }
-  REQUIRE(second.claim_run("taken", "worker-1", "worker-2"));
   std::vector<std::function<void(journal&)>> writes = {
       [](journal& w) { w.append_step(ok_step("kept", 0, {{"n", 1}})); },
       [](journal& w) {
@@ -290,24 +298,13 @@ TEST_CASE("postgres: a group commit in which a run was taken over fences that wr
   CHECK(second.events("kept").size() == 1);
 }
 
-TEST_CASE("postgres: a group commit of one write (a step's, the usual case) keeps it or refuses it whole") {
+TEST_CASE_METHOD(one_run_taken_over,
+                 "postgres: a group commit of one write (a step's, the usual case) keeps it or refuses it whole") {
   // Sent without BEGIN and COMMIT: the statement commits alone.
-  const auto url = testing::shared_pg_cluster().fresh_database();
-  journal first(url), second(url);
-  for (auto id : {"kept", "taken"}) {
-    first.create_run(a_run(id));
-    REQUIRE(first.claim_run(id, "", "worker-1"));
-  }
-  REQUIRE(second.claim_run("taken", "worker-1", "worker-2"));
   auto alone = [&](std::function<void(journal&)> write) {
     auto errors = first.write_together({&write, 1});
     REQUIRE(errors.size() == 1);
-    if (!errors[0]) return std::optional<errc>();
-    try {
-      std::rethrow_exception(errors[0]);
-    } catch (const storage_error& e) {
-      return std::optional(e.code());
-    }
+    return code_of(errors[0]);
   };
   CHECK(alone([](journal& w) { w.append_step(ok_step("kept", 0, {{"n", 1}})); }) == std::nullopt);
   CHECK(alone([](journal& w) { w.append_step(ok_step("kept", 0, {{"n", 2}})); }) == errc::conflict);
