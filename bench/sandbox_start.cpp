@@ -14,6 +14,8 @@
 // sandbox with a launcher still has to start.
 // Targets: cold p50 <= 1.5 x raw p50; warm p50 (to the first step) <= 3 ms;
 // CPU per run <= 2 x raw bwrap's.
+// `sandbox_start N SHAPE` runs N of each shape whose name holds SHAPE (say
+// "warm"), after the raw starts.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -111,7 +113,8 @@ measured cairn_runs(const fs::path& dir, int n, std::size_t warm, bool quota, bo
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int n = bench::count_arg(argc, argv, 1, 100, "[SANDBOXES per shape, default 100]");
+  const int n = bench::count_arg(argc, argv, 1, 100, "[SANDBOXES per shape, default 100] [SHAPE: only shapes naming it]");
+  const std::string only = argc > 2 ? argv[2] : "";
   fs::path dir = fs::temp_directory_path() / ("cairn-bench-start-" + std::to_string(getpid()));
   fs::create_directories(dir / "raw-ws");
   fs::permissions(dir, fs::perms::owner_all | fs::perms::others_exec | fs::perms::group_exec);
@@ -121,29 +124,35 @@ int main(int argc, char** argv) {
   const double raw_cpu = (cpu_ms() - raw_cpu0) / n;
   struct shape {
     const char* name;
+    fs::path folder;
+    std::size_t warm;
+    bool quota, start_agents;
+    const char* agent;
     measured m;
   };
-  const shape shapes[] = {{"cold, quota image", cairn_runs(dir / "cold-q", n, 0, true)},
-                          {"warm, quota image", cairn_runs(dir / "warm-q", n, 2, true)},
-                          {"cold, workspace_mb 0", cairn_runs(dir / "cold", n, 0, false)},
-                          {"warm, workspace_mb 0", cairn_runs(dir / "warm", n, 2, false)},
-                          {"agent started, quota image", cairn_runs(dir / "started-q", n, 2, true, true)},
-                          {"agent started, workspace_mb 0", cairn_runs(dir / "started", n, 2, false, true)},
-                          {"Python, warm, workspace_mb 0", cairn_runs(dir / "py-warm", n, 2, false, false, PY_AGENT)},
-                          {"Python, agent started, workspace_mb 0",
-                           cairn_runs(dir / "py-started", n, 2, false, true, PY_AGENT)}};
+  std::vector<shape> shapes{{"cold, quota image", dir / "cold-q", 0, true, false, BENCH_AGENT, {}},
+                            {"warm, quota image", dir / "warm-q", 2, true, false, BENCH_AGENT, {}},
+                            {"cold, workspace_mb 0", dir / "cold", 0, false, false, BENCH_AGENT, {}},
+                            {"warm, workspace_mb 0", dir / "warm", 2, false, false, BENCH_AGENT, {}},
+                            {"agent started, quota image", dir / "started-q", 2, true, true, BENCH_AGENT, {}},
+                            {"agent started, workspace_mb 0", dir / "started", 2, false, true, BENCH_AGENT, {}},
+                            {"Python, warm, workspace_mb 0", dir / "py-warm", 2, false, false, PY_AGENT, {}},
+                            {"Python, agent started, workspace_mb 0", dir / "py-started", 2, false, true, PY_AGENT, {}}};
+  std::erase_if(shapes, [&](const shape& s) { return std::string(s.name).find(only) == std::string::npos; });
+  if (shapes.empty()) bench::die("no shape's name contains '" + only + "'");
+  for (auto& s : shapes) s.m = cairn_runs(s.folder, n, s.warm, s.quota, s.start_agents, s.agent);
 
   std::printf("sandbox_start: %d sandboxes each, times in milliseconds, CPU per run of the host and its children\n", n);
   std::printf("%-70s %8s %8s %9s\n", "", "p50", "p99", "CPU ms");
   std::printf("%-70s %8.2f %8.2f %9.2f\n", "raw bwrap (same namespaces and mounts) /usr/bin/true", raw.p50, raw.p99,
               raw_cpu);
-  for (const auto& [name, m] : shapes) {
+  for (const auto& [name, folder, warm, quota, start_agents, agent, m] : shapes) {
     std::printf("%-70s %8.2f %8.2f %9.2f\n", fmt::format("{}: submit -> first step acked", name).c_str(),
                 m.first_step.p50, m.first_step.p99, m.cpu_ms_per_run);
     std::printf("%-70s %8.2f %8.2f\n", fmt::format("{}: submit -> done -> destroyed", name).c_str(), m.whole.p50,
                 m.whole.p99);
   }
-  for (const auto& [name, m] : shapes)
+  for (const auto& [name, folder, warm, quota, start_agents, agent, m] : shapes)
     std::printf("%-37s whole run p50 / raw p50 = %5.2f; first step p50 = %6.2f ms; CPU %5.2fx raw\n", name,
                 m.whole.p50 / raw.p50, m.first_step.p50, m.cpu_ms_per_run / raw_cpu);
   std::printf("targets: cold whole run <= 1.5x raw; warm first step <= 3 ms; CPU <= 2x raw\n");

@@ -1,8 +1,8 @@
 // cairn's launcher: the first program of a pooled (warm) sandbox. It waits,
 // without any privilege, for the run that takes the sandbox, then becomes
 // that run's agent. See launch.hpp for what it reads; on any error it says
-// why on stderr (the pool's log) and exits 127. Uses the C library only, so
-// it starts in well under a millisecond.
+// why on stderr (the pool's log) and exits 127. Linked static-pie (see
+// runtime/CMakeLists.txt): nothing to load before it runs.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>

@@ -31,11 +31,14 @@ echo "$out"
 echo "$out" | grep -q '"status": "completed"'
 grep -qx "hello, installer" "$work/.cairn/workspaces/ext/greeting.txt"
 
-# The agent carries its C++ runtime (no libstdc++.so to load at each start),
-# unless its target asks for the shared one (CAIRN_DYNAMIC_RUNTIME).
+# The agent is static-pie: no dynamic loader, no shared library to load at
+# each start, its addresses still randomized; unless its target asks for the
+# shared runtime (CAIRN_DYNAMIC_RUNTIME).
 needs_libstdcxx() { readelf -d "$1" | grep -q 'NEEDED.*libstdc++'; }
-if needs_libstdcxx "$work/agent/my_agent"; then
-  echo "my_agent loads libstdc++.so; the SDK should link it in" >&2
+if readelf -d "$work/agent/my_agent" | grep -q NEEDED || readelf -l "$work/agent/my_agent" | grep -q INTERP ||
+  ! readelf -h "$work/agent/my_agent" | grep -q 'DYN (Position-Independent Executable'; then
+  echo "my_agent is not a static position-independent executable; the SDK should link it so:" >&2
+  readelf -hld "$work/agent/my_agent" >&2
   exit 1
 fi
 mkdir "$work/dynamic"
