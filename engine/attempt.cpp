@@ -113,6 +113,9 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   channel_fd_.emplace(executor, process_->io().fd());
   events_fd_.emplace(executor, events_.fd());
   started_ = clock::now();
+  // The counters were read as the agent started (its baseline): the first
+  // look is a period later, not on the first frame's way to its ack.
+  last_limits_check_ = started_;
   crash_point("after_spawn");
 
   auto result = co_await [&]() -> task<attempt_result> {
