@@ -338,7 +338,7 @@ void sync_folder_of(const fs::path& file) {
 
 // How the journal's commits are synced, as its options ask.
 const char* sync_pragma(const journal_options& options) {
-#ifdef CAIRN_TEST_UNSAFE_NO_SYNC  // a test-only build (CMake CAIRN_TEST_UNSAFE) that power_loss_test must fail
+#ifdef CAIRN_TEST_UNSAFE_NO_SYNC  // cairn_storage_unsafe (tests/engine), which power_loss_test must fail
   (void)options;
   return "PRAGMA synchronous = OFF";
 #else
