@@ -40,7 +40,7 @@ void fork_bomb() {
 
 void cpu_spin() {
   volatile unsigned long x = 0;
-  for (;;) ++x;
+  for (;;) x = x + 1;
 }
 
 void fill_workspace() {

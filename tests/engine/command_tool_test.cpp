@@ -140,7 +140,7 @@ TEST_CASE("a tool's output nested 300,000 levels deep fails that call alone") {
   std::ofstream(script) << "#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' '['\nhead -c 300000 /dev/zero | tr '\\0' ']'\n";
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
   auto t = engine::make_command_tool({"deep", {script.string()}, {}, std::chrono::milliseconds(10000),
-                                      engine::idempotency::idempotent, 1 << 20});
+                                      engine::idempotency::idempotent, 1 << 20, {}});
   auto error = failure_without_args(*t);
   CHECK(error.type() == "bad_output");
   CHECK_THAT(error.what(), Catch::Contains("deeper than 64 levels"));
@@ -149,6 +149,6 @@ TEST_CASE("a tool's output nested 300,000 levels deep fails that call alone") {
 TEST_CASE("a tool that cannot start is a failed call, not a host error") {
   testing::temp_dir dir;
   auto t = engine::make_command_tool({"gone", {(dir / "missing").string()}, {}, std::chrono::milliseconds(1000),
-                                      engine::idempotency::idempotent, 1024});
+                                      engine::idempotency::idempotent, 1024, {}});
   CHECK(failure_without_args(*t).type() == "failed");
 }

@@ -400,6 +400,9 @@ TEST_CASE("warm pool with agents started: a refused agent is asked for again aft
     return count(asked) >= n;
   };
   REQUIRE(asked_for(1));
+  // The maker counts the ask before it refuses; the pool records the refusal after.
+  const auto told_by = clock::now() + patience;
+  while (!pool.last_error() && clock::now() < told_by) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(pool.last_error());
   // Refused: asked again only once its pause is over, then after twice as long.
   REQUIRE(asked_for(2));
