@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <atomic>
@@ -90,6 +91,57 @@ std::optional<pid_t> read_sandbox_init_pid(int fd) {
   return std::nullopt;
 }
 
+// Sealed copies in memory of the agents pooled sandboxes run, one per
+// version of each file (its inode, size and times): a normal user's
+// launcher executes its agent from one (the sandbox could change the file
+// itself), and copying a static agent of a few megabytes at every launch
+// cost a millisecond or more. A changed file gets a new copy; past 16
+// files, the oldest copy goes.
+class agent_copies {
+ public:
+  // A descriptor of the copy of `agent`, open as `file` and described by `st`.
+  unique_fd copy_of(const fs::path& agent, int file, const struct stat& st) {
+    const version v{st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+                    st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
+    std::lock_guard lock(mutex_);
+    auto it = std::find_if(copies_.begin(), copies_.end(), [&](const copy& c) { return c.agent == agent; });
+    if (it == copies_.end() || it->of != v) {
+      if (it != copies_.end()) copies_.erase(it);
+      if (copies_.size() >= 16) copies_.erase(copies_.begin());
+      copies_.push_back({agent, v, sealed_copy(agent, file, st.st_size)});
+      it = std::prev(copies_.end());
+    }
+    unique_fd duplicate(::fcntl(it->fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!duplicate) spawn_failed("duplicating the copy of " + agent.string());
+    return duplicate;
+  }
+
+ private:
+  using version = std::tuple<dev_t, ino_t, off_t, time_t, long, time_t, long>;
+  struct copy {
+    fs::path agent;
+    version of;
+    unique_fd fd;
+  };
+
+  static unique_fd sealed_copy(const fs::path& agent, int file, off_t size) {
+    unique_fd copy(::memfd_create("cairn-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!copy) spawn_failed("memfd_create");
+    for (off_t offset = 0; offset < size;) {
+      ssize_t n = ::sendfile(copy.get(), file, &offset, static_cast<std::size_t>(size - offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) spawn_failed("copying " + agent.string());
+    }
+    if (::fchmod(copy.get(), 0555) < 0 ||
+        ::fcntl(copy.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+      spawn_failed("sealing the copy of " + agent.string());
+    return copy;
+  }
+
+  std::mutex mutex_;
+  std::vector<copy> copies_;
+};
+
 // What every bwrap start of one backend shares.
 struct bwrap_context {
   fs::path bwrap;
@@ -97,6 +149,7 @@ struct bwrap_context {
   std::optional<sandbox_user> user;
   quota_support quota;
   agent_sdks sdks;  // where the sandbox uid may read them
+  std::shared_ptr<agent_copies> copies = std::make_shared<agent_copies>();
 };
 
 // What starting sandboxes with `bwrap` needs: its features, and the SDKs
@@ -386,7 +439,7 @@ class bwrap_sandbox final : public sandbox {
   // The agent as the launcher executes it: from the host's descriptor when
   // the sandbox uid may read and execute the file but not change it (its
   // /proc/self/exe is that file, on a writable host mount: its owner could
-  // chmod it), else from a sealed copy in memory.
+  // chmod it), else from a sealed copy in memory (agent_copies).
   unique_fd program_for_launcher(const fs::path& agent) const {
     unique_fd file(::open(agent.c_str(), O_RDONLY | O_CLOEXEC));
     if (!file) spawn_failed("opening " + agent.string());
@@ -394,17 +447,7 @@ class bwrap_sandbox final : public sandbox {
     if (::fstat(file.get(), &st) < 0) spawn_failed("reading " + agent.string());
     const auto& user = context_.user;
     if (user && st.st_uid != user->uid && may_read_and_execute(agent, user->uid, user->gid)) return file;
-    unique_fd copy(::memfd_create("cairn-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    if (!copy) spawn_failed("memfd_create");
-    for (off_t offset = 0; offset < st.st_size;) {
-      ssize_t n = ::sendfile(copy.get(), file.get(), &offset, static_cast<std::size_t>(st.st_size - offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) spawn_failed("copying " + agent.string());
-    }
-    if (::fchmod(copy.get(), 0555) < 0 ||
-        ::fcntl(copy.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
-      spawn_failed("sealing the copy of " + agent.string());
-    return copy;
+    return context_.copies->copy_of(agent, file.get(), st);
   }
 
   bwrap_context context_;

@@ -190,6 +190,42 @@ TEST_CASE("warm pool: an agent cannot change its own program on the host, even w
   CHECK((fs::status(program).permissions() & fs::perms::all) == fs::perms(0755));
 }
 
+TEST_CASE("warm pool: a program changed on disk runs as it is now, never from a copy of what it was") {
+  temp_dir dir;
+  // A program the sandbox's uid owns, so that the launcher runs it from a
+  // sealed copy in memory (one per version of the file, kept between runs).
+  const fs::path program = dir.path / "agent";
+  const auto own = [&] {
+    fs::permissions(program, fs::perms(0755));
+    if (auto user = resolve_sandbox_user()) REQUIRE(::chown(program.c_str(), user->uid, user->gid) == 0);
+  };
+  fs::copy_file(SANDBOX_PROBE, program);
+  own();
+  auto backend = warm_backend(dir, spec_for(dir, "limits").limits, 1);
+  const auto pooled_run = [&](const std::string& run) {
+    REQUIRE(backend->wait_warm(1, patience));
+    auto box = backend->create(spec_for(dir, run));
+    REQUIRE(box->pooled());
+    return box;
+  };
+  CHECK(run_probe(*pooled_run("run-1"), {"status"}, program)["ok"] == true);
+  CHECK(run_probe(*pooled_run("run-2"), {"status"}, program)["ok"] == true);  // the same copy
+  // Rewritten in place (the same file): no longer a program.
+  std::ofstream(program, std::ios::trunc) << "not a program\n";
+  {
+    auto box = pooled_run("run-3");
+    auto process = box->exec(program, {"status"});
+    auto status = process->wait_for(patience);
+    REQUIRE(status);
+    CHECK(status->describe() == "exited with code 127");  // the launcher could not execute it
+  }
+  // Replaced by a new file: the program again.
+  fs::remove(program);
+  fs::copy_file(SANDBOX_PROBE, program);
+  own();
+  CHECK(run_probe(*pooled_run("run-4"), {"status"}, program)["ok"] == true);
+}
+
 TEST_CASE("warm pool: a run whose limits differ from the pool's starts cold, with its own limits") {
   temp_dir dir;
   auto spec = spec_for(dir, "run-other-limits");
