@@ -95,19 +95,30 @@ std::optional<pid_t> read_sandbox_init_pid(int fd) {
 // version of each file (its inode, size and times): a normal user's
 // launcher executes its agent from one (the sandbox could change the file
 // itself), and copying a static agent of a few megabytes at every launch
-// cost a millisecond or more. A changed file gets a new copy; past 16
-// files, the oldest copy goes.
+// cost a millisecond or more. A changed file gets a new copy; the oldest
+// copies go past 16 files or 256 MiB, and a file larger than that (an agent
+// that rewrote its own program in its workspace, say) is copied for its
+// launch alone: the host keeps nothing of unbounded size.
 class agent_copies {
  public:
   // A descriptor of the copy of `agent`, open as `file` and described by `st`.
   unique_fd copy_of(const fs::path& agent, int file, const struct stat& st) {
+    constexpr std::size_t max_copies = 16;
+    constexpr off_t max_bytes = off_t{256} << 20;
+    if (st.st_size > max_bytes) return sealed_copy(agent, file, st.st_size);
     const version v{st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
                     st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
     std::lock_guard lock(mutex_);
     auto it = std::find_if(copies_.begin(), copies_.end(), [&](const copy& c) { return c.agent == agent; });
     if (it == copies_.end() || it->of != v) {
       if (it != copies_.end()) copies_.erase(it);
-      if (copies_.size() >= 16) copies_.erase(copies_.begin());
+      const auto held = [&] {
+        off_t bytes = 0;
+        for (const auto& c : copies_) bytes += std::get<2>(c.of);
+        return bytes;
+      };
+      while (!copies_.empty() && (copies_.size() >= max_copies || held() + st.st_size > max_bytes))
+        copies_.erase(copies_.begin());
       copies_.push_back({agent, v, sealed_copy(agent, file, st.st_size)});
       it = std::prev(copies_.end());
     }
