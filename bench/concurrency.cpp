@@ -32,7 +32,7 @@ double median(std::vector<double> v) { return summarize(std::move(v)).p50; }
 struct round_result {
   double submit_ms = 0, wall_ms = 0, runs_per_s = 0, steps_per_s = 0;
   double raw_per_s = 0, raw_p50_ms = 0, raw_cpu_ms = 0;
-  double daemon_cpu_ms = 0, kernel_cpu_ms = 0;  // per run: the daemon with its reaped children; kernel threads
+  double daemon_cpu_ms = 0, kernel_cpu_ms = 0;  // per run: the daemon and all it started; kernel threads
   double idle_rss_kb = 0, peak_rss_kb = 0, rss_per_live_kb = 0;
   double peak_live = 0, sandbox_rss_per_run_kb = 0, sandbox_pss_per_run_kb = 0;
   double queued_ms = 0, start_ms = 0, steps_ms = 0, end_ms = 0;  // per-run medians, from the journal
@@ -98,7 +98,9 @@ round_result one_round(const fs::path& base, int n, int m, int round) {
   r.raw_p50_ms = summarize(raw.ms).p50;
   r.raw_cpu_ms = raw.cpu_ms;
 
-  pid_t daemon = bench::start_process({CAIRN_BIN, "serve", "--max-concurrent", std::to_string(m)}, home, log);
+  const auto served =
+      bench::start_counted_process({CAIRN_BIN, "serve", "--max-concurrent", std::to_string(m)}, home, log);
+  const pid_t daemon = served.pid;
   bench::running_daemon = daemon;
   bench::wait_for_daemon(daemon, db, log);
   r.idle_rss_kb = static_cast<double>(bench::status_field(daemon, "VmRSS"));
@@ -113,7 +115,7 @@ round_result one_round(const fs::path& base, int n, int m, int round) {
     if (!out) bench::die("cannot write " + runs.string());
   }
   auto t0 = clock_type::now();
-  const double kernel0 = bench::kernel_threads_seconds(), daemon0 = bench::cpu_seconds(daemon, true);
+  const double kernel0 = bench::kernel_threads_seconds(), daemon0 = served.cpu_seconds();
   if (int code = bench::run_process({CAIRN_BIN, "submit", "--from", runs.string(), BENCH_AGENT}, home,
                                     home / "submit.log");
       code != 0)
@@ -123,7 +125,7 @@ round_result one_round(const fs::path& base, int n, int m, int round) {
   bench::wait_all_completed(db, n, t0, std::chrono::seconds(300), log);
   r.wall_ms = ms_since(t0);
   r.kernel_cpu_ms = 1000.0 * (bench::kernel_threads_seconds() - kernel0) / n;
-  r.daemon_cpu_ms = 1000.0 * (bench::cpu_seconds(daemon, true) - daemon0) / n;
+  r.daemon_cpu_ms = 1000.0 * (served.cpu_seconds() - daemon0) / n;
   sampler.stop = true;
   sampling.join();
 
@@ -207,7 +209,8 @@ int main(int argc, char** argv) {
               "sbx RSS/r, PSS/r: the sandboxes' processes (bwrap + agent), per live run, at that sample\n"
               "(sampled every 20 ms; '-' when no sample caught a live sandbox).\n\n");
   std::printf("where a run's time goes (medians, ms; phases from the journal's timestamps; CPU per run: the\n"
-              "daemon with its reaped children (sandboxes, mkfs), and kernel threads; raw: bwrap + kernel threads):\n");
+              "daemon and all it started (sandboxes, agents, mkfs), and kernel threads; raw: bwrap, its sandbox's\n"
+              "pid 1 and true, + kernel threads):\n");
   std::printf("%4s %8s %8s %9s %6s | %11s %11s %11s %13s %9s\n", "N", "queued", "start", "10 steps", "end",
               "daemon CPU", "kernel CPU", "CPU/run", "raw CPU/start", "CPU ratio");
   for (const auto& [n, r] : medians) {
@@ -217,6 +220,7 @@ int main(int argc, char** argv) {
   }
   std::printf("queued: submit -> attempt started; start: attempt -> first step; end: last step -> run finished\n"
               "(agent exit, sandbox teardown; the workspace is released after that)\n");
+  if (!bench::tree_cpu::open()) std::printf("%s\n", bench::rusage_caveat);
   fs::remove_all(base / "raw-ws");
   std::error_code ec;
   fs::remove(base, ec);

@@ -6,10 +6,12 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/perf_event.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,6 +28,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/liveness.hpp"
@@ -50,12 +54,68 @@ inline pid_t running_daemon = 0;
   std::exit(1);
 }
 
+// CPU time of a process tree by the kernel's task clock: the task it is
+// opened on and every thread and process started from it afterwards, however
+// deep and whoever reaps them. getrusage(RUSAGE_CHILDREN) and /proc's cutime
+// count only the children a process reaped, and bwrap exits with the status
+// its sandbox's pid 1 reports without waiting for that pid 1: the pid 1 and
+// the program it ran are reaped by init, and their CPU (about half of a raw
+// `bwrap true` here) was never counted.
+class tree_cpu {
+ public:
+  // Counts `pid` (0: the calling thread) from now on; nullopt when the kernel
+  // refuses (kernel.perf_event_paranoid above 1 for a user without CAP_PERFMON).
+  static std::optional<tree_cpu> open(pid_t pid = 0) {
+    perf_event_attr attr{};
+    attr.size = sizeof attr;
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_TASK_CLOCK;
+    attr.inherit = 1;
+    const long fd = ::syscall(SYS_perf_event_open, &attr, pid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0) return std::nullopt;
+    return tree_cpu(static_cast<int>(fd));
+  }
+  tree_cpu(tree_cpu&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  tree_cpu(const tree_cpu&) = delete;
+  tree_cpu& operator=(const tree_cpu&) = delete;
+  ~tree_cpu() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  double seconds() const {
+    std::uint64_t ns = 0;
+    if (::read(fd_, &ns, sizeof ns) != static_cast<ssize_t>(sizeof ns)) die("cannot read a task-clock counter");
+    return static_cast<double>(ns) / 1e9;
+  }
+
+ private:
+  explicit tree_cpu(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+// What a benchmark prints when it has to count CPU without tree_cpu.
+inline constexpr const char* rusage_caveat =
+    "CPU counted from getrusage (perf_event_open refused: run as root, or set kernel.perf_event_paranoid=1): "
+    "each sandbox's pid 1 and its program are not counted";
+
+struct started_process {
+  pid_t pid = 0;
+  std::optional<tree_cpu> cpu;  // the process and all it starts; nullopt: see rusage_caveat
+  double cpu_seconds() const;
+};
+
 // Starts `argv` with CAIRN_HOME=home, stdout and stderr appended to `log`;
-// it gets SIGTERM if the benchmark dies first.
-inline pid_t start_process(const std::vector<std::string>& argv, const fs::path& home, const fs::path& log) {
+// it gets SIGTERM if the benchmark dies first. Its CPU is counted (with
+// everything it starts) from before its exec.
+inline started_process start_counted_process(const std::vector<std::string>& argv, const fs::path& home,
+                                             const fs::path& log, bool counted = true) {
+  int gate[2];
+  if (::pipe2(gate, O_CLOEXEC) != 0) die("pipe failed");
   pid_t pid = fork();
   if (pid < 0) die("fork failed");
   if (pid == 0) {
+    char go = 0;
+    while (::read(gate[0], &go, 1) < 0 && errno == EINTR) {
+    }
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(126);
@@ -66,7 +126,15 @@ inline pid_t start_process(const std::vector<std::string>& argv, const fs::path&
     execv(args[0], args.data());
     _exit(127);
   }
-  return pid;
+  ::close(gate[0]);
+  started_process started{pid, counted ? tree_cpu::open(pid) : std::nullopt};
+  if (::write(gate[1], "g", 1) != 1) die("cannot start " + argv[0]);
+  ::close(gate[1]);
+  return started;
+}
+
+inline pid_t start_process(const std::vector<std::string>& argv, const fs::path& home, const fs::path& log) {
+  return start_counted_process(argv, home, log, false).pid;
 }
 
 // Waits for `pid`; its exit code, or 128 + the signal that killed it.
@@ -193,6 +261,8 @@ inline double cpu_seconds(pid_t pid, bool with_children = false) {
   if (!s) return 0;
   return ticks_to_seconds(s->cpu_ticks + (with_children ? s->child_cpu_ticks : 0));
 }
+
+inline double started_process::cpu_seconds() const { return cpu ? cpu->seconds() : bench::cpu_seconds(pid, true); }
 
 // CPU time of this process's reaped children.
 inline double own_children_seconds() {
@@ -418,7 +488,7 @@ inline void wait_all_completed(const fs::path& db, int n, clock_type::time_point
 struct raw_starts {
   std::vector<double> ms;
   double wall_ms = 0;
-  double cpu_ms = 0;  // per start: CPU of the bwrap processes and of kernel threads over the batch
+  double cpu_ms = 0;  // per start: CPU of the starts (see tree_cpu) and of kernel threads over the batch
   double per_second() const { return wall_ms > 0 ? 1000.0 * static_cast<double>(ms.size()) / wall_ms : 0; }
 };
 
@@ -445,7 +515,11 @@ inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
     live.erase(it);
   };
   auto t0 = clock_type::now();
-  const double cpu0 = own_children_seconds() + kernel_threads_seconds();
+  // This thread (its forks and waits) and the starts it forks; without the
+  // counter, the starts' reaped processes only.
+  const auto tree = tree_cpu::open();
+  const auto cpu_now = [&] { return (tree ? tree->seconds() : own_children_seconds()) + kernel_threads_seconds(); };
+  const double cpu0 = cpu_now();
   for (int i = 0; i < count; ++i) {
     while (static_cast<int>(live.size()) >= concurrency) reap_one();
     auto start = clock_type::now();
@@ -461,7 +535,7 @@ inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
   }
   while (!live.empty()) reap_one();
   out.wall_ms = ms_since(t0);
-  out.cpu_ms = 1000.0 * (own_children_seconds() + kernel_threads_seconds() - cpu0) / count;
+  out.cpu_ms = 1000.0 * (cpu_now() - cpu0) / count;
   return out;
 }
 
