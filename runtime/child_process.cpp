@@ -80,6 +80,22 @@ void reap_locked(child_handle& h, bool block) {
   h.status = decode(wait_status, h.exit_codes_carry_signals);
 }
 
+// P_PIDFD (Linux 5.4), which glibc's idtype_t does not name.
+constexpr auto by_pidfd = static_cast<idtype_t>(3);
+
+// bwrap exits with the status its sandbox's pid 1 reports without waiting
+// for that pid 1, which the kernel then hands to the host's nearest reaper:
+// init, or this process when it is a container's pid 1 or a subreaper, which
+// must reap it or keep a zombie per sandbox. Reaps it when it is ours and
+// dead; otherwise (ECHILD: init's) leaves it.
+void reap_sandbox_init(const child_handle& h) {
+  if (!h.sandbox_init_pidfd) return;
+  siginfo_t info{};
+  while (::waitid(by_pidfd, static_cast<id_t>(h.sandbox_init_pidfd.get()), &info, WEXITED | WNOHANG) < 0 &&
+         errno == EINTR) {
+  }
+}
+
 }  // namespace
 
 void child_handle::wait_dead_locked(std::chrono::milliseconds limit) const {
@@ -103,8 +119,9 @@ void child_handle::kill_locked() {
   // was reaped (say, killed by its parent's death): a recycled pid is safe.
   send_sigkill(sandbox_init_pidfd.get());
   if (status) return;
-  // bwrap reaps its pid 1 and exits: given a moment, no zombie is left to a
-  // pid 1 of the host that may never reap it (a container's, often).
+  // bwrap reaps a pid 1 that was killed, and exits: given a moment, no
+  // zombie is left to a pid 1 of the host that may never reap it (a
+  // container's, often). One that ended by itself it leaves: end_child reaps it.
   if (sandbox_init_pidfd) wait_pidfd(pidfd.get(), bwrap_exit_grace);
   ::kill(-pid, SIGKILL);
   if (pidfd)
@@ -167,6 +184,8 @@ exit_status end_child(child_handle& h) {
   // recycled.
   h.wait_dead_locked(kill_grace);
   reap_locked(h, true);
+  // bwrap reaped, its dead pid 1 has been handed to its new parent.
+  reap_sandbox_init(h);
   return *h.status;
 }
 

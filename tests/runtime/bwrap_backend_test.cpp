@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -104,6 +106,61 @@ TEST_CASE_METHOD(bwrap_fixture, "bwrap: destroy() and the handle's destructor ki
   REQUIRE(next_report(*process)["ok"] == true);
   process.reset();
   CHECK(count_processes_with(token) == 0);
+}
+
+// This process's zombie children that were a sandbox's pid 1: their NSpid
+// line names a second pid, in the pid namespace they were pid 1 of.
+std::vector<pid_t> zombie_sandbox_inits() {
+  std::vector<pid_t> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "status");
+    std::string line, state;
+    pid_t ppid = 0;
+    std::vector<pid_t> nspid;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line.substr(line.find(':') + 1));
+      if (line.rfind("State:", 0) == 0) state = line;
+      if (line.rfind("PPid:", 0) == 0) fields >> ppid;
+      if (line.rfind("NSpid:", 0) == 0) nspid.assign(std::istream_iterator<pid_t>(fields), {});
+    }
+    if (state.find("zombie") != std::string::npos && ppid == ::getpid() && nspid.size() == 2 && nspid[1] == 1)
+      found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+// For one case, this process is handed every orphan below it, as a
+// container's pid 1 is (or a subreaper, as systemd's user manager).
+struct handed_orphans {
+  handed_orphans() { REQUIRE(::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0); }
+  ~handed_orphans() {
+    ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+    for (pid_t pid : zombie_sandbox_inits()) ::waitpid(pid, nullptr, WNOHANG);
+  }
+};
+
+// bwrap exits with the status its sandbox's pid 1 reports without waiting
+// for that pid 1: a host that is a container's pid 1 must reap it, or keep
+// a zombie per sandbox until the container runs out of pids.
+TEST_CASE_METHOD(bwrap_fixture,
+                 "bwrap: a host handed orphans, as a container's pid 1 is, keeps no zombie of a sandbox") {
+  handed_orphans host;
+  // An agent that ends by itself (bwrap leaves its pid 1), then one killed.
+  for (const bool killed : {false, true}) {
+    new_run();
+    auto process =
+        box->exec(SANDBOX_PROBE, {killed ? "grandchild" : "exit", killed ? unique_token("cairn-orphan-token") : "0"});
+    REQUIRE(next_report(*process)["ok"] == true);
+    if (killed)
+      process->kill();
+    else
+      REQUIRE(process->wait_for(patience));
+    process.reset();
+    box.reset();
+    CHECK(zombie_sandbox_inits().empty());
+  }
 }
 
 // A pooled sandbox is started by its pool's thread (warm_pool_test kills a
