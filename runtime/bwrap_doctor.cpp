@@ -92,7 +92,10 @@ doctor_check check_sandbox_starts(const fs::path& bwrap, const std::optional<san
   std::vector<std::string> argv = {bwrap.string()};
   auto flags = bwrap_isolation_args(detect_bwrap_features(bwrap), resource_limits{}.max_tmp_bytes);
   argv.insert(argv.end(), flags.begin(), flags.end());
-  argv.insert(argv.end(), {"--", "/usr/bin/true"});
+  // `true` as the sandbox's pid 1, which bwrap then reaps itself: a pid 1 of
+  // bwrap's own would be left to the host's reaper (child_process.cpp), and
+  // `cairn serve` runs this check at its start, maybe as a container's pid 1.
+  argv.insert(argv.end(), {"--as-pid-1", "--", "/usr/bin/true"});
   std::optional<spawn_identity> run_as;
   if (user) run_as = spawn_identity{user->uid, user->gid};
   try {

@@ -163,6 +163,16 @@ TEST_CASE_METHOD(bwrap_fixture,
   }
 }
 
+// `cairn serve` runs the doctor's checks at its start, a trial sandbox among them.
+TEST_CASE("bwrap: the doctor's trial sandbox leaves no zombie to a host handed orphans") {
+  handed_orphans host;
+  bool started = false;
+  for (const auto& check : make_bwrap_backend()->check())
+    if (check.name == "sandbox starts") started = check.ok;
+  REQUIRE(started);
+  CHECK(zombie_sandbox_inits().empty());
+}
+
 // A pooled sandbox is started by its pool's thread (warm_pool_test kills a
 // host with a full pool): this case is for cold ones only.
 TEST_CASE_METHOD(bwrap_fixture, "bwrap: the sandbox dies with the thread that started it", "[cold]") {
