@@ -156,7 +156,7 @@ bool unmount_when_free(const fs::path& folder) {
 // Still busy: detach it now; the kernel unmounts it, and frees the loop
 // device, when its last user goes. loop_mount waits for that before it
 // mounts the image again.
-bool detach(const fs::path& folder) {
+bool detach_busy(const fs::path& folder) {
   return errno == EBUSY && ::umount2(folder.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0;
 }
 
@@ -174,16 +174,24 @@ void loop_mount::give_away(const fs::path& image) {
   target_.clear();
 }
 
+unique_fd loop_mount::detach() {
+  unique_fd root(::open(target_.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!root) failed("opening " + target_.string());
+  if (::umount2(target_.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) < 0) failed("detaching " + target_.string());
+  target_.clear();
+  return root;
+}
+
 loop_mount::~loop_mount() {
   if (target_.empty()) return;  // given away
   // Detached, the image stays marked until a later mount finds it free.
   if (unmount_when_free(target_))
     ::unlink(attached_marker(image_).c_str());
   else
-    detach(target_);
+    detach_busy(target_);
 }
 
-bool unmount_folder(const fs::path& folder) { return unmount_when_free(folder) || detach(folder); }
+bool unmount_folder(const fs::path& folder) { return unmount_when_free(folder) || detach_busy(folder); }
 
 std::optional<fs::path> loop_backing_file(const fs::path& folder) {
   struct stat here {}, parent {};

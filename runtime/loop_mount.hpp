@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <optional>
 
+#include "runtime/unique_fd.hpp"
+
 namespace cairn::runtime {
 
 class loop_mount {
@@ -30,6 +32,12 @@ class loop_mount {
   // The image (renamed to `image`, with its marker) and its mount belong to
   // someone else now: the destructor leaves them.
   void give_away(const std::filesystem::path& image);
+  // Takes the mount out of every tree at once, without its flush, for an
+  // image about to be deleted: the filesystem lives on, held by the
+  // returned descriptor (O_PATH, its root), and is flushed, unmounted and
+  // its loop device freed when that is closed. The destructor then leaves
+  // the image as it is, marker included. Throws sandbox_error(spawn_failed).
+  unique_fd detach();
   loop_mount(const loop_mount&) = delete;
   loop_mount& operator=(const loop_mount&) = delete;
 

@@ -11,15 +11,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
-#include <utility>
 #include <shared_mutex>
-
-#include <chrono>
-#include <cstdio>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -67,6 +68,30 @@ unique_fd open_folder(const fs::path& folder) {
   unique_fd fd(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) failed(sandbox_errc::workspace_failed, "opening " + folder.string());
   return fd;
+}
+
+// Where a release keeps its copy of an image's files, beside the workspace
+// folder: WS.released while it is made (never trusted, removed on sight),
+// then .WS.released (hidden: never a run's name) once it is synced whole.
+// From then on that copy holds the run's files, not the image, which is
+// never flushed again.
+fs::path staging_of(const fs::path& workspace) { return workspace.string() + ".released"; }
+fs::path whole_copy_of(const fs::path& workspace) {
+  return workspace.parent_path() / ("." + workspace.filename().string() + ".released");
+}
+
+// The name an image takes when its run is over and its files are copied
+// out, until it is deleted: nothing mounts or reads it any more.
+fs::path doomed_name(const fs::path& image) {
+  return image.parent_path() / ("." + image.filename().string() + ".doomed");
+}
+
+// Unmounts the image's mount at `folder` that a host left when it died (we
+// hold the image's lock, so nobody else uses it).
+void unmount_stale(const fs::path& folder, const fs::path& image, const std::optional<fuse_tools>& fuse) {
+  if (fuse ? is_fuse_mount_of(folder, image) && !fuse_unmount(*fuse, folder)
+           : is_loop_mount_of(folder, image) && !unmount_folder(folder))
+    failed(sandbox_errc::workspace_failed, "unmounting the stale workspace image at " + folder.string());
 }
 
 // The mounts of this process, by workspace folder. registry_mutex guards the
@@ -219,16 +244,14 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
                         fmt::format("workspace {} is in use by another cairn process (its image {} is locked)",
                                     folder.string(), image.string()));
   // Left mounted by a host that died: nobody else can be using it, we hold the lock.
-  if (fuse ? is_fuse_mount_of(folder, image) && !fuse_unmount(*fuse, folder)
-           : is_loop_mount_of(folder, image) && !unmount_folder(folder))
-    failed(sandbox_errc::workspace_failed, "unmounting the stale workspace image at " + folder.string());
+  unmount_stale(folder, image, fuse);
   struct stat here {}, parent {};
   if (::stat(folder.c_str(), &here) == 0 && ::stat((folder / "..").c_str(), &parent) == 0 &&
       here.st_dev != parent.st_dev)
     throw sandbox_error(sandbox_errc::workspace_failed,
                         fmt::format("{} is a mount point of another filesystem", folder.string()));
   unique_fd plain = open_folder(folder);  // the folder beneath, once the image covers it
-  record_.emplace(mount_record_kind, folder.string() + "\n" + image.string());
+  record_ = std::make_unique<own_record>(mount_record_kind, folder.string() + "\n" + image.string());
   try {
     if (fuse)
       fuse_mount_.emplace(*fuse, image, folder);
@@ -290,6 +313,30 @@ void mounted_workspace::unmount() {
   image_lock_.reset();
 }
 
+struct mounted_workspace::retired {
+  unique_fd root;  // O_PATH: the detached filesystem, flushed and unmounted once this closes
+  unique_fd image_lock;
+  std::unique_ptr<own_record> record;
+};
+
+std::shared_ptr<mounted_workspace::retired> mounted_workspace::retire() {
+  std::lock_guard lock(unmount_mutex_);
+  auto gone = std::make_shared<retired>();
+  if (mount_) {
+    try {
+      gone->root = mount_->detach();
+    } catch (const sandbox_error&) {
+      // Unmounted below as ever, flush included.
+    }
+  }
+  mounted_ = false;
+  mount_.reset();
+  fuse_mount_.reset();  // fuse2fs writes the image out and ends
+  gone->image_lock = std::move(image_lock_);
+  gone->record = std::move(record_);
+  return gone;
+}
+
 bool mounted_workspace::full() const {
   if (!mounted_) return false;
   struct statvfs st {};
@@ -298,6 +345,116 @@ bool mounted_workspace::full() const {
   return used > quota_bytes_ || static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize < full_below_bytes ||
          st.f_favail == 0;
 }
+
+namespace {
+
+// Deletes the images of runs that ended, off their path: closing the last
+// hold on a detached filesystem flushes and unmounts it and frees its loop
+// device, and unlinking an image frees its extents, a few milliseconds of
+// I/O each that nobody waits for. A host that dies first leaves the image
+// under its doomed name with its mount record, and the next sweep deletes it.
+class image_reaper {
+ public:
+  struct job {
+    std::shared_ptr<mounted_workspace::retired> filesystem;  // may be null
+    fs::path doomed;
+  };
+
+  void add(job j) {
+    {
+      std::lock_guard lock(mutex_);
+      if (jobs_.size() < max_queued) {
+        jobs_.push_back(std::move(j));
+        if (!worker_.joinable()) {
+          owner_ = ::getpid();
+          worker_ = std::thread([this] { work(); });
+        }
+        wake_.notify_one();
+        return;
+      }
+    }
+    finish(j);  // so far behind: done here, as if there were no reaper
+  }
+
+  ~image_reaper() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    if (!worker_.joinable()) return;
+    // A forked child has the object but not the thread.
+    if (::getpid() == owner_)
+      worker_.join();
+    else
+      worker_.detach();
+  }
+
+ private:
+  static constexpr std::size_t max_queued = 64;
+
+  static void finish(job& j) {
+    if (j.filesystem) j.filesystem->root.reset();  // the flush and the unmount happen here
+    if (!j.doomed.empty()) ::unlink(j.doomed.c_str());
+    j.filesystem.reset();  // its lock and record last: until now a sweep would find it
+  }
+
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job j = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      finish(j);
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<job> jobs_;
+  bool stopping_ = false;
+  std::thread worker_;
+  pid_t owner_ = 0;
+};
+
+image_reaper& reaper() {
+  static image_reaper r;
+  return r;
+}
+
+// From a whole copy on (whole_copy_of): the image is renamed away for good,
+// then the copy takes the folder's place. Each step is durable before the
+// next, so a crash anywhere leaves either the image and maybe a whole copy,
+// or a whole copy alone, or the released folder; the next release, or the
+// next mount, finishes from there.
+void take_whole_copy(const fs::path& workspace, const fs::path& image, const std::optional<fuse_tools>& fuse,
+                     std::shared_ptr<mounted_workspace::retired> filesystem) {
+  const fs::path whole = whole_copy_of(workspace), staging = staging_of(workspace), doomed = doomed_name(image);
+  if (::access(image.c_str(), F_OK) == 0) {
+    unmount_stale(workspace, image, fuse);
+    if (::rename(image.c_str(), doomed.c_str()) < 0)
+      failed(sandbox_errc::workspace_failed, "renaming " + image.string() + " for deletion");
+    // Else a power cut could bring the image back, older than the copy, and
+    // `cairn workspace` would read the run's files from it.
+    sync_folder(image.parent_path());
+  }
+  ::unlink(attached_marker(image).c_str());
+  // The image's mount point (left empty when it was mounted) goes aside.
+  std::error_code ec;
+  fs::remove_all(staging, ec);
+  if (::rename(workspace.c_str(), staging.c_str()) < 0 && errno != ENOENT)
+    failed(sandbox_errc::workspace_failed, "moving " + workspace.string() + " aside");
+  if (::rename(whole.c_str(), workspace.c_str()) < 0)
+    failed(sandbox_errc::workspace_failed, "moving the released files into " + workspace.string());
+  sync_folder(workspace.parent_path());
+  fs::remove_all(staging, ec);  // left over, the next call removes it
+  reaper().add({std::move(filesystem), doomed});
+}
+
+}  // namespace
 
 void workspace_lease::release() noexcept {
   if (!mount_) return;
@@ -342,6 +499,9 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
       return result;
     }
   }
+  // A release that a crash cut short after its copy was whole: that copy,
+  // not the image, holds the files; they move into a new image from the folder.
+  if (::access(whole_copy_of(workspace).c_str(), F_OK) == 0) take_whole_copy(workspace, image, support.fuse, nullptr);
   bool fresh = !fs::exists(image);
   const std::uint64_t image_bytes = workspace_image_size(bytes);
   if (!fresh)
@@ -394,6 +554,8 @@ std::size_t sweep_orphaned_workspace_mounts() {
       if (!fuse || !fuse_unmount(*fuse, folder)) continue;
       ++swept;
     }
+    // An image its host renamed for deletion and did not live to delete.
+    ::unlink(doomed_name(image).c_str());
     forget_record(record);
   }
   return swept;
@@ -410,7 +572,7 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
     }
   } held{mounted && *mounted && mounted->folder_ == workspace ? mounted : nullptr};
   if (mounted && !held.lease) mounted->release_locked();  // another folder's, or none: not used here
-  fs::path staging = workspace.string() + ".released";
+  const fs::path staging = staging_of(workspace), whole = whole_copy_of(workspace);
   std::error_code ec;
   bool in_use;
   {
@@ -421,27 +583,36 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
   if (in_use)
     throw sandbox_error(sandbox_errc::bad_spec,
                         fmt::format("workspace {} is still used by a sandbox; destroy it first", workspace.string()));
-  if (!fs::exists(image)) {
-    fs::remove_all(staging, ec);
-    std::lock_guard lock(registry_mutex);
-    upkeeps.erase(workspace);  // the run is over
+  struct forget_upkeep {
+    fs::path workspace;
+    ~forget_upkeep() {
+      std::lock_guard lock(registry_mutex);
+      upkeeps.erase(workspace);  // the run is over
+    }
+  } over{workspace};
+  const auto support = detect_workspace_quota();
+  fs::remove_all(staging, ec);  // a copy cut short
+  if (::access(whole.c_str(), F_OK) == 0) {
+    if (held.lease) std::exchange(held.lease, nullptr)->release_locked();
+    take_whole_copy(workspace, image, support.fuse, nullptr);
     return;
   }
-  // Copied next to the folder, then swapped with it in one rename: until the
-  // image is deleted, calling this again starts over from the image.
-  fs::remove_all(staging, ec);
+  if (!fs::exists(image)) return;
+  // Copied next to the folder, synced, then marked whole by a rename: from
+  // then on the copy holds the files and the image can go unflushed.
   fs::create_directories(workspace, ec);
   if (::mkdir(staging.c_str(), 0700) < 0) failed(sandbox_errc::workspace_failed, "creating " + staging.string());
-  const auto support = detect_workspace_quota();
   if (!held.lease && ::geteuid() != 0 && !support.fuse)
     throw sandbox_error(sandbox_errc::workspace_failed,
                         fmt::format("the files of workspace {} are in its quota image {}, which cannot be mounted "
                                     "here ({}): {}",
                                     workspace.string(), image.string(), support.detail, support.fix));
+  std::shared_ptr<mounted_workspace::retired> filesystem;
   {
     // Only read: no quota to enforce.
-    std::optional<mounted_workspace> mount;
-    if (!held.lease) mount.emplace(workspace, image, UINT64_MAX, fs::path{}, support.fuse);
+    std::shared_ptr<mounted_workspace> mount =
+        held.lease ? held.lease->mount_
+                   : std::make_shared<mounted_workspace>(workspace, image, UINT64_MAX, fs::path{}, support.fuse);
     unique_fd root = open_folder(workspace), copy = open_folder(staging);
     struct stat image_stat {};
     if (::stat(image.c_str(), &image_stat) < 0) failed(sandbox_errc::workspace_failed, "reading " + image.string());
@@ -457,23 +628,14 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
         ::fchmod(copy.get(), st.st_mode & 01777) < 0 ||
         (nothing_copied ? ::fsync(copy.get()) : ::syncfs(copy.get())) < 0)
       failed(sandbox_errc::workspace_failed, "finishing " + staging.string());
+    if (::rename(staging.c_str(), whole.c_str()) < 0)
+      failed(sandbox_errc::workspace_failed, "saving " + whole.string());
+    sync_folder(workspace.parent_path());
     root.reset();
-    if (held.lease) std::exchange(held.lease, nullptr)->release_locked();  // the last lease: unmounted
+    filesystem = mount->retire();
+    if (held.lease) std::exchange(held.lease, nullptr)->release_locked();  // the last lease: nothing left to unmount
   }
-  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, workspace.c_str(), RENAME_EXCHANGE) < 0 &&
-      (errno != ENOENT || ::rename(staging.c_str(), workspace.c_str()) < 0))
-    failed(sandbox_errc::workspace_failed, "moving the released files into " + workspace.string());
-  // The swap is durable before the image goes: a crash between them leaves
-  // the image, and the next call starts over from it.
-  sync_folder(workspace.parent_path());
-  fs::remove_all(staging, ec);  // the folder the image was mounted on; left over, the next call removes it
-  if (::unlink(image.c_str()) < 0) failed(sandbox_errc::workspace_failed, "deleting " + image.string());
-  ::unlink(attached_marker(image).c_str());
-  // Else a power cut could bring the image back, stale, and `cairn
-  // workspace` would read the run's files from it rather than the folder.
-  sync_folder(image.parent_path());
-  std::lock_guard lock(registry_mutex);
-  upkeeps.erase(workspace);  // the run is over
+  take_whole_copy(workspace, image, support.fuse, std::move(filesystem));
 }
 
 }  // namespace cairn::runtime

@@ -68,11 +68,17 @@ class mounted_workspace {
   bool full() const;
   // Idempotent; afterwards full() is false.
   void unmount();
+  // For an image whose files are copied out, about to be deleted: leaves
+  // the folder at once, without the flush an unmount does. The filesystem
+  // lives on (its lock and record held) in what this returns, until that is
+  // handed to discard_image(). Through FUSE, unmounts as unmount() does.
+  struct retired;
+  std::shared_ptr<retired> retire();
 
  private:
   std::filesystem::path folder_;
   unique_fd image_lock_;  // flocked: one process at a time mounts an image
-  std::optional<own_record> record_;  // from before the mount until after the unmount
+  std::unique_ptr<own_record> record_;  // from before the mount until after the unmount (or the discard)
   std::optional<loop_mount> mount_;
   std::optional<fuse_mount> fuse_mount_;
   std::uint64_t quota_bytes_ = 0;
@@ -122,8 +128,13 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
                                              gid_t gid, const std::filesystem::path& premounted = {});
 
 // Leaves `workspace` a plain folder holding the image's files, then deletes
-// the image. Nothing to do without an image. A crash at any point leaves
-// the image (and calling it again finishes the job) or the copied files.
+// the image. The files are copied beside the folder and synced; from then on
+// that copy holds them, and the image is never flushed: its mount is
+// detached at once, and a background thread flushes, unmounts and deletes
+// it, off the path of the run that ends. Nothing to do without an image. A
+// crash at any point leaves the image, or the synced copy (which wins over
+// the image), or the released folder: calling it again, or mounting the
+// workspace again, finishes the job.
 // `mounted`: the lease of the sandbox that used the image, whose processes
 // are gone: the files are copied from its mount, which then goes, rather
 // than from a mount made for the copy (one mount and unmount fewer); it is
@@ -145,8 +156,10 @@ std::uint64_t workspace_image_size(std::uint64_t quota);
 
 // Unmounts the workspace images that dead hosts left mounted (a mount cairn
 // recorded, own_records.hpp, whose image nobody holds locked), freeing their
-// loop devices; returns how many. The files stay in the images. A mount
-// cairn did not record is never touched, whatever its names.
+// loop devices; returns how many. The files stay in the images. Deletes the
+// images those hosts had renamed for deletion (their runs over, the files
+// copied out) and did not live to delete. A mount cairn did not record is
+// never touched, whatever its names.
 std::size_t sweep_orphaned_workspace_mounts();
 
 }  // namespace cairn::runtime

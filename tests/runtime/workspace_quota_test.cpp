@@ -66,6 +66,45 @@ bool loop_released(const fs::path& sysfs, const fs::path& image) {
   return false;
 }
 
+// Whether `file` is gone, polled until it is (an image a release renamed
+// away is deleted in the background).
+bool eventually_gone(const fs::path& file) {
+  for (auto deadline = std::chrono::steady_clock::now() + patience; std::chrono::steady_clock::now() < deadline;) {
+    if (!fs::exists(file)) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// The name a release gives an image it deletes, and the name of its copy
+// of the files once that is whole (workspace_quota.cpp).
+fs::path doomed_image(const fs::path& image) { return image.parent_path() / ("." + image.filename().string() + ".doomed"); }
+fs::path whole_copy(const fs::path& workspace) {
+  return workspace.parent_path() / ("." + workspace.filename().string() + ".released");
+}
+
+// Two sandboxes write result.txt in turn, "older" then "done"; the image as
+// the first left it is copied to `older_image`.
+void write_older_then_done(sandbox_backend& backend, const sandbox_spec& spec, const fs::path& older_image) {
+  for (const char* text : {"older", "done"}) {
+    auto box = backend.create(spec);
+    CHECK(run_probe(*box, {"write", "/workspace/result.txt", text})["ok"] == true);
+    box.reset();
+    if (text == std::string("older")) fs::copy_file(spec.workspace_image, older_image);
+  }
+}
+
+// The state a release leaves when a crash cuts it short after its copy of
+// the files was whole: the copy beside the folder, the folder an empty
+// mount point, the image still there, older than the copy when `older_image`
+// is given (it is never flushed again once the copy is whole).
+void cut_short_after_copy(sandbox_backend& backend, const sandbox_spec& spec, const fs::path& older_image) {
+  backend.release_workspace(spec.workspace, spec.workspace_image);
+  fs::rename(spec.workspace, whole_copy(spec.workspace));
+  fs::create_directories(spec.workspace);
+  if (!older_image.empty()) fs::copy_file(older_image, spec.workspace_image);
+}
+
 // The command a dead host's mount of `image` at `folder` is made with: one
 // that outlives the process that made it.
 std::string outliving_mount(const fs::path& image, const fs::path& folder) {
@@ -210,6 +249,8 @@ TEST_CASE("quota: the attempt that ends its run releases the workspace from the 
   CHECK_FALSE(fs::exists(dir.path / "ws.released"));
   CHECK_FALSE(is_mount_point(spec.workspace));
   if (!through_fuse()) CHECK(loop_released(loop, spec.workspace_image));
+  CHECK(eventually_gone(doomed_image(spec.workspace_image)));
+  CHECK_FALSE(fs::exists(whole_copy(spec.workspace)));
   // What the engine does next finds nothing left to do.
   backend->release_workspace(spec.workspace, spec.workspace_image);
   CHECK(read_file(spec.workspace / "result.txt") == "done");
@@ -264,10 +305,7 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
   sandbox_spec spec = make_spec(dir);
   fs::path image = spec.workspace_image, staging = dir.path / "ws.released";
   auto backend = make_bwrap_backend();
-  {
-    auto box = backend->create(spec);
-    CHECK(run_probe(*box, {"write", "/workspace/result.txt", "done"})["ok"] == true);
-  }
+  write_older_then_done(*backend, spec, dir.path / "older.img");
   fs::copy_file(image, dir.path / "backup.img");
 
   SECTION("during the copy: a partial copy is left beside the folder") {
@@ -282,6 +320,12 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
     REQUIRE(std::system(outliving_mount(image, spec.workspace).c_str()) == 0);
     REQUIRE(is_mount_point(spec.workspace));
   }
+  SECTION("after the copy was whole, before the image was renamed away: the copy wins over an older image") {
+    cut_short_after_copy(*backend, spec, dir.path / "older.img");
+  }
+  SECTION("after the image was renamed away, before the copy took the folder's place") {
+    cut_short_after_copy(*backend, spec, {});
+  }
   SECTION("while a new image was made") {
     backend->release_workspace(spec.workspace, spec.workspace_image);
     std::ofstream(spec.workspace_image.string() + ".new") << "half an image";
@@ -291,9 +335,30 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
   CHECK_FALSE(fs::exists(spec.workspace / "half-copied"));
   CHECK_FALSE(fs::exists(image));
   CHECK_FALSE(fs::exists(staging));
+  CHECK_FALSE(fs::exists(whole_copy(spec.workspace)));
+  CHECK(eventually_gone(doomed_image(image)));
   CHECK_FALSE(is_mount_point(spec.workspace));
   auto box = backend->create(spec);
   CHECK(run_probe(*box, {"read", "/workspace/result.txt"})["detail"] == "done");
+}
+
+TEST_CASE("quota: an attempt after a release cut short sees the copied files, not the older image") {
+  // The engine replays a run whose end a crash interrupted: its next
+  // sandbox mounts the workspace before any release is called again.
+  if (!require_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = make_bwrap_backend();
+  write_older_then_done(*backend, spec, dir.path / "older.img");
+  cut_short_after_copy(*backend, spec, dir.path / "older.img");
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"read", "/workspace/result.txt"})["detail"] == "done");
+    CHECK(is_mount_point(spec.workspace));  // a new image, the files moved into it
+  }
+  CHECK_FALSE(fs::exists(whole_copy(spec.workspace)));
+  backend->release_workspace(spec.workspace, spec.workspace_image);
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
 }
 
 TEST_CASE("quota: a stale mount left by a dead host is replaced") {
@@ -329,6 +394,9 @@ TEST_CASE("quota: the mounts dead hosts left behind are swept", "[serial]") {
   // [serial]: another test process's sweep, which cannot see this private
   // mount, would forget the record first.
   new own_record("mount", spec.workspace.string() + "\n" + image.string());
+  // And an image of an earlier run of it, renamed for deletion, not deleted.
+  const fs::path doomed = doomed_image(image);
+  fs::copy_file(image, doomed);
   json swept = in_private_mount_world([&] {
     const std::string mount = outliving_mount(image, spec.workspace);
     if (std::system(mount.c_str()) != 0) throw std::runtime_error(mount + " failed");
@@ -341,6 +409,7 @@ TEST_CASE("quota: the mounts dead hosts left behind are swept", "[serial]") {
       ::flock(held, LOCK_EX);
       report["swept_while_held"] = sweep_orphaned_workspace_mounts();
       report["mounted_while_held"] = is_mount_point(spec.workspace);
+      report["doomed_while_held"] = fs::exists(doomed);
       ::close(held);
     }
     report["swept"] = sweep_orphaned_workspace_mounts();
@@ -351,6 +420,8 @@ TEST_CASE("quota: the mounts dead hosts left behind are swept", "[serial]") {
   CHECK(swept["mounted_while_held"] == true);
   CHECK(swept["swept"] == 1);
   CHECK(swept["mounted_after"] == false);
+  CHECK(swept["doomed_while_held"] == true);
+  CHECK_FALSE(fs::exists(doomed));
   CHECK(loop_released(swept["loop"].get<std::string>(), image));
   backend->release_workspace(spec.workspace, image);
   CHECK(read_file(spec.workspace / "x") == "kept");
