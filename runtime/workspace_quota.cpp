@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/background_thread.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/small_file.hpp"
 #include "runtime/tree_copy.hpp"
@@ -365,10 +366,7 @@ class image_reaper {
       std::lock_guard lock(mutex_);
       if (jobs_.size() < max_queued) {
         jobs_.push_back(std::move(j));
-        if (!worker_.joinable()) {
-          owner_ = ::getpid();
-          worker_ = std::thread([this] { work(); });
-        }
+        worker_.start([this] { work(); });
         wake_.notify_one();
         return;
       }
@@ -377,17 +375,7 @@ class image_reaper {
   }
 
   ~image_reaper() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_one();
-    if (!worker_.joinable()) return;
-    // A forked child has the object but not the thread.
-    if (::getpid() == owner_)
-      worker_.join();
-    else
-      worker_.detach();
+    worker_.stop(mutex_, stopping_, wake_);
   }
 
  private:
@@ -416,8 +404,7 @@ class image_reaper {
   std::condition_variable wake_;
   std::deque<job> jobs_;
   bool stopping_ = false;
-  std::thread worker_;
-  pid_t owner_ = 0;
+  background_thread worker_;
 };
 
 image_reaper& reaper() {
@@ -516,7 +503,7 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
     ::unlink(attached_marker(image).c_str());
     if (e.code() != sandbox_errc::workspace_failed) throw;
     // A bad template would spoil every later image too; the next run makes another.
-    ::unlink(workspace_template_path(image.parent_path(), image_bytes, uid, gid).c_str());
+    forget_workspace_template(image.parent_path(), image_bytes, uid, gid);
     result.warnings.push_back(fmt::format(
         "workspace {} has no size quota ({}): it is a plain folder, files are bounded one by one "
         "(limits.file_mb)",

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <stdio.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -10,12 +11,21 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "runtime/background_thread.hpp"
 #include "runtime/bwrap_support.hpp"
 #include "runtime/unique_fd.hpp"
 
@@ -140,7 +150,176 @@ void copy_sparse(int from, int to, std::uint64_t bytes, const fs::path& to_name)
   if (::ftruncate(to, end) < 0) failed("sizing " + to_name.string());
 }
 
+// Copies the template at `from` into a new file that has no name until it is
+// whole and synced (O_TMPFILE), then links it as `name`: no partial file is
+// ever seen, or left by a host that dies. False where the folder's
+// filesystem has no O_TMPFILE.
+bool copy_as_whole_file(int from, std::uint64_t bytes, const fs::path& name) {
+  unique_fd to(::open(name.parent_path().c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600));
+  if (!to) {
+    if (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL) return false;
+    failed("making an image in " + name.parent_path().string());
+  }
+  copy_sparse(from, to.get(), bytes, name);
+  if (::fsync(to.get()) < 0) failed("saving " + name.string());
+  // linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; through /proc it does not.
+  const std::string self = fmt::format("/proc/self/fd/{}", to.get());
+  if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) < 0) failed("saving " + name.string());
+  return true;
+}
+
+// Images made ahead, each a whole, synced copy of its template that was
+// never mounted: a new image is then a rename, not a copy and its sync on
+// the path of the run that needs it. A thread keeps images_made_ahead of
+// them for each folder, size and owner this process has made an image for.
+// They are named .cairn-ext4-v1-SIZE-UID-GID.ready-PID-N beside their
+// template, stay for the next process, which takes them up, and go when
+// their template is found broken.
+class image_stock {
+ public:
+  struct key {
+    fs::path folder;
+    std::uint64_t bytes;
+    uid_t uid;
+    gid_t gid;
+    bool operator<(const key& other) const {
+      return std::tie(folder, bytes, uid, gid) < std::tie(other.folder, other.bytes, other.uid, other.gid);
+    }
+  };
+
+  // One image made ahead for `k`, its name gone from the stock (the caller
+  // renames it), or nullopt.
+  std::optional<fs::path> take(const key& k) {
+    std::lock_guard lock(mutex_);
+    auto& s = shelves_[k];
+    if (!s.looked) {
+      s.looked = true;
+      for (auto& found : on_disk(k)) s.ready.push_back(std::move(found));
+    }
+    if (s.ready.empty()) return std::nullopt;
+    fs::path taken = std::move(s.ready.front());
+    s.ready.pop_front();
+    return taken;
+  }
+
+  // Makes images for `k` in the background up to images_made_ahead. Keeps
+  // them for the max_shelves sizes and owners wanted last: the images of
+  // another go (quotas are the runs' to choose).
+  void want(const key& k) {
+    std::lock_guard lock(mutex_);
+    auto& s = shelves_[k];
+    s.failed = false;
+    s.wanted_at = ++wants_;
+    if (shelves_.size() > max_shelves) {
+      auto oldest = std::min_element(shelves_.begin(), shelves_.end(), [](const auto& a, const auto& b) {
+        return a.second.wanted_at < b.second.wanted_at;
+      });
+      for (const auto& found : on_disk(oldest->first)) ::unlink(found.c_str());
+      shelves_.erase(oldest);
+    }
+    if (s.ready.size() >= images_made_ahead) return;
+    worker_.start([this] { work(); });
+    wake_.notify_one();
+  }
+
+  // The template of `k` was found broken: its images go, those made now too.
+  void forget(const key& k) {
+    std::lock_guard lock(mutex_);
+    auto& s = shelves_[k];
+    ++s.generation;
+    s.ready.clear();
+    for (const auto& found : on_disk(k)) ::unlink(found.c_str());
+  }
+
+  ~image_stock() {
+    worker_.stop(mutex_, stopping_, wake_);
+  }
+
+ private:
+  struct shelf {
+    std::deque<fs::path> ready;
+    bool looked = false;  // on_disk() taken up
+    bool failed = false;  // until the next want()
+    std::uint64_t generation = 0;
+    std::uint64_t wanted_at = 0;
+  };
+  static constexpr std::size_t max_shelves = 4;
+
+  static std::string ready_prefix(const key& k) {
+    return fmt::format(".cairn-ext4-v1-{}-{}-{}.ready-", k.bytes, k.uid, k.gid);
+  }
+
+  static std::vector<fs::path> on_disk(const key& k) {
+    std::vector<fs::path> found;
+    std::error_code ec;
+    const std::string prefix = ready_prefix(k);
+    for (const auto& entry : fs::directory_iterator(k.folder, ec))
+      if (entry.path().filename().string().starts_with(prefix)) found.push_back(entry.path());
+    return found;
+  }
+
+  // The shelf most in need of an image, under the lock; nullptr: none.
+  std::map<key, shelf>::iterator next_wanted() {
+    for (auto it = shelves_.begin(); it != shelves_.end(); ++it)
+      if (!it->second.failed && it->second.ready.size() < images_made_ahead) return it;
+    return shelves_.end();
+  }
+
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      auto wanted = shelves_.end();
+      wake_.wait(lock, [&] { return stopping_ || (wanted = next_wanted()) != shelves_.end(); });
+      if (stopping_) return;
+      const key k = wanted->first;
+      const std::uint64_t generation = wanted->second.generation;
+      const fs::path name = k.folder / fmt::format("{}{}-{}", ready_prefix(k), ::getpid(), ++made_);
+      lock.unlock();
+      bool made = false;
+      try {
+        // Only a template made already: making one is for a run that needs it (make_workspace_image).
+        unique_fd from(::open(workspace_template_path(k.folder, k.bytes, k.uid, k.gid).c_str(),
+                              O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+        struct stat st {};
+        made = from && ::fstat(from.get(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) == k.bytes &&
+               copy_as_whole_file(from.get(), k.bytes, name);
+      } catch (const sandbox_error&) {
+        // A run making its own image says why, if it fails there too.
+      }
+      lock.lock();
+      auto s = shelves_.find(k);
+      if (s == shelves_.end() || s->second.generation != generation) {
+        if (made) ::unlink(name.c_str());  // its template found broken meanwhile, or its shelf given up
+      } else if (!made) {
+        s->second.failed = true;
+      } else {
+        s->second.ready.push_back(name);
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::map<key, shelf> shelves_;
+  bool stopping_ = false;
+  std::uint64_t made_ = 0;
+  std::uint64_t wants_ = 0;
+  background_thread worker_;
+};
+
+image_stock& stock() {
+  static image_stock s;
+  return s;
+}
+
 }  // namespace
+
+void forget_workspace_template(const fs::path& folder, std::uint64_t bytes, uid_t uid, gid_t gid) {
+  // In this order: an image begun before the unlink is counted as made
+  // before the forget, and dropped.
+  ::unlink(workspace_template_path(folder, bytes, uid, gid).c_str());
+  stock().forget({folder, bytes, uid, gid});
+}
 
 fs::path workspace_template_path(const fs::path& folder, std::uint64_t bytes, uid_t uid, gid_t gid) {
   // v1: made as format() makes it; other mkfs.ext4 options need another version.
@@ -149,6 +328,25 @@ fs::path workspace_template_path(const fs::path& folder, std::uint64_t bytes, ui
 
 void make_workspace_image(const ext4_tools& tools, const fs::path& image, std::uint64_t bytes, uid_t uid,
                           gid_t gid) {
+  const image_stock::key k{image.parent_path(), bytes, uid, gid};
+  struct refill {
+    const image_stock::key& k;
+    ~refill() {
+      try {
+        stock().want(k);
+      } catch (const std::system_error&) {
+        // No thread to make them: every image is made when needed, as before.
+      }
+    }
+  } later{k};
+  while (auto ready = stock().take(k)) {
+    if (::renameat2(AT_FDCWD, ready->c_str(), AT_FDCWD, image.c_str(), RENAME_NOREPLACE) == 0) {
+      sync_folder(image.parent_path());
+      return;
+    }
+    if (errno != ENOENT) failed("taking " + ready->string() + " as " + image.string());
+    // Another process took it first.
+  }
   unique_fd from = open_template(tools, image.parent_path(), bytes, uid, gid);
   struct stat st {};
   if (::fstat(from.get(), &st) < 0) failed("reading the template of " + image.string());

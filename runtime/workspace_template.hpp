@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 
@@ -24,10 +25,17 @@ std::filesystem::path workspace_template_path(const std::filesystem::path& folde
                                               gid_t gid);
 
 // Makes `image` (absent) a copy of its template, the template first when
-// missing; its root is owned by uid:gid. The image is written as
-// `<image>.new`, fsynced and renamed, so an image that exists is a whole
-// filesystem. Throws sandbox_error(workspace_failed) naming the step.
+// missing; its root is owned by uid:gid. Takes one of the copies made ahead
+// in the background when there is one (renamed into place), else writes
+// `<image>.new`, fsynced and renamed: an image that exists is a whole
+// filesystem. Then has the copies made ahead refilled, up to
+// images_made_ahead. Throws sandbox_error(workspace_failed) naming the step.
 void make_workspace_image(const ext4_tools& tools, const std::filesystem::path& image, std::uint64_t bytes,
                           uid_t uid, gid_t gid);
+inline constexpr std::size_t images_made_ahead = 2;
+
+// The template for images of `bytes` owned by uid:gid in `folder` made a
+// broken image: deletes it and the copies made ahead of it.
+void forget_workspace_template(const std::filesystem::path& folder, std::uint64_t bytes, uid_t uid, gid_t gid);
 
 }  // namespace cairn::runtime

@@ -105,6 +105,24 @@ void cut_short_after_copy(sandbox_backend& backend, const sandbox_spec& spec, co
   if (!older_image.empty()) fs::copy_file(older_image, spec.workspace_image);
 }
 
+// The images made ahead in `folder` (workspace_template.hpp).
+std::vector<fs::path> images_ready(const fs::path& folder) {
+  std::vector<fs::path> found;
+  for (const auto& entry : fs::directory_iterator(folder))
+    if (entry.path().filename().string().find(".ready-") != std::string::npos) found.push_back(entry.path());
+  return found;
+}
+
+// Whether the background has made images_made_ahead images in `folder`,
+// polled until it has.
+bool stock_full(const fs::path& folder) {
+  for (auto deadline = std::chrono::steady_clock::now() + patience; std::chrono::steady_clock::now() < deadline;) {
+    if (images_ready(folder).size() == images_made_ahead) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
 // The command a dead host's mount of `image` at `folder` is made with: one
 // that outlives the process that made it.
 std::string outliving_mount(const fs::path& image, const fs::path& folder) {
@@ -500,14 +518,18 @@ TEST_CASE("quota: copying in and out never follows a symlink the agent planted")
   CHECK(read_file(spec.workspace / "out.txt") == "host output");
 }
 
-TEST_CASE("quota: a new image is a sparse copy of a template made once per folder, size and owner") {
-  if (!require_quota()) return;
+// A folder for images of 16 MiB. Root makes them for another uid; a normal
+// user for itself.
+struct image_folder {
   temp_dir dir;
   fs::path folder = fs::canonical(dir.path);
-  constexpr std::uint64_t bytes = 16u << 20;
-  // Root makes images for another uid; a normal user for itself.
+  static constexpr std::uint64_t bytes = 16u << 20;
   const uid_t uid = through_fuse() ? ::getuid() : 4321;
   const gid_t gid = through_fuse() ? ::getgid() : 4322;
+};
+
+TEST_CASE_METHOD(image_folder, "quota: a new image is a sparse copy of a template made once per folder, size and owner") {
+  if (!require_quota()) return;
   fs::path first = folder / "first", second = folder / "second", third = folder / "third";
   for (const auto& ws : {first, second, third}) fs::create_directories(ws);
   fs::path made = workspace_template_path(folder, workspace_image_size(bytes), uid, gid);
@@ -542,22 +564,50 @@ TEST_CASE("quota: a new image is a sparse copy of a template made once per folde
   release_workspace_image(second, image_of(second));
   CHECK(read_file(second / "written.txt") == "kept");
 
-  // The control: with the template gone, a support without mkfs.ext4 makes no image.
+  // The control: with the template gone, and the images made ahead from
+  // it, a support without mkfs.ext4 makes no image.
+  REQUIRE(stock_full(folder));  // nothing is being made as they go
   fs::remove(made);
+  for (const auto& ready : images_ready(folder)) fs::remove(ready);
   auto plain = mount_workspace_image(support, third, image_of(third), bytes, uid, gid);
   CHECK_FALSE(plain.lease);
   CHECK_FALSE(fs::exists(folder / "third.img"));
   CHECK_FALSE(fs::exists(made));
 }
 
-TEST_CASE("quota: a template left half made or broken costs one run at most") {
+TEST_CASE_METHOD(image_folder, "quota: a new image is one made ahead, a fresh copy of the template that nothing mounted before") {
   if (!require_quota()) return;
-  temp_dir dir;
-  fs::path folder = fs::canonical(dir.path);
-  constexpr std::uint64_t bytes = 16u << 20;
-  // Root makes images for another uid; a normal user for itself.
-  const uid_t uid = through_fuse() ? ::getuid() : 4321;
-  const gid_t gid = through_fuse() ? ::getgid() : 4322;
+  fs::path first = folder / "first", second = folder / "second";
+  for (const auto& ws : {first, second}) fs::create_directories(ws);
+  const quota_support support = detect_workspace_quota();
+  {
+    auto mounted = mount_workspace_image(support, first, image_of(first), bytes, uid, gid);
+    REQUIRE(mounted.lease);
+    std::ofstream(first / "secret.txt") << "first run's";
+  }
+  release_workspace_image(first, image_of(first));
+  REQUIRE(stock_full(folder));
+  const auto ready = images_ready(folder);
+  {
+    auto mounted = mount_workspace_image(support, second, image_of(second), bytes, uid, gid);
+    REQUIRE(mounted.lease);
+    CHECK(fs::is_empty(second));  // nothing of the first run, no lost+found
+    // One of those made ahead, taken by a rename.
+    bool one_of_them = false;
+    for (const auto& r : ready) {
+      struct stat st {};
+      one_of_them |= ::stat(r.c_str(), &st) < 0 && errno == ENOENT;
+    }
+    CHECK(one_of_them);
+    CHECK(ext4_uuid(image_of(second)) ==
+          ext4_uuid(workspace_template_path(folder, workspace_image_size(bytes), uid, gid)));
+  }
+  CHECK(stock_full(folder));  // made again in the background
+  release_workspace_image(second, image_of(second));
+}
+
+TEST_CASE_METHOD(image_folder, "quota: a template left half made or broken costs one run at most") {
+  if (!require_quota()) return;
   fs::path made = workspace_template_path(folder, workspace_image_size(bytes), uid, gid);
   quota_support support = detect_workspace_quota();
   fs::create_directories(folder / "ws");
