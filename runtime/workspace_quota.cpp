@@ -510,6 +510,7 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
         workspace.string(), e.what()));
     return result;
   }
+  if (fresh) make_workspace_images_ahead(image.parent_path(), image_bytes, uid, gid);
   {
     std::lock_guard lock(registry_mutex);
     registry[workspace] = {mount, 1};

@@ -171,7 +171,8 @@ bool copy_as_whole_file(int from, std::uint64_t bytes, const fs::path& name) {
 // Images made ahead, each a whole, synced copy of its template that was
 // never mounted: a new image is then a rename, not a copy and its sync on
 // the path of the run that needs it. A thread keeps images_made_ahead of
-// them for each folder, size and owner this process has made an image for.
+// them for each folder, size and owner this process has mounted a new image
+// for (make_workspace_images_ahead).
 // They are named .cairn-ext4-v1-SIZE-UID-GID.ready-PID-N beside their
 // template, stay for the next process, which takes them up, and go when
 // their template is found broken.
@@ -314,6 +315,14 @@ image_stock& stock() {
 
 }  // namespace
 
+void make_workspace_images_ahead(const fs::path& folder, std::uint64_t bytes, uid_t uid, gid_t gid) {
+  try {
+    stock().want({folder, bytes, uid, gid});
+  } catch (const std::system_error&) {
+    // No thread to make them: each image is made when it is needed.
+  }
+}
+
 void forget_workspace_template(const fs::path& folder, std::uint64_t bytes, uid_t uid, gid_t gid) {
   // In this order: an image begun before the unlink is counted as made
   // before the forget, and dropped.
@@ -328,18 +337,7 @@ fs::path workspace_template_path(const fs::path& folder, std::uint64_t bytes, ui
 
 void make_workspace_image(const ext4_tools& tools, const fs::path& image, std::uint64_t bytes, uid_t uid,
                           gid_t gid) {
-  const image_stock::key k{image.parent_path(), bytes, uid, gid};
-  struct refill {
-    const image_stock::key& k;
-    ~refill() {
-      try {
-        stock().want(k);
-      } catch (const std::system_error&) {
-        // No thread to make them: every image is made when needed, as before.
-      }
-    }
-  } later{k};
-  while (auto ready = stock().take(k)) {
+  while (auto ready = stock().take({image.parent_path(), bytes, uid, gid})) {
     if (::renameat2(AT_FDCWD, ready->c_str(), AT_FDCWD, image.c_str(), RENAME_NOREPLACE) == 0) {
       sync_folder(image.parent_path());
       return;

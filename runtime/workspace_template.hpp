@@ -26,12 +26,17 @@ std::filesystem::path workspace_template_path(const std::filesystem::path& folde
 
 // Makes `image` (absent) a copy of its template, the template first when
 // missing; its root is owned by uid:gid. Takes one of the copies made ahead
-// in the background when there is one (renamed into place), else writes
-// `<image>.new`, fsynced and renamed: an image that exists is a whole
-// filesystem. Then has the copies made ahead refilled, up to
-// images_made_ahead. Throws sandbox_error(workspace_failed) naming the step.
+// (make_workspace_images_ahead) when there is one, renamed into place, else
+// writes `<image>.new`, fsynced and renamed: an image that exists is a
+// whole filesystem. Throws sandbox_error(workspace_failed) naming the step.
 void make_workspace_image(const ext4_tools& tools, const std::filesystem::path& image, std::uint64_t bytes,
                           uid_t uid, gid_t gid);
+
+// Has a background thread keep images_made_ahead copies of the template of
+// `bytes` and uid:gid in `folder`, each written under no name and linked
+// once whole and synced, for the next make_workspace_image there. Called
+// once a new image is mounted: their writes would hold up that mount.
+void make_workspace_images_ahead(const std::filesystem::path& folder, std::uint64_t bytes, uid_t uid, gid_t gid);
 inline constexpr std::size_t images_made_ahead = 2;
 
 // The template for images of `bytes` owned by uid:gid in `folder` made a
