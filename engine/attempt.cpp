@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt_driver.hpp"
-#include "engine/crash_point.hpp"
+#include "runtime/crash_point.hpp"
 #include "protocol/bounded_json.hpp"
 
 namespace cairn::engine {
@@ -116,7 +116,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   // The counters were read as the agent started (its baseline): the first
   // look is a period later, not on the first frame's way to its ack.
   last_limits_check_ = started_;
-  crash_point("after_spawn");
+  runtime::crash_point("after_spawn");
 
   auto result = co_await [&]() -> task<attempt_result> {
     counted_live live;
@@ -192,7 +192,7 @@ task<attempt_result> attempt_driver::converse(const protocol::start_msg& start) 
     co_return failed(why, "protocol");
   }
   co_await send(start);
-  crash_point("after_hello");
+  runtime::crash_point("after_hello");
 
   for (;;) {
     auto frame = co_await receive(next_deadline(), true);
@@ -442,7 +442,7 @@ attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
 #ifndef CAIRN_TEST_UNSAFE_EARLY_ACK
   co_await send_one(protocol::ack_msg{m.result.seq});
 #endif
-  crash_point("after_ack");
+  runtime::crash_point("after_ack");
   observer_.on_step(record);
   co_return std::nullopt;
 }
@@ -464,16 +464,16 @@ attempt_driver::step attempt_driver::on(const protocol::tool_msg& m) {
   record.finished_at_ms = storage::now_ms();
   co_await commit(record);
   co_await send_one(protocol::result_msg{record.result});
-  crash_point("after_ack");
+  runtime::crash_point("after_ack");
   observer_.on_step(record);
   co_return std::nullopt;
 }
 
 // The answer to the agent goes out only after this returns: the row is durable.
 task<void> attempt_driver::commit(const storage::step_record& record, std::optional<std::int64_t> signal_id) {
-  crash_point("before_commit");
+  runtime::crash_point("before_commit");
   co_await apply_effect(effects::step_committed{record, signal_id});
-  crash_point("after_commit");
+  runtime::crash_point("after_commit");
   ++expected_seq_;
   step_failures_ = 0;
   begun_at_ms_.reset();

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt_driver.hpp"
-#include "engine/crash_point.hpp"
+#include "runtime/crash_point.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -42,7 +42,7 @@ task<void> attempt_driver::record_and_answer(protocol::step_result r, std::optio
   record.result = std::move(r);
   co_await commit(record, signal_id);
   co_await send_one(protocol::result_msg{record.result});
-  crash_point("after_ack");
+  runtime::crash_point("after_ack");
   observer_.on_step(record);
 }
 
@@ -192,7 +192,7 @@ attempt_driver::step attempt_driver::on(const protocol::child_msg& m) {
   // A replay after a crash finds the same id: created once.
   const auto refused = co_await journal_.start_child(std::move(child), policy_);
   if (refused) co_return co_await refuse("refused", *refused);
-  crash_point("child_created");
+  runtime::crash_point("child_created");
   r.output = {{"run_id", id}};
   co_await record_and_answer(std::move(r));
   co_return std::nullopt;

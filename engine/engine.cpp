@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt.hpp"
-#include "engine/crash_point.hpp"
+#include "runtime/crash_point.hpp"
 #include "engine/liveness.hpp"
 #include "engine/owner.hpp"
 #include "engine/run_id.hpp"
@@ -341,7 +341,7 @@ task<std::optional<storage::run_record>> engine::end_before_attempt(const storag
 
 task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, json output,
                                           protocol::error_info error, run_observer& watch) {
-  crash_point("before_finish");
+  runtime::crash_point("before_finish");
   // Files first: once the journal says the run ended, nothing releases its
   // workspace again. A crash in between only replays the run.
   auto run = *journal_.find_run(run_id);

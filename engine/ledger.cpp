@@ -6,7 +6,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <fmt/format.h>
 
-#include "engine/crash_point.hpp"
+#include "runtime/crash_point.hpp"
 #include "engine/wakeups.hpp"
 
 namespace cairn::engine {
@@ -188,7 +188,7 @@ void ledger::commit_group(std::vector<writer>& group) {
     bodies.push_back(std::move(w.write));
     sync_later = sync_later && w.sync_later;
   }
-  crash_point("before_group_commit");
+  runtime::crash_point("before_group_commit");
   std::vector<std::exception_ptr> errors;
   try {
     errors = journal_.write_together(bodies, sync_later);
@@ -196,7 +196,7 @@ void ledger::commit_group(std::vector<writer>& group) {
     errors.assign(group.size(), std::current_exception());  // the committer goes on; every writer hears why
   }
   // Durable, and nobody has been answered yet.
-  crash_point(group.size() > 1 ? "after_group_commit.many" : "after_group_commit.one");
+  runtime::crash_point(group.size() > 1 ? "after_group_commit.many" : "after_group_commit.one");
   for (const auto& e : errors)
     if (e) try {
         std::rethrow_exception(e);

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/crash_point.hpp"
+#include "runtime/crash_point.hpp"
 #include "engine/tools/command_tool.hpp"
 
 namespace cairn::engine {
@@ -63,8 +63,8 @@ std::variant<protocol::step_result, effects::tool_started> tool_broker::prepare(
 
 protocol::step_result tool_broker::perform(const protocol::tool_msg& m, int previous_attempts) {
   const auto started = clock::now();
-  crash_point("tool_started");
-  crash_point("tool_started." + m.name);
+  runtime::crash_point("tool_started");
+  runtime::crash_point("tool_started." + m.name);
   tool_call call;
   call.run_id = run_id_;
   call.seq = m.seq;
@@ -83,8 +83,8 @@ protocol::step_result tool_broker::perform(const protocol::tool_msg& m, int prev
     r.ok = false;
     r.error = {fmt::format("tool {} failed: {}", m.name, e.what()), "failed"};
   }
-  crash_point("tool_returned");
-  crash_point("tool_returned." + m.name);
+  runtime::crash_point("tool_returned");
+  runtime::crash_point("tool_returned." + m.name);
   r.duration_us = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - started).count();
   return r;
 }

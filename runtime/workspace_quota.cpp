@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "runtime/background_thread.hpp"
+#include "runtime/crash_point.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/small_file.hpp"
 #include "runtime/tree_copy.hpp"
@@ -427,6 +428,7 @@ void take_whole_copy(const fs::path& workspace, const fs::path& image, const std
     // Else a power cut could bring the image back, older than the copy, and
     // `cairn workspace` would read the run's files from it.
     sync_folder(image.parent_path());
+    crash_point("image_doomed");
   }
   ::unlink(attached_marker(image).c_str());
   // The image's mount point (left empty when it was mounted) goes aside.
@@ -434,6 +436,7 @@ void take_whole_copy(const fs::path& workspace, const fs::path& image, const std
   fs::remove_all(staging, ec);
   if (::rename(workspace.c_str(), staging.c_str()) < 0 && errno != ENOENT)
     failed(sandbox_errc::workspace_failed, "moving " + workspace.string() + " aside");
+  crash_point("workspace_moved_aside");
   if (::rename(whole.c_str(), workspace.c_str()) < 0)
     failed(sandbox_errc::workspace_failed, "moving the released files into " + workspace.string());
   sync_folder(workspace.parent_path());
@@ -619,6 +622,7 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
     if (::rename(staging.c_str(), whole.c_str()) < 0)
       failed(sandbox_errc::workspace_failed, "saving " + whole.string());
     sync_folder(workspace.parent_path());
+    crash_point("workspace_copied");
     root.reset();
     filesystem = mount->retire();
     if (held.lease) std::exchange(held.lease, nullptr)->release_locked();  // the last lease: nothing left to unmount

@@ -1,7 +1,7 @@
 // Acknowledgement order, proved. One host process (durability_host.hpp)
 // drives several runs at once, so its journal batches hold the steps of many
 // runs: plain steps, ctx.now, tool calls, a timer, signals taken, a child run
-// started and joined. The host is killed (SIGKILL, engine/crash_point.hpp) at
+// started and joined. The host is killed (SIGKILL, runtime/crash_point.hpp) at
 // every occurrence of every point between receiving a step and its next
 // action: before the commit, after it, after the answer, inside a tool call
 // and a child start, and in the ledger before a group commit and after one

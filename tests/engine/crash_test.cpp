@@ -16,7 +16,9 @@
 #include <sstream>
 #include <thread>
 
+#include "runtime/workspace_quota.hpp"
 #include "storage/journal.hpp"
+#include "tests/capabilities.hpp"
 #include "tests/support/test_db.hpp"
 #include "tests/temp_dir.hpp"
 
@@ -126,6 +128,25 @@ std::vector<std::string> run_args(const std::string& id, const json& input) {
   return {"run", STEP_AGENT, "--id", id, "--input", input.dump()};
 }
 
+// Each plan: a run killed at its first crash point, resumed and killed at the
+// second, then resumed to its end.
+void crash_twice_then_complete(const std::filesystem::path& home,
+                               const std::vector<std::pair<std::string, std::string>>& plans, const std::string& prefix) {
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const auto& [first, second] = plans[i];
+    DYNAMIC_SECTION(first << " then " << second) {
+      checker c{home, prefix + std::to_string(i), {}};
+      int status = wait_status(spawn_cairn(home, run_args(c.id, {{"steps", steps}}), first));
+      REQUIRE(killed(status));
+      c.snapshot();
+      status = wait_status(spawn_cairn(home, {"resume", c.id}, second));
+      REQUIRE(killed(status));
+      c.snapshot();
+      c.completes();
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("SIGKILL of the host at exact points of the step lifecycle, twice per run, then resume") {
@@ -140,20 +161,21 @@ TEST_CASE("SIGKILL of the host at exact points of the step lifecycle, twice per 
   plans.emplace_back("after_spawn:1", "after_commit:3");
   plans.emplace_back("after_hello:1", "before_commit:2");
   plans.emplace_back("before_finish:1", "before_finish:1");
+  crash_twice_then_complete(home.path(), plans, "exact-");
+}
 
-  for (std::size_t i = 0; i < plans.size(); ++i) {
-    const auto& [first, second] = plans[i];
-    DYNAMIC_SECTION(first << " then " << second) {
-      checker c{home.path(), "exact-" + std::to_string(i), {}};
-      int status = wait_status(spawn_cairn(home.path(), run_args(c.id, {{"steps", steps}}), first));
-      REQUIRE(killed(status));
-      c.snapshot();
-      status = wait_status(spawn_cairn(home.path(), {"resume", c.id}, second));
-      REQUIRE(killed(status));
-      c.snapshot();
-      c.completes();
-    }
-  }
+TEST_CASE("SIGKILL of the host while it releases the run's quota image, twice, then resume") {
+  // The step agent's exec.log, which the checker reads, is among the files
+  // released: a release that lost them fails the check.
+  if (!testing::require_capability("quota", runtime::detect_workspace_quota().available,
+                                   "a run's files are released from a quota image only where one can be mounted"))
+    return;
+  testing::temp_dir home;
+  crash_twice_then_complete(home.path(),
+                            {{"workspace_copied:1", "image_doomed:1"},
+                             {"image_doomed:1", "workspace_moved_aside:1"},
+                             {"workspace_moved_aside:1", "workspace_copied:1"}},
+                            "release-");
 }
 
 TEST_CASE("SIGKILL of the host from outside at arbitrary moments, then resume --all") {

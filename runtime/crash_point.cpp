@@ -1,4 +1,4 @@
-#include "engine/crash_point.hpp"
+#include "runtime/crash_point.hpp"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-namespace cairn::engine {
+namespace cairn::runtime {
 namespace {
 
 struct armed_point {
@@ -45,4 +45,4 @@ void crash_point(std::string_view name) {
   if (--p.remaining == 0) std::raise(SIGKILL);
 }
 
-}  // namespace cairn::engine
+}  // namespace cairn::runtime
