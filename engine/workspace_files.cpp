@@ -17,6 +17,7 @@
 #include "runtime/fuse_mount.hpp"
 #include "runtime/loop_mount.hpp"
 #include "runtime/no_follow.hpp"
+#include "runtime/workspace_quota.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -76,6 +77,12 @@ workspace_files::~workspace_files() {
 
 workspace_files::workspace_files(const fs::path& home, const storage::run_record& run) {
   const fs::path folder = run.workspace, image = workspace_image(home, run.id);
+  if (auto whole = runtime::cut_short_release(folder)) {
+    root_.reset(::open(whole->c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!root_) not_found(fmt::format("run {}: opening {} ({})", run.id, whole->string(), std::strerror(errno)));
+    source_ = "the copy of its files at " + whole->string() + ", which a crash kept from taking its folder's place";
+    return;
+  }
   std::error_code ec;
   // A live run's image is mounted at its folder: read there.
   const bool in_image = fs::exists(image, ec) && !runtime::is_loop_mount_of(folder, image) &&

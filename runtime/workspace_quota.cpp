@@ -182,6 +182,13 @@ std::optional<std::string> size_warning(const fs::path& image, std::uint64_t quo
 
 std::uint64_t workspace_image_size(std::uint64_t quota) { return quota + std::max(min_margin, quota / 8); }
 
+std::optional<fs::path> cut_short_release(const fs::path& workspace) {
+  fs::path whole = whole_copy_of(fs::absolute(workspace).lexically_normal());
+  struct stat st {};
+  if (::lstat(whole.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
+  return whole;
+}
+
 workspace_upkeep workspace_upkeep_of(const fs::path& workspace) {
   fs::path folder = fs::weakly_canonical(workspace);
   std::lock_guard lock(registry_mutex);

@@ -144,6 +144,12 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
 void release_workspace_image(const std::filesystem::path& workspace, const std::filesystem::path& image,
                              workspace_lease* mounted = nullptr);
 
+// The copy of the files a release synced whole beside `workspace` and a
+// crash kept from taking its place (the next release or mount finishes
+// that): until then it, not the folder or the image, holds the run's
+// files. nullopt when there is none.
+std::optional<std::filesystem::path> cut_short_release(const std::filesystem::path& workspace);
+
 // What mounting and unmounting the image of `workspace` has cost so far.
 workspace_upkeep workspace_upkeep_of(const std::filesystem::path& workspace);
 

@@ -87,3 +87,22 @@ TEST_CASE("cairn workspace lists and prints a suspended run's files without waki
   REQUIRE(end.status == cairn::storage::run_status::completed);
   CHECK(end.output == "hello from the agent\n");
 }
+
+TEST_CASE("cairn workspace reads the files a release cut short left beside the folder, not the empty folder") {
+  // A host killed while it released the run's image, after its copy of the
+  // files was whole (crash_test kills it there): the folder is the image's
+  // empty mount point, the files are in .viewed.released beside it.
+  suspended_run r;
+  r.host.eng->signal("viewed", "go", nullptr);
+  REQUIRE(r.host.eng->execute("viewed").status == cairn::storage::run_status::completed);
+  const auto folder = r.host.journal.find_run("viewed")->workspace;
+  const auto whole = std::filesystem::path(folder).parent_path() / ".viewed.released";
+  std::filesystem::rename(folder, whole);
+  std::filesystem::create_directories(folder);
+
+  auto listing = r.workspace({});
+  INFO(listing.err);
+  REQUIRE(listing.code == 0);
+  CHECK_THAT(listing.out, Catch::Contains("notes/a.txt") && Catch::Contains(".viewed.released"));
+  CHECK(r.workspace({"notes/a.txt"}).out == "hello from the agent\n");
+}
