@@ -55,6 +55,12 @@ bool lock_within(int fd, std::chrono::milliseconds patience) {
   }
 }
 
+[[noreturn]] void locked_elsewhere(const fs::path& workspace, const fs::path& image) {
+  throw sandbox_error(sandbox_errc::bad_spec,
+                      fmt::format("workspace {} is in use by another cairn process (its image {} is locked)",
+                                  workspace.string(), image.string()));
+}
+
 [[noreturn]] void failed(sandbox_errc code, const std::string& what) {
   throw sandbox_error(code, fmt::format("{}: {}", what, std::strerror(errno)));
 }
@@ -249,9 +255,7 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   // Another host's sweep of stale mounts holds the lock for a moment; only a
   // lock held on and on means a live sandbox of another process.
   if (!lock_within(image_lock_.get(), lock_patience))
-    throw sandbox_error(sandbox_errc::bad_spec,
-                        fmt::format("workspace {} is in use by another cairn process (its image {} is locked)",
-                                    folder.string(), image.string()));
+    locked_elsewhere(folder, image);
   // Left mounted by a host that died: nobody else can be using it, we hold the lock.
   unmount_stale(folder, image, fuse);
   struct stat here {}, parent {};
@@ -428,7 +432,13 @@ image_reaper& reaper() {
 void take_whole_copy(const fs::path& workspace, const fs::path& image, const std::optional<fuse_tools>& fuse,
                      std::shared_ptr<mounted_workspace::retired> filesystem) {
   const fs::path whole = whole_copy_of(workspace), staging = staging_of(workspace), doomed = doomed_name(image);
+  unique_fd image_lock;  // a release a crash cut short: the image is nobody's, unless another host mounted it since
   if (::access(image.c_str(), F_OK) == 0) {
+    if (!filesystem) {
+      image_lock.reset(::open(image.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+      if (image_lock && !lock_within(image_lock.get(), lock_patience))
+        locked_elsewhere(workspace, image);
+    }
     unmount_stale(workspace, image, fuse);
     if (::rename(image.c_str(), doomed.c_str()) < 0)
       failed(sandbox_errc::workspace_failed, "renaming " + image.string() + " for deletion");

@@ -360,15 +360,43 @@ TEST_CASE("quota: release_workspace finishes after a crash at any point") {
   CHECK(run_probe(*box, {"read", "/workspace/result.txt"})["detail"] == "done");
 }
 
-TEST_CASE("quota: an attempt after a release cut short sees the copied files, not the older image") {
-  // The engine replays a run whose end a crash interrupted: its next
-  // sandbox mounts the workspace before any release is called again.
-  if (!require_quota()) return;
+// A workspace whose release a crash cut short after its copy of the files
+// ("done") was whole, beside an image older than it ("older").
+struct cut_short_release {
   temp_dir dir;
   sandbox_spec spec = make_spec(dir);
-  auto backend = make_bwrap_backend();
-  write_older_then_done(*backend, spec, dir.path / "older.img");
-  cut_short_after_copy(*backend, spec, dir.path / "older.img");
+  std::unique_ptr<sandbox_backend> backend = make_bwrap_backend();
+
+  // False: no quota here, and the case is left (require_quota says so).
+  bool made() {
+    if (!require_quota()) return false;
+    write_older_then_done(*backend, spec, dir.path / "older.img");
+    cut_short_after_copy(*backend, spec, dir.path / "older.img");
+    return true;
+  }
+};
+
+TEST_CASE_METHOD(cut_short_release, "quota: a release cut short is not finished while another process holds the image") {
+  if (!made()) return;
+  {
+    // As a live host holds the image it mounted (flock: one holder per open file).
+    int held = ::open(spec.workspace_image.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(::flock(held, LOCK_EX) == 0);
+    CHECK_THROWS_WITH(backend->release_workspace(spec.workspace, spec.workspace_image),
+                      Catch::Contains("in use by another cairn process"));
+    CHECK(fs::exists(spec.workspace_image));  // left as it was
+    CHECK(fs::exists(whole_copy(spec.workspace)));
+    ::close(held);
+  }
+  backend->release_workspace(spec.workspace, spec.workspace_image);
+  CHECK(read_file(spec.workspace / "result.txt") == "done");
+  CHECK_FALSE(fs::exists(spec.workspace_image));
+}
+
+TEST_CASE_METHOD(cut_short_release, "quota: an attempt after a release cut short sees the copied files, not the older image") {
+  // The engine replays a run whose end a crash interrupted: its next
+  // sandbox mounts the workspace before any release is called again.
+  if (!made()) return;
   {
     auto box = backend->create(spec);
     CHECK(run_probe(*box, {"read", "/workspace/result.txt"})["detail"] == "done");
