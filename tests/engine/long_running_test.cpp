@@ -134,6 +134,18 @@ struct fixture {
     } else {
       log << std::ifstream(ws / "exec.log").rdbuf();
     }
+    return count_lines(log, line);
+  }
+
+  // How many times the agent of the live run `id` logged `line`, read
+  // through its workspace as its sandbox sees it (mounted, where it has an
+  // image: the image file itself lags behind).
+  int executing(const std::string& id, const std::string& line) {
+    std::ifstream log(dir / "ws" / id / "exec.log");
+    return count_lines(log, line);
+  }
+
+  static int count_lines(std::istream& log, const std::string& line) {
     int n = 0;
     for (std::string l; std::getline(log, l);) n += l == line;
     return n;
@@ -740,8 +752,10 @@ TEST_CASE("a graceful stop lets the step in flight finish, hands the run back, a
   f.submit("handed", plan({op_step("a"), op_slow("s", 1500), op_step("b")}));
   f.submit("patient", plan({op_step("p"), op_signal("go")}));
   running_scheduler sched(f, 2);
+  // The stop comes with "s" in flight: begun (the agent logged it), not yet journaled.
   REQUIRE(eventually([&] {
-    return f.journal.steps("handed").size() == 1 && !f.events("patient", "wait_started").empty();
+    return f.executing("handed", "slow s attempt 1") == 1 && f.journal.steps("handed").size() == 1 &&
+           !f.events("patient", "wait_started").empty();
   }));
   sched.stop();
 
