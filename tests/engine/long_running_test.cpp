@@ -580,7 +580,10 @@ TEST_CASE("a run inside a long step is killed after the cancel grace period") {
   auto p = engine::parse_policy({{"timeouts", {{"cancel_grace_seconds", 1}}}});
   f.submit("stubborn", plan({op_step("a"), op_slow("s", 8000), op_step("b")}), p);
   auto done = f.execute_elsewhere("stubborn", f.options);
-  REQUIRE(eventually([&] { return f.journal.steps("stubborn").size() == 1; }));
+  // Cancelled inside "s": begun (the agent logged it), not yet journaled.
+  REQUIRE(eventually([&] {
+    return f.executing("stubborn", "slow s attempt 1") == 1 && f.journal.steps("stubborn").size() == 1;
+  }));
   const auto t0 = steady::now();
   CHECK(f.eng->cancel("stubborn", "stop it") == engine::engine::cancel_outcome::requested);
   REQUIRE(done.wait_for(20s) == std::future_status::ready);
