@@ -598,14 +598,14 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
       upkeeps.erase(workspace);  // the run is over
     }
   } over{workspace};
-  const auto support = detect_workspace_quota();
   fs::remove_all(staging, ec);  // a copy cut short
   if (::access(whole.c_str(), F_OK) == 0) {
     if (held.lease) std::exchange(held.lease, nullptr)->release_locked();
-    take_whole_copy(workspace, image, support.fuse, nullptr);
+    take_whole_copy(workspace, image, detect_workspace_quota().fuse, nullptr);
     return;
   }
-  if (!fs::exists(image)) return;
+  if (!fs::exists(image)) return;  // a run without a quota: no tools to look for
+  const auto support = detect_workspace_quota();
   // Copied next to the folder, synced, then marked whole by a rename: from
   // then on the copy holds the files and the image can go unflushed.
   fs::create_directories(workspace, ec);
