@@ -99,19 +99,22 @@ void notify(const std::filesystem::path& db, std::string_view run_id, change wha
   if (message.size() > max_wakeup_bytes) return;
   fd_guard dir(::open(folder_of(db).c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (dir.get() < 0) return;  // no listener ever ran here, or not ours to reach
-  fd_guard out(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   const int list_fd = ::dup(dir.get());
   DIR* entries = list_fd < 0 ? nullptr : ::fdopendir(list_fd);
   if (!entries) {
     if (list_fd >= 0) ::close(list_fd);
     return;
   }
+  const std::string own = fmt::format("{}-", ::getpid());
+  std::optional<fd_guard> out;  // made for the first listener there is to tell
   int seen = 0;
   while (const dirent* entry = ::readdir(entries)) {
     if (!is_socket_name(entry->d_name) || ++seen > max_listeners) continue;
+    if (std::string_view(entry->d_name).starts_with(own)) continue;  // this process's: see the header
     const auto address = address_in(dir.get(), entry->d_name);
     if (!address) continue;
-    if (::sendto(out.get(), message.data(), message.size(), MSG_NOSIGNAL,
+    if (!out) out.emplace(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (::sendto(out->get(), message.data(), message.size(), MSG_NOSIGNAL,
                  reinterpret_cast<const sockaddr*>(&*address), sizeof *address) >= 0)
       continue;
     // EAGAIN: its queue is full, so it has hints to act on already.

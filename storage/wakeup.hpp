@@ -32,10 +32,12 @@ enum class change { submitted, signalled, cancel_requested, ended, child_ended, 
 
 inline constexpr std::size_t max_wakeup_bytes = 256;
 
-// Tells every listener of the journal at `db` that `what` happened to run
-// `run_id`. Call it after the commit. Never blocks and never throws: a
-// listener that is gone is forgotten (its socket removed), a full queue
-// drops the hint.
+// Tells every listener of the journal at `db` in another process that
+// `what` happened to run `run_id`. Call it after the commit, and wake this
+// process's own waiters directly (engine::announce does): a datagram to its
+// own listener would only wake that listener's thread to do the same, on a
+// run's way in. Never blocks and never throws: a listener that is gone is
+// forgotten (its socket removed), a full queue drops the hint.
 void notify(const std::filesystem::path& db, std::string_view run_id, change what) noexcept;
 
 // The text of a wake-up, "WHAT RUN_ID", as a datagram or a NOTIFY carries
