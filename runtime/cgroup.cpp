@@ -42,8 +42,14 @@ std::string folder_name(const std::string& run_id) {
   return name.empty() ? "run" : name;
 }
 
-std::uint64_t number_in(const fs::path& file) {
-  return std::strtoull(read_small_file(file).value_or("0").c_str(), nullptr, 10);
+std::uint64_t number_in(const unique_fd& file) {
+  return std::strtoull(read_small_fd(file.get()).value_or("0").c_str(), nullptr, 10);
+}
+
+std::string text_of(const unique_fd& file) { return read_small_fd(file.get()).value_or(""); }
+
+unique_fd open_in(const unique_fd& folder, const char* name) {
+  return unique_fd(::openat(folder.get(), name, O_RDONLY | O_CLOEXEC));
 }
 
 void write_limit(const fs::path& file, std::uint64_t value) {
@@ -118,10 +124,14 @@ sandbox_cgroup::sandbox_cgroup(const cgroup_support& support, const std::string&
       if (file_exists(first / "memory.memsw.limit_in_bytes"))
         write_limit(first / "memory.memsw.limit_in_bytes", memory_bytes);
       write_limit(folders_[1] / "pids.max", max_tasks);
+      counter_files_ = {open_in(locks_[0], "memory.oom_control"), open_in(locks_[0], "memory.failcnt"),
+                        open_in(locks_[1], "pids.events"), open_in(locks_[2], "cpuacct.usage")};
     } else {
       write_limit(first / "memory.max", memory_bytes);
       if (file_exists(first / "memory.swap.max")) write_limit(first / "memory.swap.max", 0);
       write_limit(first / "pids.max", max_tasks);
+      counter_files_ = {open_in(locks_[0], "memory.events"), {}, open_in(locks_[0], "pids.events"),
+                        open_in(locks_[0], "cpu.stat")};
     }
   } catch (...) {
     remove();
@@ -147,20 +157,19 @@ cgroup_counters sandbox_cgroup::counters() const {
 cgroup_counters sandbox_cgroup::read_counters_locked() const {
   cgroup_counters c;
   if (folders_.empty()) return c;
+  const auto& f = counter_files_;
+  c.fork_failures = keyed_value(text_of(f.pids), "max").value_or(0);
   if (mode_ == cgroup_mode::v1) {
-    auto oom = keyed_value(read_small_file(folders_[0] / "memory.oom_control").value_or(""), "oom_kill");
+    auto oom = keyed_value(text_of(f.memory), "oom_kill");
     c.oom_kills_counted = oom.has_value();
     c.oom_kills = oom.value_or(0);
-    c.memory_limit_hits = number_in(folders_[0] / "memory.failcnt");
-    c.fork_failures = keyed_value(read_small_file(folders_[1] / "pids.events").value_or(""), "max").value_or(0);
-    c.cpu_ns = number_in(folders_[2] / "cpuacct.usage");
+    c.memory_limit_hits = number_in(f.memory_hits);
+    c.cpu_ns = number_in(f.cpu);
   } else {
-    std::string events = read_small_file(folders_[0] / "memory.events").value_or("");
+    std::string events = text_of(f.memory);
     c.oom_kills = keyed_value(events, "oom_kill").value_or(0);
     c.memory_limit_hits = keyed_value(events, "max").value_or(0);
-    c.fork_failures = keyed_value(read_small_file(folders_[0] / "pids.events").value_or(""), "max").value_or(0);
-    c.cpu_ns =
-        1000 * keyed_value(read_small_file(folders_[0] / "cpu.stat").value_or(""), "usage_usec").value_or(0);
+    c.cpu_ns = 1000 * keyed_value(text_of(f.cpu), "usage_usec").value_or(0);
   }
   return c;
 }
@@ -171,6 +180,7 @@ void sandbox_cgroup::remove() noexcept {
   try {
     final_ = read_counters_locked();
     procs_.clear();
+    counter_files_ = {};
     auto deadline = std::chrono::steady_clock::now() + removal_grace;
     // One left behind (a process stuck in the kernel) is swept once its lock is gone.
     for (const auto& folder : folders_) empty_and_remove_cgroup(folder, deadline);

@@ -17,19 +17,26 @@
 
 namespace cairn::runtime {
 
-// The whole file (at most 64 KiB); nullopt when it cannot be opened or read.
-inline std::optional<std::string> read_small_file(const std::string& path) {
-  unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return std::nullopt;
+// The whole file open at `fd` (at most 64 KiB), read from its start with
+// pread(2), so a descriptor kept open reads the file anew each time (cgroupfs
+// and /proc make it again at offset 0); nullopt when it cannot be read.
+inline std::optional<std::string> read_small_fd(int fd) {
+  if (fd < 0) return std::nullopt;
   std::string content;
   char buffer[4096];
   for (;;) {
-    ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+    ssize_t n = ::pread(fd, buffer, sizeof buffer, static_cast<off_t>(content.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return std::nullopt;
     if (n == 0 || content.size() > 65536) return content;
     content.append(buffer, static_cast<std::size_t>(n));
   }
+}
+
+// The whole file (at most 64 KiB); nullopt when it cannot be opened or read.
+inline std::optional<std::string> read_small_file(const std::string& path) {
+  unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  return read_small_fd(fd.get());
 }
 
 // Writes `value` in one write(2); false with errno set when that fails.
