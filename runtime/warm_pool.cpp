@@ -1,5 +1,6 @@
 #include "runtime/warm_pool.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -28,6 +30,18 @@ constexpr std::size_t max_makers = 2;
 
 [[noreturn]] void failed(const std::string& what) {
   throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+// Whether `path` is a folder (not a link) that holds nothing.
+bool empty_folder(const fs::path& path) {
+  unique_fd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  DIR* listing = dir ? ::fdopendir(dir.get()) : nullptr;
+  if (!listing) return false;
+  dir.release();
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(listing, ::closedir);
+  while (const dirent* entry = ::readdir(listing))
+    if (std::strcmp(entry->d_name, ".") != 0 && std::strcmp(entry->d_name, "..") != 0) return false;
+  return true;
 }
 
 // A pooled sandbox whose launcher waits for whichever agent a run brings.
@@ -87,7 +101,6 @@ warm_folder::warm_folder(fs::path path, bool shared_mount) : path_(std::move(pat
 }
 
 warm_folder::~warm_folder() {
-  if (given_away_) return;
   if (shared_mount_) unmount_all(path_);
   remove_folder(path_);
 }
@@ -98,10 +111,17 @@ void warm_folder::show(const fs::path& workspace) {
 }
 
 bool warm_folder::become(const fs::path& workspace) {
-  if (shared_mount_ || ::rename(path_.c_str(), workspace.c_str()) < 0) return false;
-  given_away_ = true;
-  record_.reset();
-  return true;
+  // Swapped with the empty folder, not renamed over it: a rename over a
+  // folder frees the one it replaces there and then (0.09 ms alone, 0.5 ms
+  // on a run's way to its first step here). The empty one now at path_ goes
+  // with this object, at the sandbox's end, and with its record after a crash.
+  if (shared_mount_ || ::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, workspace.c_str(), RENAME_EXCHANGE) < 0)
+    return false;
+  if (empty_folder(path_)) return true;
+  // Something came into the workspace meanwhile, or it is no folder: as a rename would have, refuse.
+  if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, workspace.c_str(), RENAME_EXCHANGE) < 0)
+    failed(fmt::format("putting {} back after a pooled sandbox could not take its place", workspace.string()));
+  return false;
 }
 
 warm_sandbox::~warm_sandbox() {

@@ -257,6 +257,41 @@ TEST_CASE("warm pool: a run with a workspace quota is held to it, pooled (root) 
   CHECK(breach->limit == "workspace");
 }
 
+TEST_CASE("warm pool: a pooled folder takes an empty workspace's place, never one that holds something or is a link") {
+  temp_dir dir;
+  fs::create_directories(dir.path / "warm");
+  fs::create_directories(dir.path / "ws");
+  const fs::path pooled = dir.path / "warm" / "pooled";
+  SECTION("an empty workspace: the pooled folder is the workspace, and the empty one goes with the pooled object") {
+    {
+      warm_folder folder(pooled, false);
+      std::ofstream(pooled / "agent.txt") << "started ahead";
+      fs::create_directory(dir.path / "ws" / "run");
+      REQUIRE(folder.become(dir.path / "ws" / "run"));
+      CHECK(file_text(dir.path / "ws" / "run" / "agent.txt") == "started ahead");
+    }
+    CHECK(file_text(dir.path / "ws" / "run" / "agent.txt") == "started ahead");
+    CHECK(fs::is_empty(dir.path / "warm"));
+  }
+  SECTION("a workspace that holds a file: refused, nothing moved") {
+    warm_folder folder(pooled, false);
+    fs::create_directory(dir.path / "ws" / "run");
+    std::ofstream(dir.path / "ws" / "run" / "mine.txt") << "the run's";
+    CHECK_FALSE(folder.become(dir.path / "ws" / "run"));
+    CHECK(file_text(dir.path / "ws" / "run" / "mine.txt") == "the run's");
+    CHECK(fs::is_empty(pooled));
+  }
+  SECTION("a workspace that is a link to an empty folder: refused, the link and its target left as they were") {
+    warm_folder folder(pooled, false);
+    fs::create_directory(dir.path / "elsewhere");
+    fs::create_directory_symlink(dir.path / "elsewhere", dir.path / "ws" / "run");
+    CHECK_FALSE(folder.become(dir.path / "ws" / "run"));
+    CHECK(fs::is_symlink(dir.path / "ws" / "run"));
+    CHECK(fs::is_directory(fs::symlink_status(pooled)));
+    CHECK(fs::is_empty(dir.path / "elsewhere"));
+  }
+}
+
 TEST_CASE("warm pool with agents started: the agent's next run takes one running it, in the run's own workspace") {
   temp_dir dir;
   auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
