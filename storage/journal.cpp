@@ -214,6 +214,8 @@ void bind_one(SQLite::Statement& s, int i, const std::optional<T>& v) {
 // A connection's compiled statements, by their SQL, lent one use at a time.
 // Compiling cost more than running: a run's way to its first step compiled
 // 14 statements, 0.54 ms of its 7 (bench/sandbox_start, warm, 2026-12-05).
+// One thread's at a time, as its journal object is (journal.hpp); the
+// ledger hands its journal from thread to thread under its own mutex.
 class statement_cache {
   struct slot {
     std::unique_ptr<SQLite::Statement> statement;
