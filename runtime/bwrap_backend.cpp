@@ -627,6 +627,7 @@ class bwrap_backend final : public sandbox_backend {
       make_workspace_image(context.quota.tools, warm->image_path, workspace_image_size(limits.max_workspace_bytes),
                            context.user->uid, context.user->gid);
       warm->image.emplace(warm->image_path, warm->folder->path());
+      ready_image_mount(warm->folder->path());  // before bwrap copies the mount
     }
     const auto& cgroups = detect_cgroups();
     if (cgroups.mode != cgroup_mode::none)

@@ -278,16 +278,8 @@ mounted_workspace::mounted_workspace(const fs::path& folder, const fs::path& ima
   mounted_ = true;
   // The loop device may have served other images before: count from here.
   const std::uint64_t written_before = device_bytes_written(folder_);
-  // noatime: else reads (the agent's, release's copy) update atimes, and
-  // committing them costs the unmount several flushes. Only speed is at stake.
-  mount_attr noatime{};
-  noatime.attr_set = MOUNT_ATTR_NOATIME;
-  noatime.attr_clr = MOUNT_ATTR__ATIME;
-  ::mount_setattr(AT_FDCWD, folder.c_str(), AT_SYMLINK_NOFOLLOW, &noatime, sizeof noatime);
+  if (premounted.empty()) ready_image_mount(folder);
   unique_fd root = open_folder(folder);
-  // mkfs made it for fsck (templates made without debugfs keep it); the
-  // agent need not see it. Kept when fsck filled it.
-  ::unlinkat(root.get(), "lost+found", AT_REMOVEDIR);
   if (!has_entries(plain.get())) {
     charge_upkeep(folder_, 1, device_bytes_written(folder_) - written_before, cpu, wall);
     return;
@@ -491,6 +483,16 @@ workspace_lease& workspace_lease::operator=(workspace_lease&& other) noexcept {
     mount_ = std::move(other.mount_);
   }
   return *this;
+}
+
+void ready_image_mount(const fs::path& folder) {
+  // Only speed is at stake in noatime: a kernel without mount_setattr goes without.
+  mount_attr noatime{};
+  noatime.attr_set = MOUNT_ATTR_NOATIME;
+  noatime.attr_clr = MOUNT_ATTR__ATIME;
+  ::mount_setattr(AT_FDCWD, folder.c_str(), AT_SYMLINK_NOFOLLOW, &noatime, sizeof noatime);
+  // Templates made with debugfs have none already.
+  ::unlinkat(open_folder(folder).get(), "lost+found", AT_REMOVEDIR);
 }
 
 workspace_mount_result mount_workspace_image(const quota_support& support, const fs::path& workspace,

@@ -116,13 +116,22 @@ struct workspace_mount_result {
   std::vector<std::string> warnings;
 };
 
+// Readies the image just mounted at `folder` for an agent: noatime (else
+// reads, the agent's or a release's copy, update atimes, and committing
+// them costs the unmount several flushes) and no lost+found (mkfs makes it
+// for fsck; kept when fsck filled it). A mount made from this one (a bind)
+// has it ready: a pool readies its image when it mounts it, before its
+// sandbox copies the mount, and the run that takes it need not.
+void ready_image_mount(const std::filesystem::path& folder);
+
 // Mounts the image of `workspace` (a canonical folder), making it first if
 // missing (make_workspace_image) with `bytes` and its root owned by uid:gid.
 // An existing image keeps its size (a warning says so when `bytes` differs).
 // When a new image cannot be made or mounted (mkfs.ext4 fails, no free loop
 // device) it is dropped, with its template, and the plain folder used, with
 // a warning. Throws sandbox_error as mounted_workspace does; for an existing
-// image always: its files are in there.
+// image always: its files are in there. `premounted`: where the image is
+// mounted already, readied (a pooled sandbox's); bound from there.
 workspace_mount_result mount_workspace_image(const quota_support& support, const std::filesystem::path& workspace,
                                              const std::filesystem::path& image, std::uint64_t bytes, uid_t uid,
                                              gid_t gid, const std::filesystem::path& premounted = {});

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <functional>
 
 #include "runtime/mountinfo.hpp"
@@ -193,6 +194,20 @@ TEST_CASE_METHOD(bwrap_fixture, "quota: the workspace is an image mounted while 
   CHECK(fs::file_size(image) == workspace_image_size(16u << 20));
   REQUIRE(is_mount_point(ws));
   CHECK(fs::is_empty(ws));  // no lost+found in the agent's way
+  // noatime as the agent sees it too (a pooled sandbox's copy of the mount
+  // included): its reads leave nothing for the unmount to flush.
+  json mounts = probe({"read", "/proc/self/mountinfo"});
+  REQUIRE(mounts["ok"] == true);
+  std::istringstream lines(mounts["detail"].get<std::string>());
+  std::optional<std::string> workspace_options;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string id, parent, device, root, point, options;
+    fields >> id >> parent >> device >> root >> point >> options;
+    if (point == "/workspace") workspace_options = options;  // the last: the one on top
+  }
+  REQUIRE(workspace_options);
+  CHECK_THAT(*workspace_options, Catch::Contains("noatime"));
   fs::path loop = loop_sysfs(ws);
   CHECK(probe({"write", "/workspace/kept.txt", "from attempt 1"})["ok"] == true);
 
