@@ -101,6 +101,7 @@ warm_folder::warm_folder(fs::path path, bool shared_mount) : path_(std::move(pat
 }
 
 warm_folder::~warm_folder() {
+  if (kept_) return;
   if (shared_mount_) unmount_all(path_);
   remove_folder(path_);
 }
@@ -119,8 +120,13 @@ bool warm_folder::become(const fs::path& workspace) {
     return false;
   if (empty_folder(path_)) return true;
   // Something came into the workspace meanwhile, or it is no folder: as a rename would have, refuse.
-  if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, workspace.c_str(), RENAME_EXCHANGE) < 0)
-    failed(fmt::format("putting {} back after a pooled sandbox could not take its place", workspace.string()));
+  if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, workspace.c_str(), RENAME_EXCHANGE) < 0) {
+    // What was the workspace stays at path_, never removed: not by this object, nor by a sweep.
+    kept_ = true;
+    record_.reset();
+    failed(fmt::format("putting {} back after a pooled sandbox could not take its place (it is at {})",
+                       workspace.string(), path_.string()));
+  }
   return false;
 }
 

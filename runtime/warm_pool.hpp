@@ -59,6 +59,7 @@ class warm_folder {
  private:
   std::filesystem::path path_;
   bool shared_mount_;
+  bool kept_ = false;  // holds what a workspace held, which could not be put back
   std::unique_ptr<own_record> record_;
 };
 
