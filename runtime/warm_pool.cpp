@@ -1,6 +1,5 @@
 #include "runtime/warm_pool.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -10,7 +9,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <memory>
 
 #include <fmt/format.h>
 
@@ -35,13 +33,11 @@ constexpr std::size_t max_makers = 2;
 // Whether `path` is a folder (not a link) that holds nothing.
 bool empty_folder(const fs::path& path) {
   unique_fd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  DIR* listing = dir ? ::fdopendir(dir.get()) : nullptr;
-  if (!listing) return false;
-  dir.release();
-  std::unique_ptr<DIR, int (*)(DIR*)> guard(listing, ::closedir);
-  while (const dirent* entry = ::readdir(listing))
-    if (std::strcmp(entry->d_name, ".") != 0 && std::strcmp(entry->d_name, "..") != 0) return false;
-  return true;
+  try {
+    return dir && !has_entries(dir.get());
+  } catch (const sandbox_error&) {
+    return false;  // it cannot be listed
+  }
 }
 
 // A pooled sandbox whose launcher waits for whichever agent a run brings.
