@@ -6,7 +6,8 @@
 // the daemon's RSS (its own, over its idle RSS, per live run) and the RSS and
 // PSS of the sandboxes' processes. The raw operation, measured in the same
 // round just before: N starts of `bwrap ... /usr/bin/true` with up to M at
-// once, so runs/s reads against sandbox starts/s at that concurrency.
+// once, so runs/s reads against sandbox starts/s at that concurrency; and,
+// once, the machine's floor: bare fork and exec of /usr/bin/true, 16 at once.
 // Each N is repeated (default 3 rounds); medians are printed.
 // usage: concurrency [ROUNDS]
 #include <atomic>
@@ -164,13 +165,18 @@ int main(int argc, char** argv) {
   fs::create_directories(base);
   auto sequential = bench::raw_bwrap(base / "raw-ws", 20, 1);
   const double raw_seq_p50 = summarize(sequential.ms).p50;
+  auto exec = bench::raw_exec(320, 16);
 
   std::printf("concurrency: N runs of a %d-step agent under `cairn serve --max-concurrent M`, all queued by one "
               "`cairn submit --from`;\ntimed from the submit until all are completed; medians of %d rounds, each "
               "from a clean CAIRN_HOME\n",
               steps_per_run, rounds);
-  std::printf("raw bwrap /usr/bin/true, one at a time: p50 %.1f ms (%.1f starts/s)\n\n", raw_seq_p50,
+  std::printf("raw bwrap /usr/bin/true, one at a time: p50 %.1f ms (%.1f starts/s)\n", raw_seq_p50,
               1000.0 / raw_seq_p50);
+  std::printf(
+      "fork + exec /usr/bin/true, no sandbox, 16 at once: %.1f starts/s (%.2f ms CPU each; a raw sandbox is "
+      "three processes)\n\n",
+      exec.per_second(), exec.cpu_ms);
   std::printf("%4s %3s %9s %9s %8s %8s | %11s %10s %9s | %9s %9s %5s %12s %10s %10s\n", "N", "M", "submit ms",
               "wall ms", "runs/s", "steps/s", "raw start/s", "raw p50 ms", "runs/raw", "idle MiB", "peak MiB",
               "live", "KiB/live run", "sbx RSS/r", "sbx PSS/r");

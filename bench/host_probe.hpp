@@ -481,10 +481,10 @@ inline void wait_all_completed(const fs::path& db, int n, clock_type::time_point
   }
 }
 
-// The raw operation: `bwrap <sandbox_start's flags> /usr/bin/true`, spawned
-// and reaped as the sandbox uid. `count` starts with up to `concurrency` at
-// once; returns each start's latency in ms and, in `wall_ms`, the whole batch.
-// It reaps any child: call it while the caller has no other child process.
+// A raw operation: a program spawned and reaped as the sandbox uid, `count`
+// times with up to `concurrency` at once; each start's latency in ms and, in
+// `wall_ms`, the whole batch's. It reaps any child: call it while the caller
+// has no other child process.
 struct raw_starts {
   std::vector<double> ms;
   double wall_ms = 0;
@@ -492,13 +492,8 @@ struct raw_starts {
   double per_second() const { return wall_ms > 0 ? 1000.0 * static_cast<double>(ms.size()) / wall_ms : 0; }
 };
 
-inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
+inline raw_starts raw_spawns(std::vector<std::string> args, int count, int concurrency) {
   auto user = cairn::runtime::resolve_sandbox_user();
-  fs::create_directories(ws);
-  if (user) fs::permissions(ws, fs::perms::all);
-  // A run's sandbox as cairn makes it, running /usr/bin/true.
-  std::vector<std::string> args =
-      cairn::runtime::bwrap_command(ws, "/usr/bin/true", cairn::engine::default_policy().limits);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -510,7 +505,7 @@ inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
     if (pid < 0) die("waitpid failed");
     auto it = live.find(pid);
     if (it == live.end()) return;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("raw bwrap failed, status " + std::to_string(status));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die(args[0] + " failed, status " + std::to_string(status));
     out.ms.push_back(ms_since(it->second));
     live.erase(it);
   };
@@ -538,5 +533,19 @@ inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
   out.cpu_ms = 1000.0 * (cpu_now() - cpu0) / count;
   return out;
 }
+
+// The raw sandbox: `bwrap <a run's isolation flags and mounts> /usr/bin/true`,
+// the workspace `ws`.
+inline raw_starts raw_bwrap(const fs::path& ws, int count, int concurrency) {
+  fs::create_directories(ws);
+  if (cairn::runtime::resolve_sandbox_user()) fs::permissions(ws, fs::perms::all);
+  return raw_spawns(cairn::runtime::bwrap_command(ws, "/usr/bin/true", cairn::engine::default_policy().limits), count,
+                    concurrency);
+}
+
+// The machine's floor under any sandbox: one fork and exec of /usr/bin/true,
+// no namespace, no mount. A raw sandbox is three processes: bwrap, its pid 1
+// and the program.
+inline raw_starts raw_exec(int count, int concurrency) { return raw_spawns({"/usr/bin/true"}, count, concurrency); }
 
 }  // namespace bench

@@ -9,8 +9,9 @@
 // and every process it started, by the kernel's task clock: the sandboxes,
 // their pid 1 and their agents included; a warm run is charged the making of
 // its replacement). The raw start is counted the same way, its fork and
-// wait included. "agent started": the
-// pool also starts the agent (warm_pool_options::start_agents), as
+// wait included; beside it, a bare fork and exec of /usr/bin/true as the
+// same uid, the least any process-per-run sandbox costs on this machine.
+// "agent started": the pool also starts the agent (warm_pool_options::start_agents), as
 // `cairn serve --warm N --prestart` does; for the C++ agent and the same
 // agent in Python (bench_agent.py), whose interpreter and imports a warm
 // sandbox with a launcher still has to start.
@@ -130,6 +131,9 @@ int main(int argc, char** argv) {
   const double raw_cpu0 = cpu_ms();
   auto raw = summarize(bench::raw_bwrap(dir / "raw-ws", n, 1).ms);
   const double raw_cpu = (cpu_ms() - raw_cpu0) / n;
+  const double exec_cpu0 = cpu_ms();
+  auto exec = summarize(bench::raw_exec(n, 1).ms);
+  const double exec_cpu = (cpu_ms() - exec_cpu0) / n;
   struct shape {
     const char* name;
     fs::path folder;
@@ -155,6 +159,8 @@ int main(int argc, char** argv) {
   std::printf("%-70s %8s %8s %9s\n", "", "p50", "p99", "CPU ms");
   std::printf("%-70s %8.2f %8.2f %9.2f\n", "raw bwrap (same namespaces and mounts) /usr/bin/true", raw.p50, raw.p99,
               raw_cpu);
+  std::printf("%-70s %8.2f %8.2f %9.2f\n", "fork + exec /usr/bin/true, no sandbox (this machine's floor)", exec.p50,
+              exec.p99, exec_cpu);
   for (const auto& [name, folder, warm, quota, start_agents, agent, m] : shapes) {
     std::printf("%-70s %8.2f %8.2f %9.2f\n", fmt::format("{}: submit -> first step acked", name).c_str(),
                 m.first_step.p50, m.first_step.p99, m.cpu_ms_per_run);
