@@ -21,6 +21,7 @@
 #include "bench/args.hpp"
 #include "bench/fnv1a.hpp"
 #include "engine/engine.hpp"
+#include "engine/host_memory.hpp"
 
 using namespace cairn;
 namespace fs = std::filesystem;
@@ -54,6 +55,7 @@ std::pair<pid_t, int> start_mock(const fs::path& dir, int summary_bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  engine::keep_heap_for_runs();  // as `cairn` does
   const int calls = bench::count_arg(argc, argv, 1, 100, "[CALLS, default 100]");
   const std::size_t output_bytes = 5000;
   const int reply_bytes = 3000;

@@ -21,6 +21,7 @@
 #include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
+#include "engine/host_memory.hpp"
 
 using namespace cairn;
 using bench::clock_type;
@@ -99,6 +100,7 @@ struct bench_host {
 }  // namespace
 
 int main(int argc, char** argv) {
+  engine::keep_heap_for_runs();  // as `cairn` does
   const int trials = bench::count_arg(argc, argv, 1, 5, "[TRIALS, default 5]");
   const fs::path dir = fs::temp_directory_path() / ("cairn-bench-replay-" + std::to_string(getpid()));
   fs::create_directories(dir / "raw-ws");

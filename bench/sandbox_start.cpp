@@ -32,6 +32,7 @@
 #include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
+#include "engine/host_memory.hpp"
 
 using namespace cairn;
 namespace fs = std::filesystem;
@@ -122,6 +123,7 @@ measured cairn_runs(const fs::path& dir, int n, std::size_t warm, bool quota, bo
 }  // namespace
 
 int main(int argc, char** argv) {
+  engine::keep_heap_for_runs();  // as `cairn` does
   const int n = bench::count_arg(argc, argv, 1, 100, "[SANDBOXES per shape, default 100] [SHAPE: only shapes naming it]");
   const std::string only = argc > 2 ? argv[2] : "";
   fs::path dir = fs::temp_directory_path() / ("cairn-bench-start-" + std::to_string(getpid()));

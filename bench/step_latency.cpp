@@ -16,6 +16,7 @@
 #include "bench/round_trip.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
+#include "engine/host_memory.hpp"
 
 using namespace cairn;
 namespace fs = std::filesystem;
@@ -66,6 +67,7 @@ void durable_steps(const fs::path& dir, storage::sync_mode sync, int round, int 
 }  // namespace
 
 int main(int argc, char** argv) {
+  engine::keep_heap_for_runs();  // as `cairn` does
   // Rounds interleave the raw and the durable measurements so that both see
   // the same disk: a VM's fsync latency drifts by 2x within a minute.
   const int n = bench::count_arg(argc, argv, 1, 2000, "[STEPS, default 2000]");

@@ -28,6 +28,7 @@
 #include "bench/host_probe.hpp"
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
+#include "engine/host_memory.hpp"
 
 using namespace cairn;
 using bench::clock_type;
@@ -138,6 +139,7 @@ double wait_for(storage::journal& journal, storage::run_status want, int count, 
 }  // namespace
 
 int main(int argc, char** argv) {
+  engine::keep_heap_for_runs();  // as `cairn` does
   const int n = bench::count_arg(argc, argv, 1, 1000, "[RUNS, default 1000] [MAX_CONCURRENT, default 8] [CAIRN]");
   const int m = bench::count_arg(argc, argv, 2, 8, "[RUNS, default 1000] [MAX_CONCURRENT, default 8] [CAIRN]");  // cairn serve's default
   const std::string cairn_bin = argc > 3 ? argv[3] : CAIRN_BIN;

@@ -20,6 +20,7 @@
 
 #include "bench/stats.hpp"
 #include "engine/engine.hpp"
+#include "engine/host_memory.hpp"
 
 extern char** environ;
 
@@ -106,6 +107,7 @@ summary tool_calls(const fs::path& dir, int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  engine::keep_heap_for_runs();  // as `cairn` does
   const int n = argc > 1 ? std::atoi(argv[1]) : 500;
   fs::path dir = fs::temp_directory_path() / ("cairn-bench-tool-" + std::to_string(getpid()));
   fs::create_directories(dir);

@@ -6,6 +6,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/home_trust.hpp"
+#include "engine/host_memory.hpp"
 
 namespace {
 
@@ -27,6 +28,7 @@ void add_run_options(CLI::App* cmd, cairn::cli::run_args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cairn::engine::keep_heap_for_runs();
   CLI::App app{"cairn: durable, sandboxed AI agent workflows"};
   app.require_subcommand(1);
   std::string db;
