@@ -52,6 +52,13 @@ constexpr std::chrono::seconds bwrap_start_timeout{10};
   throw sandbox_error(sandbox_errc::spawn_failed, fmt::format("{}: {}", what, std::strerror(errno)));
 }
 
+// A new run's workspace: not made yet (a pooled folder may take its place),
+// or an empty folder.
+bool new_workspace(const fs::path& workspace) {
+  std::error_code ec;
+  return fs::is_empty(workspace, ec) || ec == std::errc::no_such_file_or_directory;
+}
+
 // A memfd holding `data`, positioned at its start.
 unique_fd memfd_with(const std::string& data) {
   unique_fd fd(::memfd_create("cairn-bwrap-input", MFD_CLOEXEC));
@@ -491,7 +498,8 @@ class bwrap_backend final : public sandbox_backend {
     bwrap_context context = context_of();
     if (spec.log_file.empty())
       throw sandbox_error(sandbox_errc::bad_spec, "the sandbox spec has no log file");
-    fs::path workspace = prepare_workspace(spec.workspace);
+    // Made after the take: a new run's pooled folder takes its place, made ahead.
+    fs::path workspace = prepare_workspace_parent(spec.workspace);
     if (context.user) {
       if (auto blocked = first_unsearchable_dir(workspace, context.user->uid, context.user->gid))
         throw sandbox_error(
@@ -502,6 +510,7 @@ class bwrap_backend final : public sandbox_backend {
     }
     auto resources = std::make_unique<sandbox_resources>(spec, workspace, context.user, context.quota);
     auto warm = take_warm(context, spec, workspace);
+    open_folder_no_follow(workspace, 0700);  // made unless a pooled folder became it; never through a link
     fs::path premounted;
     if (warm && warm->image && !spec.workspace_image.empty() && !fs::exists(spec.workspace_image) &&
         spec.limits.max_workspace_bytes == options_.warm.limits.max_workspace_bytes) {
@@ -565,8 +574,8 @@ class bwrap_backend final : public sandbox_backend {
   std::shared_ptr<const warm_agent> agent_for(const bwrap_context& c, const sandbox_spec& spec,
                                               const fs::path& workspace) const {
     if (!options_.warm.start_agents || spec.agent.empty()) return nullptr;
+    if (!new_workspace(workspace)) return nullptr;
     std::error_code ec;
-    if (!fs::is_empty(workspace, ec) || ec) return nullptr;
     const bool image = c.quota.available && !spec.workspace_image.empty() && spec.limits.max_workspace_bytes > 0;
     if (image != pool_has_images(c)) return nullptr;
     if (image && (fs::exists(spec.workspace_image, ec) ||
@@ -593,8 +602,7 @@ class bwrap_backend final : public sandbox_backend {
   std::unique_ptr<warm_sandbox> take_warm(const bwrap_context& context, const sandbox_spec& spec,
                                           const fs::path& workspace) {
     if (!pool_ || !same_sandbox_limits(options_.warm.limits, spec.limits)) return nullptr;
-    std::error_code ec;
-    if (!context.user && !fs::is_empty(workspace, ec)) return nullptr;  // no root: only a new, empty one
+    if (!context.user && !new_workspace(workspace)) return nullptr;  // no root: only a new, empty one
     // No root: its image is mounted through FUSE after the take, where a
     // sandbox made before cannot see it (it would write past the quota).
     if (!context.user && context.quota.fuse && !spec.workspace_image.empty() && spec.limits.max_workspace_bytes > 0)

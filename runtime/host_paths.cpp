@@ -33,11 +33,16 @@ bool valid_env_name(const std::string& name) {
 
 }  // namespace
 
-fs::path prepare_workspace(const fs::path& workspace) {
+fs::path prepare_workspace_parent(const fs::path& workspace) {
   if (workspace.empty()) bad_spec("the sandbox spec has no workspace folder");
   fs::path path = fs::absolute(workspace).lexically_normal();
   // Under root the sandbox uid passes through the folders above (search, never list).
   open_folder_no_follow(path.parent_path(), ::geteuid() == 0 ? 0711 : 0700);
+  return path;
+}
+
+fs::path prepare_workspace(const fs::path& workspace) {
+  fs::path path = prepare_workspace_parent(workspace);
   open_folder_no_follow(path, 0700);
   return path;
 }

@@ -19,6 +19,10 @@ namespace cairn::runtime {
 // (see no_follow.hpp); returns its absolute path. Throws
 // sandbox_error(bad_spec) when it cannot be created or a component is a link.
 std::filesystem::path prepare_workspace(const std::filesystem::path& workspace);
+// The same for the folders above the workspace only; the workspace is left
+// as it is (a new run's is not there yet, and a pooled folder may take its
+// place). Returns its absolute path.
+std::filesystem::path prepare_workspace_parent(const std::filesystem::path& workspace);
 
 // Gives the whole tree under `dir` (itself included) to uid/gid without
 // following symlinks, so a link planted in the workspace cannot redirect

@@ -49,11 +49,12 @@ class warm_folder {
   // Mounts `workspace` (a canonical folder, or the mount of its image) onto
   // the folder: the sandbox's /workspace shows it. Throws sandbox_error(spawn_failed).
   void show(const std::filesystem::path& workspace);
-  // Puts the (plain) folder in the place of `workspace`, an empty folder,
-  // which takes the folder's place until this object goes: the sandbox's
-  // /workspace is now the run's. False when that is refused (another
-  // filesystem, the workspace not empty or not a folder); nothing changed.
-  // Throws sandbox_error(spawn_failed) if it cannot be undone.
+  // Puts the (plain) folder in the place of `workspace`, which is not there
+  // yet or is an empty folder (that one takes the folder's place until this
+  // object goes): the sandbox's /workspace is now the run's. False when that
+  // is refused (another filesystem, the workspace not empty or not a
+  // folder); nothing changed. Throws sandbox_error(spawn_failed) if it
+  // cannot be undone.
   bool become(const std::filesystem::path& workspace);
 
  private:

@@ -257,11 +257,30 @@ TEST_CASE("warm pool: a run with a workspace quota is held to it, pooled (root) 
   CHECK(breach->limit == "workspace");
 }
 
-TEST_CASE("warm pool: a pooled folder takes an empty workspace's place, never one that holds something or is a link") {
+TEST_CASE("warm pool: a pooled folder takes a new or empty workspace's place, never a full one or a link") {
   temp_dir dir;
   fs::create_directories(dir.path / "warm");
   fs::create_directories(dir.path / "ws");
   const fs::path pooled = dir.path / "warm" / "pooled";
+  SECTION("a workspace not made yet: the pooled folder moves into its place, and stays there after the pooled object") {
+    {
+      warm_folder folder(pooled, false);
+      std::ofstream(pooled / "agent.txt") << "started ahead";
+      REQUIRE(folder.become(dir.path / "ws" / "run"));
+      CHECK(file_text(dir.path / "ws" / "run" / "agent.txt") == "started ahead");
+      CHECK_FALSE(fs::exists(fs::symlink_status(pooled)));
+    }
+    CHECK(file_text(dir.path / "ws" / "run" / "agent.txt") == "started ahead");
+    CHECK(fs::is_empty(dir.path / "warm"));
+  }
+  SECTION("a dangling link where the workspace is to be: refused, the link left as it was") {
+    warm_folder folder(pooled, false);
+    fs::create_directory_symlink(dir.path / "nowhere", dir.path / "ws" / "run");
+    CHECK_FALSE(folder.become(dir.path / "ws" / "run"));
+    CHECK(fs::is_symlink(dir.path / "ws" / "run"));
+    CHECK_FALSE(fs::exists(dir.path / "nowhere"));
+    CHECK(fs::is_directory(fs::symlink_status(pooled)));
+  }
   SECTION("an empty workspace: the pooled folder is the workspace, and the empty one goes with the pooled object") {
     {
       warm_folder folder(pooled, false);
