@@ -388,9 +388,11 @@ class bwrap_sandbox final : public sandbox {
       throw sandbox_error(sandbox_errc::bad_spec,
                           fmt::format("this sandbox runs {} already, started for its first exec: it cannot start {}",
                                       warm_->agent->program.string(), agent.string()));
-    auto log = started ? std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file,
-                                                      spec_.limits.max_log_bytes, std::move(warm_->own_output))
-                       : std::make_unique<output_log>(open_log(spec_.log_file), spec_.log_file, spec_.limits.max_log_bytes);
+    unique_fd log_file = warm_ ? warm_->folder->give_log(spec_.log_file) : unique_fd{};
+    if (!log_file) log_file = open_log(spec_.log_file);
+    auto log = started ? std::make_unique<output_log>(std::move(log_file), spec_.log_file, spec_.limits.max_log_bytes,
+                                                      std::move(warm_->own_output))
+                       : std::make_unique<output_log>(std::move(log_file), spec_.log_file, spec_.limits.max_log_bytes);
     resources_->acquire();  // again, after a destroy()
     auto cgroup = resources_->cgroup();
     // Before the start: counters count from what the cgroup held until now.

@@ -56,9 +56,16 @@ class warm_folder {
   // folder); nothing changed. Throws sandbox_error(spawn_failed) if it
   // cannot be undone.
   bool become(const std::filesystem::path& workspace);
+  // The run's log at `log_file`, when it has none yet: the empty log made
+  // with the folder (FOLDER.log), moved there and open for appending, as
+  // open_log opens one. Else (a log from an earlier attempt, another
+  // filesystem) an empty descriptor, and the caller opens the run's own.
+  unique_fd give_log(const std::filesystem::path& log_file);
 
  private:
   std::filesystem::path path_;
+  std::filesystem::path log_path_;  // empty once given
+  unique_fd log_;
   bool shared_mount_;
   bool kept_ = false;  // holds what a workspace held, which could not be put back
   std::unique_ptr<own_record> record_;

@@ -311,6 +311,34 @@ TEST_CASE("warm pool: a pooled folder takes a new or empty workspace's place, ne
   }
 }
 
+TEST_CASE("warm pool: a pooled folder's log made ahead becomes a new run's log, never an earlier attempt's") {
+  temp_dir dir;
+  fs::create_directories(dir.path / "warm");
+  const fs::path pooled = dir.path / "warm" / "pooled", logs = dir.path / "logs";
+  SECTION("no log yet: the one made ahead is moved there, open for appending, mode 0600") {
+    {
+      warm_folder folder(pooled, false);
+      unique_fd log = folder.give_log(logs / "run.log");
+      REQUIRE(log);
+      REQUIRE(::write(log.get(), "out\n", 4) == 4);
+    }
+    CHECK(file_text(logs / "run.log") == "out\n");
+    CHECK((fs::status(logs / "run.log").permissions() & fs::perms::all) ==
+          (fs::perms::owner_read | fs::perms::owner_write));
+    CHECK(fs::is_empty(dir.path / "warm"));
+  }
+  SECTION("a log from an earlier attempt: left as it is, and the one made ahead goes with the folder") {
+    fs::create_directories(logs);
+    std::ofstream(logs / "run.log") << "attempt 1\n";
+    {
+      warm_folder folder(pooled, false);
+      CHECK_FALSE(folder.give_log(logs / "run.log"));
+    }
+    CHECK(file_text(logs / "run.log") == "attempt 1\n");
+    CHECK(fs::is_empty(dir.path / "warm"));
+  }
+}
+
 TEST_CASE("warm pool with agents started: the agent's next run takes one running it, in the run's own workspace") {
   temp_dir dir;
   auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
@@ -533,7 +561,7 @@ TEST_CASE("warm pool: a host killed with a full pool leaves nothing the next sta
   char ok = 0;
   const bool told = ::read(ready[0], &ok, 1) == 1;
   ::close(ready[0]);
-  // The dead host's: "PID-N" folders, "PID-N.img" images (the image
+  // The dead host's: "PID-N" folders, "PID-N.log" logs made ahead, "PID-N.img" images (the image
   // template beside them is shared by every host).
   auto left = [&] {
     std::vector<std::string> names;
