@@ -196,7 +196,8 @@ std::optional<fs::path> cut_short_release(const fs::path& workspace) {
 }
 
 workspace_upkeep workspace_upkeep_of(const fs::path& workspace) {
-  fs::path folder = fs::weakly_canonical(workspace);
+  // As the mount and the release name it (no link is followed on a workspace's path).
+  const fs::path folder = fs::absolute(workspace).lexically_normal();
   std::lock_guard lock(registry_mutex);
   auto it = upkeeps.find(folder);
   return it == upkeeps.end() ? workspace_upkeep{} : it->second;
