@@ -58,9 +58,7 @@ struct report_check {
   std::string missing() {
     storage::journal journal(home / "cairn.db");
     std::ostringstream out;
-    std::ifstream in(home / "reported");
-    for (std::string line; std::getline(in, line);) {
-      auto r = json::parse(line);
+    for (const auto& r : report_lines(home / "reported")) {
       auto run = journal.find_run(r["run"].get<std::string>());
       if (!run) {
         out << "reported run " << r["run"] << " is not in the journal\n";
