@@ -1,9 +1,11 @@
 #include "runtime/crash_point.hpp"
 
-#include <unistd.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 namespace cairn::runtime {
@@ -11,28 +13,40 @@ namespace {
 
 struct armed_point {
   std::string name;
-  long remaining = 0;
+  std::atomic<long> remaining{0};
 };
 
-armed_point read_armed() {
-  armed_point p;
+armed_point point;
+std::mutex reading;
+// Whether `point` holds this process's CAIRN_CRASH_POINT. A test forks a
+// host after its parent has passed crash points of its own and arms only the
+// child (setenv after the fork): a fork's child reads the variable again at
+// its first point. Not checked with getpid() at every point, as it was: that
+// is a system call (about 1 us on a VM with page-table isolation), and five
+// points are passed on every step's way.
+std::atomic<bool> read_here{false};
+
+void read_armed() {
   const char* spec = std::getenv("CAIRN_CRASH_POINT");
-  if (!spec) return p;
-  std::string s(spec);
-  auto colon = s.find(':');
-  p.name = s.substr(0, colon);
-  p.remaining = colon == std::string::npos ? 1 : std::strtol(s.c_str() + colon + 1, nullptr, 10);
-  return p;
+  std::string s = spec ? spec : "";
+  const auto colon = s.find(':');
+  point.name = s.substr(0, colon);
+  point.remaining = !spec ? 0 : colon == std::string::npos ? 1 : std::strtol(s.c_str() + colon + 1, nullptr, 10);
 }
 
-// Read once per process: a test forks a host after its parent has passed
-// crash points of its own, and arms only the child.
 armed_point& armed() {
-  static armed_point point;
-  static pid_t read_by = 0;
-  if (read_by != ::getpid()) {
-    point = read_armed();
-    read_by = ::getpid();
+  if (read_here.load(std::memory_order_acquire)) return point;
+  std::lock_guard lock(reading);
+  if (!read_here.load(std::memory_order_relaxed)) {
+    // A child forked while another thread reads gets `reading` unlocked.
+    static const int forgotten_by_children = pthread_atfork([] { reading.lock(); }, [] { reading.unlock(); },
+                                                            [] {
+                                                              read_here.store(false, std::memory_order_relaxed);
+                                                              reading.unlock();
+                                                            });
+    (void)forgotten_by_children;
+    read_armed();
+    read_here.store(true, std::memory_order_release);
   }
   return point;
 }
@@ -41,8 +55,8 @@ armed_point& armed() {
 
 void crash_point(std::string_view name) {
   auto& p = armed();
-  if (p.remaining <= 0 || p.name != name) return;
-  if (--p.remaining == 0) std::raise(SIGKILL);
+  if (p.remaining.load(std::memory_order_relaxed) <= 0 || p.name != name) return;
+  if (p.remaining.fetch_sub(1) == 1) std::raise(SIGKILL);
 }
 
 }  // namespace cairn::runtime
