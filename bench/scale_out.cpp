@@ -7,15 +7,20 @@
 //     steps/s. SQLite: one file in a fresh CAIRN_HOME under /var/tmp;
 //     PostgreSQL: a fresh database on a private cluster (tests/support,
 //     fsync on, synchronous_commit on).
-//   - latency: one run of 500 empty steps on PostgreSQL (one worker), each
-//     step timed by the agent until its ack (durable), against a raw
-//     single-row `INSERT` committed on its own (one round trip, one commit)
-//     into a table shaped like the journal's steps on the same server,
-//     measured just before in the same round. Goal: step p50 <= 1.3 x raw p50.
-//     Also against raw + a socketpair round trip (the agent's frame to the
-//     host and back, which the raw INSERT does not pay), as step_latency,
-//     and against the raw INSERT relayed: a frame from another thread, the
-//     INSERT, the answer (the floor of any host with its agent outside).
+//   - latency: 500 empty steps on PostgreSQL in 5 runs of 100 (one
+//     worker), each step timed by the agent until its ack (durable), against
+//     a raw single-row `INSERT` committed on its own (one round trip, one
+//     commit) into a table shaped like the journal's steps on the same
+//     server. Goal: step p50 <= 1.3 x raw p50. Also against raw + a
+//     socketpair round trip (the agent's frame to the host and back, which
+//     the raw INSERT does not pay), as step_latency; against the raw INSERT
+//     relayed: a frame from another thread, the INSERT, the answer (the
+//     floor of any host with its agent outside); and against the journal's
+//     own write of a step relayed the same way (fenced by the run's epoch and
+//     group-committed, as the engine writes it, with nothing of the engine
+//     around it): what a step costs beyond that is the engine's and the
+//     SDK's. The four are measured in turn, 100 of each at a time, so that a
+//     machine that speeds up or slows down meanwhile moves them all alike.
 // Sandboxes are bwrap with workspace_mb 0 (no quota image), as a deployment
 // that keeps workspaces on a shared root would run them.
 // Anchor (issue 13): DBOS on PostgreSQL 15 on this machine, ~1.6-2.0 ms per
@@ -26,6 +31,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "bench/args.hpp"
@@ -43,7 +50,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int runs_per_round = 64, steps_per_run = 10, latency_steps = 500;
+constexpr int runs_per_round = 64, steps_per_run = 10, latency_steps = 500, latency_chunks = 5;
 
 double median(std::vector<double> v) { return summarize(std::move(v)).p50; }
 
@@ -107,11 +114,12 @@ std::pair<double, double> throughput_round(const fs::path& home, const std::stri
   return {runs_per_s, runs_per_s * steps_per_run};
 }
 
-// `n` single-row INSERTs, each committed on its own (bench/raw_pg_journal.hpp); microseconds each.
-std::vector<double> raw_inserts(const std::string& url, int round, int n) {
+// `n` single-row INSERTs of seq `first` on, each committed on its own
+// (bench/raw_pg_journal.hpp); microseconds each.
+std::vector<double> raw_inserts(const std::string& url, int first, int n) {
   bench::raw_pg_steps raw(url);
   std::vector<double> us;
-  for (int i = round * n; i < (round + 1) * n; ++i) {
+  for (int i = first; i < first + n; ++i) {
     const auto t0 = clock_type::now();
     raw.insert(i);
     us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
@@ -119,22 +127,27 @@ std::vector<double> raw_inserts(const std::string& url, int round, int n) {
   return us;
 }
 
+// A commit the relay makes on its thread: `n` of them, the i-th as commit(i).
+using relayed_commit = std::function<void(int)>;
+
 // The floor of any design whose agent is another process: a frame to a
-// thread (the host) over a socketpair, which INSERTs and commits one row
-// (as raw_inserts) and answers; timed by the sender, as the agent times a
-// step. Unlike raw + a back-to-back round trip it pays what a real step
-// pays: both sides sleep through the commit and are woken after it.
-std::vector<double> relayed_inserts(const std::string& url, int round, int n) {
+// thread (the host) over a socketpair, which commits one row and answers;
+// timed by the sender, as the agent times a step. Unlike raw + a
+// back-to-back round trip it pays what a real step pays: both sides sleep
+// through the commit and are woken after it. `open` runs on the relay's
+// thread and returns its commit (its connection is that thread's).
+std::vector<double> relayed(int n, const std::function<relayed_commit()>& open) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) bench::die("socketpair failed");
   std::string failure;
   std::thread host([&] {
     try {
-      bench::raw_pg_steps raw(url);
-      char frame[96];
+      const auto commit = open();
+      char frame[96] = "ready";
+      if (write(sv[1], frame, sizeof frame) != sizeof frame) return;  // timing starts once it is set up
       for (int i = 0; i < n; ++i) {
         if (read(sv[1], frame, sizeof frame) != sizeof frame) return;
-        raw.insert(1'000'000 + round * n + i);
+        commit(i);
         if (write(sv[1], frame, sizeof frame) != sizeof frame) return;
       }
     } catch (const std::exception& e) {
@@ -143,8 +156,10 @@ std::vector<double> relayed_inserts(const std::string& url, int round, int n) {
     }
   });
   std::vector<double> us;
-  char frame[96] = "{\"t\":\"step\",\"seq\":1}";
-  for (int i = 0; i < n; ++i) {
+  char frame[96];
+  const bool ready = read(sv[0], frame, sizeof frame) == sizeof frame;
+  std::snprintf(frame, sizeof frame, "%s", "{\"t\":\"step\",\"seq\":1}");
+  for (int i = 0; ready && i < n; ++i) {
     const auto t0 = clock_type::now();
     if (write(sv[0], frame, sizeof frame) != sizeof frame || read(sv[0], frame, sizeof frame) != sizeof frame) break;
     us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
@@ -156,30 +171,75 @@ std::vector<double> relayed_inserts(const std::string& url, int round, int n) {
   return us;
 }
 
-// One run of `latency_steps` empty steps on `db` with one worker; each step's microseconds.
-std::vector<double> step_latencies(const fs::path& home, const std::string& db, int round) {
-  auto pids = start_workers(home, db, 1);
-  const std::string id = "latency-" + std::to_string(round);
+// The raw INSERT, relayed.
+std::vector<double> relayed_inserts(const std::string& url, int first, int n) {
+  return relayed(n, [&]() -> relayed_commit {
+    auto raw = std::make_shared<bench::raw_pg_steps>(url);
+    return [raw, base = 1'000'000 + first](int i) { raw->insert(base + i); };
+  });
+}
+
+// The journal's own write of a step, relayed: one step of a run this
+// connection claimed, fenced by its epoch and group-committed as the
+// engine's ledger commits it (storage's write_together), with nothing of
+// the engine around it (no frame parsed, no policy, no ack built). What a
+// step costs beyond it is the engine's and the SDK's.
+std::vector<double> relayed_journal_steps(const std::string& url, const std::string& id, int n) {
+  // The run, owned from its creation (the worker serving the latency runs
+  // does not take it while the relay writes) and ended with the relay (nor
+  // afterwards).
+  struct relayed_run {
+    storage::journal j;
+    std::string id;
+    relayed_run(const std::string& url, const std::string& run_id) : j(url), id(run_id) {
+      j.create_run({.id = id, .agent = "/bench", .sandbox = "none", .workspace = "/tmp/" + id, .owner = "bench-relay"});
+      if (!j.claim_run(id, "bench-relay", "bench-relay")) bench::die("could not claim run " + id);
+    }
+    ~relayed_run() {
+      try {
+        j.finish_run(id, storage::run_status::completed, nullptr, std::nullopt);
+      } catch (const std::exception& e) {
+        bench::die(e.what());
+      }
+    }
+  };
+  return relayed(n, [&]() -> relayed_commit {
+    auto run = std::make_shared<relayed_run>(url, id);
+    return [run](int i) {
+      storage::step_record s;
+      s.run_id = run->id;
+      s.result.seq = static_cast<std::uint64_t>(i);
+      s.result.name = "s" + std::to_string(i);
+      s.result.ok = true;
+      s.result.attempt = 1;
+      const std::function<void(storage::journal&)> write = [&](storage::journal& w) { w.append_step(s); };
+      if (auto errors = run->j.write_together({&write, 1}); errors[0]) std::rethrow_exception(errors[0]);
+    };
+  });
+}
+
+// One run of `steps` empty steps, `id`, on the workers serving `db`; each step's microseconds.
+std::vector<double> step_run(const fs::path& home, const std::string& db, const std::string& id, int steps) {
   const auto t0 = clock_type::now();
-  if (int code = bench::run_process({CAIRN_BIN, "submit", "--db", db, BENCH_AGENT, "--id", id, "--input",
-                                     R"({"steps": )" + std::to_string(latency_steps) + "}", "--policy",
-                                     (home / "policy.json").string()},
-                                    home, home / "submit.log");
+  if (int code = bench::run_process(
+          {CAIRN_BIN, "submit", "--db", db, BENCH_AGENT, "--id", id, "--input",
+           R"({"steps": )" + std::to_string(steps) + "}", "--policy", (home / "policy.json").string()},
+          home, home / "submit.log");
       code != 0)
     bench::die("cairn submit exited " + std::to_string(code) + "; see " + (home / "submit.log").string());
   storage::journal journal(db, {.read_only = true});
   for (;;) {
     auto run = journal.find_run(id);
-    if (run && run->status == storage::run_status::completed) {
-      stop_workers(pids, home);
+    if (run && run->status == storage::run_status::completed)
       return run->output.at("step_us").get<std::vector<double>>();
-    }
     if (run && (run->status == storage::run_status::failed || run->status == storage::run_status::cancelled))
       bench::die("the latency run failed; see " + home.string());
     if (ms_since(t0) > 300'000) bench::die("the latency run did not complete in 300 s; see " + home.string());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
+
+void append(std::vector<double>& to, const std::vector<double>& more) { to.insert(to.end(), more.begin(), more.end()); }
 
 }  // namespace
 
@@ -190,7 +250,7 @@ int main(int argc, char** argv) {
   testing::pg_cluster cluster;
 
   std::map<std::pair<std::string, int>, cell> cells;
-  std::vector<double> step_us, raw_us, relayed_us;
+  std::vector<double> step_us, raw_us, relayed_us, journal_us;
   for (int round = 0; round < rounds; ++round) {
     for (int workers = 1; workers <= 3; ++workers) {
       const std::string tag = std::to_string(workers) + "-" + std::to_string(round);
@@ -203,13 +263,21 @@ int main(int argc, char** argv) {
       cells[{"postgresql", workers}].runs_per_s.push_back(pr);
       cells[{"postgresql", workers}].steps_per_s.push_back(ps);
     }
+    // The four in turn, `latency_chunks` times, so that a machine that
+    // speeds up or slows down meanwhile (this VM does, within seconds)
+    // moves them all alike. One worker serves the runs throughout.
     const std::string db = cluster.fresh_database();
-    auto raw = raw_inserts(db, round, latency_steps);
-    raw_us.insert(raw_us.end(), raw.begin(), raw.end());
-    auto relayed = relayed_inserts(db, round, latency_steps);
-    relayed_us.insert(relayed_us.end(), relayed.begin(), relayed.end());
-    auto steps = step_latencies(fresh_home(base, "latency-" + std::to_string(round)), db, round);
-    step_us.insert(step_us.end(), steps.begin(), steps.end());
+    const fs::path home = fresh_home(base, "latency-" + std::to_string(round));
+    const auto worker = start_workers(home, db, 1);
+    for (int chunk = 0; chunk < latency_chunks; ++chunk) {
+      const int n = latency_steps / latency_chunks, first = (round * latency_chunks + chunk) * n;
+      const std::string tag = std::to_string(round) + "-" + std::to_string(chunk);
+      append(raw_us, raw_inserts(db, first, n));
+      append(relayed_us, relayed_inserts(db, first, n));
+      append(journal_us, relayed_journal_steps(db, "relayed-" + tag, n));
+      append(step_us, step_run(home, db, "latency-" + tag, n));
+    }
+    stop_workers(worker, home);
   }
 
   std::printf("scale_out: %d runs x %d empty steps of bench_agent, queued at once, %d rounds (medians); %s\n",
@@ -218,17 +286,21 @@ int main(int argc, char** argv) {
   for (const auto& [key, c] : cells)
     std::printf("%-10s %d worker%s                %9.1f  %9.1f\n", key.first.c_str(), key.second,
                 key.second == 1 ? " " : "s", median(c.runs_per_s), median(c.steps_per_s));
-  const auto step = summarize(step_us), raw = summarize(raw_us), relayed = summarize(relayed_us);
+  const auto step = summarize(step_us), raw = summarize(raw_us), relayed = summarize(relayed_us),
+             journal = summarize(journal_us);
   const auto rtt = bench::socketpair_round_trip(latency_steps * rounds);
-  std::printf("PostgreSQL, one run of %d steps, microseconds      p50        p99\n", latency_steps);
+  std::printf("PostgreSQL, %d steps in %d runs, microseconds  p50        p99\n", latency_steps, latency_chunks);
   std::printf("raw INSERT, committed alone (one round trip)  %9.1f  %9.1f\n", raw.p50, raw.p99);
   std::printf("socketpair round trip, back to back           %9.1f  %9.1f\n", rtt.p50, rtt.p99);
   std::printf("raw INSERT relayed (frame, INSERT, answer)    %9.1f  %9.1f\n", relayed.p50, relayed.p99);
+  std::printf("journal step write relayed (fenced, grouped)  %9.1f  %9.1f\n", journal.p50, journal.p99);
   std::printf("durable step, one worker                      %9.1f  %9.1f\n", step.p50, step.p99);
   std::printf("ratio: step p50 / raw INSERT p50 = %.2f (target <= 1.30)\n", step.p50 / raw.p50);
   std::printf("ratio: step p50 / (raw INSERT + round trip) p50 = %.2f (as bench/step_latency on SQLite)\n",
               step.p50 / (raw.p50 + rtt.p50));
   std::printf("ratio: step p50 / raw INSERT relayed p50 = %.2f\n", step.p50 / relayed.p50);
+  std::printf("ratio: journal's step write relayed p50 / raw INSERT p50 = %.2f (the floor under cairn's step)\n",
+              journal.p50 / raw.p50);
   std::printf("anchor: DBOS on PostgreSQL 15, this machine: 1600-2000 us per step, ~775 steps/s at 64 x 10\n");
   if (bench::mounts_under(base) == 0) fs::remove_all(base);
   return 0;
