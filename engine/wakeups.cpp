@@ -34,15 +34,23 @@ wake_event::~wake_event() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-wake_event::wake_event(wake_event&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+wake_event::wake_event(wake_event&& other) noexcept
+    : fd_(other.fd_), signalled_(other.signalled_.load(std::memory_order_acquire)) {
+  other.fd_ = -1;
+}
 
 void wake_event::signal() const noexcept {
   const std::uint64_t one = 1;
   // Fails only when the counter would overflow: it is signalled then anyway.
   [[maybe_unused]] auto n = ::write(fd_, &one, sizeof one);
+  // After the write: a take() that sees the flag finds the counter set.
+  signalled_.store(true, std::memory_order_release);
 }
 
 bool wake_event::take() const noexcept {
+  // A signal still between its write and its flag is taken by the next
+  // take(), which the readable eventfd brings about.
+  if (!signalled_.exchange(false, std::memory_order_acq_rel)) return false;
   std::uint64_t count = 0;
   return ::read(fd_, &count, sizeof count) == sizeof count;
 }

@@ -36,6 +36,9 @@ class wake_event {
 
  private:
   int fd_;
+  // Set after each signal: take() reads the eventfd only then, not on every
+  // frame an agent sends (a read that fails with EAGAIN is a system call).
+  mutable std::atomic<bool> signalled_{false};
 };
 
 // While it lives, wake_run(run_id) signals `event` ("" for run_id: every
