@@ -31,12 +31,16 @@ std::chrono::milliseconds timeout_of(const protocol::begin_msg& step, const poli
 // The longest look for a frame before sleeping; see spin_receive().
 constexpr auto full_spin = std::chrono::microseconds(100);
 
-// Counts an attempt as live for as long as it lives.
-struct counted_live {
-  counted_live() { ++live_attempts; }
-  ~counted_live() { --live_attempts; }
-  counted_live(const counted_live&) = delete;
-  counted_live& operator=(const counted_live&) = delete;
+// Counts an attempt in `count` (live_attempts, begun_attempts) for as long as it lives.
+class counted {
+ public:
+  explicit counted(std::atomic<int>& count) : count_(count) { ++count_; }
+  ~counted() { --count_; }
+  counted(const counted&) = delete;
+  counted& operator=(const counted&) = delete;
+
+ private:
+  std::atomic<int>& count_;
 };
 
 // Raises a flag for as long as it lives.
@@ -67,6 +71,7 @@ attempt_driver::attempt_driver(attempt_journal& journal, attempt_wakeups& events
       events_(events) {}
 
 task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
+  counted begun(begun_attempts);
   protocol::start_msg start;
   start.run_id = run_.id;
   start.input = run_.input;
@@ -119,7 +124,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   runtime::crash_point("after_spawn");
 
   auto result = co_await [&]() -> task<attempt_result> {
-    counted_live live;
+    counted live(live_attempts);
     co_return co_await converse_to_end(start);
   }();
   // The attempt that ends its run releases the workspace from its own
@@ -431,7 +436,7 @@ attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
   record.finished_at_ms = storage::now_ms();
   record.started_at_ms = begun_at_ms_.value_or(record.finished_at_ms - m.result.duration_us / 1000);
 #ifdef CAIRN_TEST_UNSAFE_EARLY_ACK  // cairn_engine_unsafe (tests/engine), which ack_order_test must fail
-  co_await send_one(protocol::ack_msg{m.result.seq});
+  co_await send_one(ack_of(m.result.seq));
 #endif
   co_await commit(record);
   // Shutting down: the step is durable; stop the agent before an ack lets it begin the next one.
@@ -440,7 +445,7 @@ attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
     co_await end({kind::released, nullptr, {}, {}});
   }
 #ifndef CAIRN_TEST_UNSAFE_EARLY_ACK
-  co_await send_one(protocol::ack_msg{m.result.seq});
+  co_await send_one(ack_of(m.result.seq));
 #endif
   runtime::crash_point("after_ack");
   observer_.on_step(record);
@@ -467,6 +472,14 @@ attempt_driver::step attempt_driver::on(const protocol::tool_msg& m) {
   runtime::crash_point("after_ack");
   observer_.on_step(record);
   co_return std::nullopt;
+}
+
+// An attempt alone in its process, with no other sandbox on its way up,
+// says so: its agent may then poll for the next answer rather than sleep
+// (PROTOCOL.md §3.1), as spin_receive() does for the agent's next frame,
+// taking the CPU of no other run here.
+protocol::ack_msg attempt_driver::ack_of(std::uint64_t seq) const {
+  return {seq, begun_attempts.load(std::memory_order_relaxed) == 1};
 }
 
 // The answer to the agent goes out only after this returns: the row is durable.

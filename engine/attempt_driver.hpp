@@ -128,6 +128,7 @@ class attempt_driver {
   // `or_wakeup`) a wake-up of the run did.
   task<std::optional<json>> receive(clock::time_point until, bool or_wakeup);
   std::optional<json> spin_receive();
+  protocol::ack_msg ack_of(std::uint64_t seq) const;
   task<attempt_result> died(std::string how);
   task<attempt_result> exceeded(std::string message, std::string limit);
   std::string log_excerpt() const;

@@ -47,6 +47,7 @@ per_process& this_process() {
 }  // namespace
 
 std::atomic<int> live_attempts{0};
+std::atomic<int> begun_attempts{0};
 
 asio::thread_pool& blocking_pool(pool which) {
   return which == pool::starts ? this_process().starts : this_process().other;

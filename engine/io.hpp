@@ -42,6 +42,10 @@ enum class pool { starts, other };
 // Alone, an attempt may spend its loop's time to answer sooner (look again
 // for a frame before sleeping, commit on its own thread).
 extern std::atomic<int> live_attempts;
+// Attempts of this process from the making of their sandbox to their end: a
+// superset of the live ones. An attempt that is the only one tells its agent
+// so (ack.alone), whose polling then takes the CPU of no other run's start.
+extern std::atomic<int> begun_attempts;
 asio::thread_pool& blocking_pool(pool which = pool::other);
 
 // Runs `fn` on a blocking pool; the coroutine resumes on its own executor

@@ -318,7 +318,7 @@ host_message parse_host_message(const json& j) {
     m.delay_ms = *get_optional_duration(j, t, "delay_ms");
     return m;
   }
-  if (t == "ack") return ack_msg{get_seq(j, t)};
+  if (t == "ack") return ack_msg{get_seq(j, t), get_optional_bool(j, t, "alone").value_or(false)};
   if (t == "reject") return reject_msg{get_string(j, t, "error")};
   if (t == "result") {
     auto r = parse_step_result(j);
@@ -337,14 +337,20 @@ json to_json(const host_message& m) {
                     {"input", s.input},     {"attempt", s.attempt}, {"history_steps", s.history_steps},
                     {"next_step_attempt", s.next_step_attempt}};
           },
-          [](const ack_msg& a) -> json { return {{"t", "ack"}, {"seq", a.seq}}; },
+          [](const ack_msg& a) -> json {
+            json j = {{"t", "ack"}, {"seq", a.seq}};
+            if (a.alone) j["alone"] = true;
+            return j;
+          },
           [](const reject_msg& r) -> json { return {{"t", "reject"}, {"error", r.error}}; },
           [](const result_msg& r) -> json {
             json j = to_json(r.result);
             j["t"] = "result";
             return j;
           },
-          [](const cancel_msg& c) -> json { return {{"t", "cancel"}, {"reason", c.reason}}; },
+          [](const cancel_msg& c) -> json {
+            return {{"t", "cancel"}, {"reason", c.reason}};
+          },
           [](const history_chunk& h) -> json {
             json steps = json::array();
             for (const auto& r : h.steps) steps.push_back(to_json(r));

@@ -146,6 +146,9 @@ struct start_msg {
 };
 struct ack_msg {
   std::uint64_t seq = 0;
+  // The host executes no other attempt now: the agent's polling for its
+  // next answer takes the CPU of none of this host's runs (PROTOCOL.md §3.1).
+  bool alone = false;
 };
 // Journaled steps `from`, `from`+1, ... in order: at least one.
 struct history_chunk {

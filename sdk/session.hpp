@@ -95,6 +95,9 @@ class session {
   std::chrono::microseconds spin_{1000};
   int probe_every_ = 64;
   int until_probe_ = 64;
+  // Whether the host's last ack said it executes no other attempt: then
+  // receive() polls the full length every time.
+  bool host_alone_ = false;
   protocol::start_msg start_;
   protocol::history_chunk chunk_;
   std::uint64_t next_seq_ = 0;

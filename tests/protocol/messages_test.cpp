@@ -690,6 +690,11 @@ TEST_CASE("host messages map to the documented JSON and back", "[messages]") {
   CHECK(p::to_json(p::host_message{p::ack_msg{7}}) == ack);
   CHECK(std::get<p::ack_msg>(p::parse_host_message(ack)).seq == 7);
   CHECK(wire_round_trip(p::host_message{p::ack_msg{7}}) == ack);
+  CHECK_FALSE(std::get<p::ack_msg>(p::parse_host_message(ack)).alone);
+  json alone_ack = {{"t", "ack"}, {"seq", 7}, {"alone", true}};
+  CHECK(p::to_json(p::host_message{p::ack_msg{7, true}}) == alone_ack);
+  CHECK(wire_round_trip(p::host_message{p::ack_msg{7, true}}) == alone_ack);
+  CHECK(std::get<p::ack_msg>(p::parse_host_message(alone_ack)).alone);
 
   json reject = {{"t", "reject"}, {"error", "protocol version 2 is not supported"}};
   CHECK(p::to_json(p::host_message{p::reject_msg{"protocol version 2 is not supported"}}) == reject);
@@ -720,6 +725,7 @@ TEST_CASE("host message fields are checked", "[messages][hostile]") {
   CHECK_THAT(host_error({{"t", "ack"}}), Contains("'seq'"));
   CHECK_THAT(host_error({{"t", "ack"}, {"seq", -1}}), Contains("'seq'"));
   CHECK_THAT(host_error({{"t", "ack"}, {"seq", "0"}}), Contains("'seq'"));
+  CHECK_THAT(host_error({{"t", "ack"}, {"seq", 0}, {"alone", 1}}), Contains("'alone'"));
   CHECK_THAT(host_error({{"t", "reject"}}), Contains("'error'"));
   CHECK_THAT(host_error({{"t", "reject"}, {"error", err("x")}}), Contains("'error'"));
 }

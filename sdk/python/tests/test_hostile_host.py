@@ -79,6 +79,7 @@ class BadAnswerAfterStart(unittest.TestCase):
         step = {"seq": 0, "name": "s0", "kind": "step", "status": "ok", "output": 0, "attempt": 1}
         cases: dict[str, tuple[dict[str, Any], int]] = {
             "an ack for the wrong seq": ({"t": "ack", "seq": 1}, 0),
+            "an ack whose alone is not a boolean": ({"t": "ack", "seq": 0, "alone": 1}, 0),
             "a retry of a step that succeeded": ({"t": "retry", "seq": 0, "attempt": 2, "delay_ms": 1}, 0),
             "a result instead of an ack": ({"t": "result", **step, "kind": "tool"}, 0),
             "a second start": (START, 0),

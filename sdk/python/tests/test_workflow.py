@@ -47,7 +47,7 @@ class LiveSteps(unittest.TestCase):
         begin = host.read()
         self.assertEqual((begin["name"], begin["max_attempts"], begin["timeout_ms"]), ("cube", 5, 2000))
         self.assertEqual(host.read()["output"], 8)
-        host.send({"t": "ack", "seq": 1})
+        host.send({"t": "ack", "seq": 1, "alone": True})  # a host with no other attempt says so
         self.assertEqual(host.read(), {"t": "done", "output": [9, 8]})
         self.assertEqual(host.finish(), 0)
 

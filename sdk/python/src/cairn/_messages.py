@@ -54,10 +54,11 @@ class History(Record):
 
 
 class Ack(Record):
-    __slots__ = ("seq",)
+    __slots__ = ("seq", "alone")
 
-    def __init__(self, seq: int) -> None:
+    def __init__(self, seq: int, alone: bool = False) -> None:
         self.seq = seq
+        self.alone = alone  # the host executes no other attempt (PROTOCOL.md §3.1)
 
 
 class RetryAnswer(Record):
@@ -121,6 +122,13 @@ def _int(m: dict[str, Any], t: str, field: str, low: int, high: int) -> int:
     return v
 
 
+def _optional_bool(m: dict[str, Any], t: str, field: str) -> bool:
+    v = m.get(field, False)
+    if not isinstance(v, bool):
+        _bad(t, field, "must be true or false")
+    return v
+
+
 def _name(m: dict[str, Any], t: str, field: str = "name") -> str:
     name = _string(m, t, field, MAX_NAME_BYTES)
     if not name:
@@ -159,7 +167,7 @@ def parse_host_message(m: dict[str, Any]) -> HostMessage:
     if not isinstance(t, str):
         raise HostGone("the host sent a malformed frame: message has no string field 't' (its type)")
     if t == "ack":
-        return Ack(_int(m, t, "seq", 0, MAX_SEQ))
+        return Ack(_int(m, t, "seq", 0, MAX_SEQ), _optional_bool(m, t, "alone"))
     if t == "retry":
         return RetryAnswer(
             _int(m, t, "seq", 0, MAX_SEQ), _int(m, t, "attempt", 1, MAX_ATTEMPT), _int(m, t, "delay_ms", 0, MAX_DURATION_MS)

@@ -50,6 +50,8 @@ class Session:
         self._spin_ns = _FULL_SPIN_NS
         self._probe_every = _FIRST_PROBE
         self._until_probe = _FIRST_PROBE
+        # Whether the host's last ack said it executes no other attempt.
+        self._host_alone = False
         self.send(encode_frame({"t": "hello", "v": VERSION, "sdk": SDK_NAME}))
         reply = self._receive(stop_on_cancel=False)
         if isinstance(reply, Reject):
@@ -138,12 +140,17 @@ class Session:
         # answers come later (a busy machine), each poll that ends
         # empty-handed halves the next one, down to none; after 64 receives
         # one tries the full length again, and after twice as many each time
-        # that try fails (up to 4,096).
-        self._until_probe -= 1
-        probing = self._until_probe <= 0
+        # that try fails (up to 4,096). A host whose last ack said it
+        # executes no other attempt (ack.alone): every receive polls the full
+        # length.
+        probing = False
+        if not self._host_alone:
+            self._until_probe -= 1
+            probing = self._until_probe <= 0
         if probing:
-            self._spin_ns = _FULL_SPIN_NS
             self._until_probe = self._probe_every
+        if probing or self._host_alone:
+            self._spin_ns = _FULL_SPIN_NS
         started = time.monotonic_ns()
         waited = False
         while True:
@@ -189,6 +196,7 @@ class Session:
         self.send(frame)
         reply = self._receive(stop_on_cancel=False)
         if isinstance(reply, Ack) and reply.seq == seq:
+            self._host_alone = reply.alone
             return None
         if isinstance(reply, RetryAnswer) and reply.seq == seq and not ok:
             return reply
