@@ -1,5 +1,7 @@
 #include "engine/attempt.hpp"
 
+#include <sched.h>
+
 #include <atomic>
 
 #include <boost/asio/this_coro.hpp>
@@ -559,11 +561,18 @@ void attempt_driver::check_seq(std::uint64_t seq, std::string_view what) {
 // theirs. Each look that ends empty-handed halves the next; every 64th
 // receive tries the full length again.
 std::optional<json> attempt_driver::spin_receive() {
-  if (live_attempts.load(std::memory_order_relaxed) != 1) return std::nullopt;
+  // On one CPU looking again only delays the frame it waits for.
+  static const bool may_spin = [] {
+    cpu_set_t cpus;
+    return ::sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) > 1;
+  }();
+  if (!may_spin || live_attempts.load(std::memory_order_relaxed) != 1) return std::nullopt;
   if (++receives_ % 64 == 0) spin_ = full_spin;
   const auto until = clock::now() + spin_;
-  while (clock::now() < until)
+  while (clock::now() < until) {
     if (auto frame = process_->io().try_receive()) return frame;
+    ::sched_yield();  // the agent may be waiting for this core
+  }
   spin_ /= 2;
   return std::nullopt;
 }

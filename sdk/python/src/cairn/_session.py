@@ -2,6 +2,7 @@
 and the chunk of it being replayed (pulled from the host as replay reaches
 its end, so memory stays bounded whatever the history's size)."""
 
+import os
 import select
 import socket
 import time
@@ -25,6 +26,9 @@ from .errors import CancelledError, NondeterminismError
 
 SDK_NAME = f"cairn-py/{__version__}"
 _FULL_SPIN_NS = 1_000_000  # how long _receive() polls before it blocks, at most
+# Whether this process may run on more than one CPU: on one, polling only
+# delays the answer it waits for.
+_MAY_POLL = not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) > 1
 _FIRST_PROBE, _LAST_PROBE = 64, 4096  # receives between tries of the full length
 
 
@@ -151,6 +155,8 @@ class Session:
             self._until_probe = self._probe_every
         if probing or self._host_alone:
             self._spin_ns = _FULL_SPIN_NS
+        if not _MAY_POLL:
+            self._spin_ns = 0  # on one CPU polling only delays the answer
         started = time.monotonic_ns()
         waited = False
         while True:
@@ -169,7 +175,10 @@ class Session:
                 raise CancelledError(self.cancel_reason)
             spinning = not waited and time.monotonic_ns() - started < self._spin_ns
             waited = not spinning
-            self._read(0 if spinning else None)
+            # Polling past 100 us, it gives way to whatever else waits for its
+            # core (the host, the journal's server), as the C++ SDK does.
+            if not self._read(0 if spinning else None) and spinning and time.monotonic_ns() - started > 100_000:
+                os.sched_yield()
 
     def poll(self) -> None:
         """Reads what has arrived, without blocking, so that a cancel sent
