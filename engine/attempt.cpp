@@ -478,7 +478,7 @@ attempt_driver::step attempt_driver::on(const protocol::tool_msg& m) {
 
 // An attempt alone in its process, with no other sandbox on its way up,
 // says so: its agent may then poll for the next answer rather than sleep
-// (PROTOCOL.md §3.1), as spin_receive() does for the agent's next frame,
+// (PROTOCOL.md §3.3), as spin_receive() does for the agent's next frame,
 // taking the CPU of no other run here.
 protocol::ack_msg attempt_driver::ack_of(std::uint64_t seq) const {
   return {seq, begun_attempts.load(std::memory_order_relaxed) == 1};

@@ -348,9 +348,7 @@ json to_json(const host_message& m) {
             j["t"] = "result";
             return j;
           },
-          [](const cancel_msg& c) -> json {
-            return {{"t", "cancel"}, {"reason", c.reason}};
-          },
+          [](const cancel_msg& c) -> json { return {{"t", "cancel"}, {"reason", c.reason}}; },
           [](const history_chunk& h) -> json {
             json steps = json::array();
             for (const auto& r : h.steps) steps.push_back(to_json(r));

@@ -147,7 +147,7 @@ struct start_msg {
 struct ack_msg {
   std::uint64_t seq = 0;
   // The host executes no other attempt now: the agent's polling for its
-  // next answer takes the CPU of none of this host's runs (PROTOCOL.md §3.1).
+  // next answer takes the CPU of none of this host's runs (PROTOCOL.md §3.3).
   bool alone = false;
 };
 // Journaled steps `from`, `from`+1, ... in order: at least one.

@@ -58,7 +58,7 @@ class Ack(Record):
 
     def __init__(self, seq: int, alone: bool = False) -> None:
         self.seq = seq
-        self.alone = alone  # the host executes no other attempt (PROTOCOL.md §3.1)
+        self.alone = alone  # the host executes no other attempt (PROTOCOL.md §3.3)
 
 
 class RetryAnswer(Record):
