@@ -14,11 +14,12 @@
 //     server. Goal: step p50 <= 1.3 x raw p50. Also against raw + a
 //     socketpair round trip (the agent's frame to the host and back, which
 //     the raw INSERT does not pay), as step_latency; against the raw INSERT
-//     relayed: a frame from another thread, the INSERT, the answer (the
+//     relayed: a frame from another process, the INSERT, the answer (the
 //     floor of any host with its agent outside); and against the journal's
 //     own write of a step relayed the same way (fenced by the run's epoch and
 //     group-committed, as the engine writes it, with nothing of the engine
-//     around it): what a step costs beyond that is the engine's and the
+//     around it): cairn's floor, since its agent is another process and its
+//     step that write; what a step costs beyond it is the engine's and the
 //     SDK's. The four are measured in turn, 100 of each at a time, so that a
 //     machine that speeds up or slows down meanwhile moves them all alike.
 // Sandboxes are bwrap with workspace_mb 0 (no quota image), as a deployment
@@ -27,8 +28,10 @@
 // step and ~775 steps/s with 64 concurrent 10-step workflows.
 // usage: scale_out [ROUNDS (default 3)]
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -130,43 +133,64 @@ std::vector<double> raw_inserts(const std::string& url, int first, int n) {
 // A commit the relay makes on its thread: `n` of them, the i-th as commit(i).
 using relayed_commit = std::function<void(int)>;
 
-// The floor of any design whose agent is another process: a frame to a
-// thread (the host) over a socketpair, which commits one row and answers;
-// timed by the sender, as the agent times a step. Unlike raw + a
-// back-to-back round trip it pays what a real step pays: both sides sleep
-// through the commit and are woken after it. `open` runs on the relay's
-// thread and returns its commit (its connection is that thread's).
+// Reads `size` bytes, waiting as long as it takes; false once the peer is gone.
+bool read_full(int fd, char* to, std::size_t size) {
+  for (std::size_t got = 0; got < size;) {
+    const ssize_t r = read(fd, to + got, size - got);
+    if (r == 0 || (r < 0 && errno != EINTR)) return false;
+    if (r > 0) got += static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+// The floor of any design whose agent is another process, as cairn's
+// sandboxed agent is: a frame from a child process over a socketpair to this
+// thread (the host), which commits one row and answers; timed by the child,
+// as the agent times a step. Unlike raw + a back-to-back round trip it pays
+// what a real step pays: both sides sleep through the commit and are woken
+// after it. The host side does nothing else: no frame parsed, no ack built,
+// no `begin` frame, no hand-off to the journal's thread. `open` runs here
+// once the child is forked and returns the commit (its connection is made
+// after the fork).
 std::vector<double> relayed(int n, const std::function<relayed_commit()>& open) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) bench::die("socketpair failed");
-  std::string failure;
-  std::thread host([&] {
-    try {
-      const auto commit = open();
-      char frame[96] = "ready";
-      if (write(sv[1], frame, sizeof frame) != sizeof frame) return;  // timing starts once it is set up
-      for (int i = 0; i < n; ++i) {
-        if (read(sv[1], frame, sizeof frame) != sizeof frame) return;
-        commit(i);
-        if (write(sv[1], frame, sizeof frame) != sizeof frame) return;
-      }
-    } catch (const std::exception& e) {
-      failure = e.what();
-      close(sv[1]);
+  std::vector<double> us(static_cast<std::size_t>(n));  // the child writes its copy, then sends it
+  const pid_t agent = fork();
+  if (agent < 0) bench::die("fork failed");
+  if (agent == 0) {
+    close(sv[1]);
+    char frame[96];
+    if (!read_full(sv[0], frame, sizeof frame)) _exit(1);  // "ready"
+    std::snprintf(frame, sizeof frame, "%s", "{\"t\":\"step\",\"seq\":1}");
+    for (auto& t : us) {
+      const auto t0 = clock_type::now();
+      if (write(sv[0], frame, sizeof frame) != sizeof frame || !read_full(sv[0], frame, sizeof frame)) _exit(1);
+      t = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
     }
-  });
-  std::vector<double> us;
-  char frame[96];
-  const bool ready = read(sv[0], frame, sizeof frame) == sizeof frame;
-  std::snprintf(frame, sizeof frame, "%s", "{\"t\":\"step\",\"seq\":1}");
-  for (int i = 0; ready && i < n; ++i) {
-    const auto t0 = clock_type::now();
-    if (write(sv[0], frame, sizeof frame) != sizeof frame || read(sv[0], frame, sizeof frame) != sizeof frame) break;
-    us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+    const auto bytes = us.size() * sizeof(double);
+    _exit(write(sv[0], us.data(), bytes) == static_cast<ssize_t>(bytes) ? 0 : 1);
   }
-  host.join();
   close(sv[0]);
+  std::string failure;
+  try {
+    const auto commit = open();
+    char frame[96] = "ready";
+    bool talking = write(sv[1], frame, sizeof frame) == sizeof frame;
+    for (int i = 0; talking && i < n; ++i) {
+      talking = read_full(sv[1], frame, sizeof frame);
+      if (talking) commit(i);
+      talking = talking && write(sv[1], frame, sizeof frame) == sizeof frame;
+    }
+    if (!talking) failure = "the relaying process is gone";
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (failure.empty() && !read_full(sv[1], reinterpret_cast<char*>(us.data()), us.size() * sizeof(double)))
+    failure = "the relaying process sent no timings";
   close(sv[1]);
+  int status = 0;
+  waitpid(agent, &status, 0);
   if (!failure.empty()) bench::die(failure);
   return us;
 }
@@ -299,8 +323,10 @@ int main(int argc, char** argv) {
   std::printf("ratio: step p50 / (raw INSERT + round trip) p50 = %.2f (as bench/step_latency on SQLite)\n",
               step.p50 / (raw.p50 + rtt.p50));
   std::printf("ratio: step p50 / raw INSERT relayed p50 = %.2f\n", step.p50 / relayed.p50);
-  std::printf("ratio: journal's step write relayed p50 / raw INSERT p50 = %.2f (the floor under cairn's step)\n",
+  std::printf("ratio: journal's step write relayed p50 / raw INSERT p50 = %.2f (cairn's floor)\n",
               journal.p50 / raw.p50);
+  std::printf("ratio: step p50 / journal's step write relayed p50 = %.2f (the engine's and the SDK's share)\n",
+              step.p50 / journal.p50);
   std::printf("anchor: DBOS on PostgreSQL 15, this machine: 1600-2000 us per step, ~775 steps/s at 64 x 10\n");
   if (bench::mounts_under(base) == 0) fs::remove_all(base);
   return 0;
