@@ -7,7 +7,7 @@
 //     steps/s. SQLite: one file in a fresh CAIRN_HOME under /var/tmp;
 //     PostgreSQL: a fresh database on a private cluster (tests/support,
 //     fsync on, synchronous_commit on).
-//   - latency: 500 empty steps on PostgreSQL in 5 runs of 100 (one
+//   - latency: each round, 500 empty steps on PostgreSQL in 5 runs of 100 (one
 //     worker), each step timed by the agent until its ack (durable), against
 //     a raw single-row `INSERT` committed on its own (one round trip, one
 //     commit) into a table shaped like the journal's steps on the same
@@ -313,7 +313,8 @@ int main(int argc, char** argv) {
   const auto step = summarize(step_us), raw = summarize(raw_us), relayed = summarize(relayed_us),
              journal = summarize(journal_us);
   const auto rtt = bench::socketpair_round_trip(latency_steps * rounds);
-  std::printf("PostgreSQL, %d steps in %d runs, microseconds  p50        p99\n", latency_steps, latency_chunks);
+  std::printf("PostgreSQL, %d steps in %d runs, microseconds  p50        p99\n", latency_steps * rounds,
+              latency_chunks * rounds);
   std::printf("raw INSERT, committed alone (one round trip)  %9.1f  %9.1f\n", raw.p50, raw.p99);
   std::printf("socketpair round trip, back to back           %9.1f  %9.1f\n", rtt.p50, rtt.p99);
   std::printf("raw INSERT relayed (frame, INSERT, answer)    %9.1f  %9.1f\n", relayed.p50, relayed.p99);
