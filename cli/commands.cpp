@@ -7,6 +7,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli/format.hpp"
 #include "cli/support.hpp"
@@ -231,20 +232,23 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
 
 int doctor_command(const paths& p, bool as_json) {
   auto checks = engine::doctor(p.db, shown_db(p), p.home / "config.json");
-  bool ok = true;
+  std::vector<std::string> failed;
   json out = json::array();
   for (const auto& c : checks) {
-    ok = ok && c.ok;
+    if (!c.ok) failed.push_back(c.name);
     out.push_back({{"check", c.name}, {"ok", c.ok}, {"detail", c.detail}, {"fix", c.fix}});
+    // A detail may quote a journal server's error message: escaped, as the agents' text is.
     if (!as_json) {
-      std::cout << fmt::format("{} {:<22} {}", c.ok ? "ok  " : "FAIL", c.name, c.detail) << "\n";
-      if (!c.ok && !c.fix.empty()) std::cout << fmt::format("     {:<22} fix: {}", "", c.fix) << "\n";
+      std::cout << fmt::format("{} {:<22} {}", c.ok ? "ok  " : "FAIL", c.name, terminal_text(c.detail)) << "\n";
+      if (!c.ok && !c.fix.empty()) std::cout << fmt::format("     {:<22} fix: {}", "", terminal_text(c.fix)) << "\n";
     }
   }
   if (as_json) std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
-  else std::cout << (ok ? "this machine can run sandboxed agents" : "this machine cannot run sandboxed agents yet")
-                 << std::endl;
-  return ok ? 0 : 3;
+  else if (failed.empty())
+    std::cout << "this machine can run sandboxed agents" << std::endl;
+  else
+    std::cout << fmt::format("not ready yet: {} failed (see each fix above)", fmt::join(failed, ", ")) << std::endl;
+  return failed.empty() ? 0 : 3;
 }
 
 int settle_command(const paths& p, const settle_args& args, bool as_json) {

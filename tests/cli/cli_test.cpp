@@ -1,13 +1,17 @@
 // The `cairn` command as users and scripts see it: exit codes, messages, --json.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <nlohmann/json.hpp>
@@ -236,6 +240,107 @@ json doctor_check(const cairn::testing::temp_dir& dir, const std::string& name) 
 }
 
 }  // namespace
+
+// A PostgreSQL "server" on a loopback port that refuses every connection
+// with an error message of its choosing, as a hostile server, or anyone
+// between cairn and its server without TLS, may: it declines encryption and
+// answers the startup packet with ErrorResponse (FATAL, `message`).
+class refusing_pg_server {
+ public:
+  explicit refusing_pg_server(std::string message) : message_(std::move(message)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listener_, 8) == 0);
+    REQUIRE(::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~refusing_pg_server() {
+    ::shutdown(listener_, SHUT_RDWR);
+    thread_.join();
+    ::close(listener_);
+  }
+  std::string url() const { return "postgresql://cairn@127.0.0.1:" + std::to_string(port_) + "/cairn"; }
+
+ private:
+  static bool read_full(int fd, void* to, std::size_t n) {
+    for (std::size_t got = 0; got < n;) {
+      const ssize_t r = ::read(fd, static_cast<char*>(to) + got, n - got);
+      if (r <= 0) return false;
+      got += static_cast<std::size_t>(r);
+    }
+    return true;
+  }
+  void serve() {
+    for (;;) {
+      const int c = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) return;  // shut down
+      for (;;) {
+        std::uint32_t length = 0, code = 0;
+        if (!read_full(c, &length, 4) || !read_full(c, &code, 4)) break;
+        length = ntohl(length);
+        code = ntohl(code);
+        if (length < 8 || length > 10000) break;
+        std::string rest(length - 8, '\0');
+        if (!read_full(c, rest.data(), rest.size())) break;
+        if (code == 80877103 || code == 80877104) {  // SSLRequest, GSSENCRequest: declined
+          if (::write(c, "N", 1) != 1) break;
+          continue;
+        }
+        std::string fields = std::string("SFATAL") + '\0' + "C28000" + '\0' + "M" + message_ + '\0' + '\0';
+        std::string reply = "E";
+        const std::uint32_t n = htonl(static_cast<std::uint32_t>(fields.size() + 4));
+        reply.append(reinterpret_cast<const char*>(&n), 4);
+        reply += fields;
+        if (::write(c, reply.data(), reply.size()) != static_cast<ssize_t>(reply.size())) break;
+        break;
+      }
+      ::close(c);
+    }
+  }
+  std::string message_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+TEST_CASE("a journal server's error text reaches the terminal escaped, from doctor and every command") {
+  cairn::testing::temp_dir dir;
+  // Sets the terminal's title, then hides the rest of the line.
+  refusing_pg_server server("no such role\x1b]0;pwned\x07\n\x1b[8mhidden\r");
+  const auto raw_control = [](const std::string& text) {
+    for (char c : text)
+      if (c == '\x1b' || c == '\x07' || c == '\r') return true;
+    return false;
+  };
+
+  auto doctor = run_cli(dir, {"doctor", "--db", server.url()});
+  INFO(doctor.out << doctor.err);
+  CHECK(doctor.code == 3);
+  CHECK_FALSE(raw_control(doctor.out + doctor.err));
+  // The refusal is quoted, on the journal's one line.
+  std::string journal_line;
+  std::istringstream lines(doctor.out);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("FAIL journal ", 0) == 0) journal_line = line;
+  CHECK_THAT(journal_line, Catch::Contains("no such role\\x1b]0;pwned\\x07\\n\\x1b[8mhidden\\r"));
+  CHECK_THAT(doctor.out, Catch::EndsWith("not ready yet: journal failed (see each fix above)\n"));
+
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"ls"}, {"show", "r1"}, {"workers"}, {"signal", "r1", "go"}, {"cancel", "r1"}}) {
+    auto args = command;
+    args.insert(args.end(), {"--db", server.url()});
+    auto r = run_cli(dir, args);
+    INFO(command[0] << ": " << r.out << r.err);
+    CHECK(r.code != 0);
+    CHECK_THAT(r.err, Catch::Contains("no such role"));
+    CHECK_FALSE(raw_control(r.out + r.err));
+  }
+}
 
 TEST_CASE("doctor names the journal's backend and schema, times one read and one commit, and leaves no trace") {
   cairn::testing::temp_dir dir;
