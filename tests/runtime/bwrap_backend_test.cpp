@@ -359,6 +359,9 @@ TEST_CASE("the SDKs under a folder the sandbox uid may not enter reach it as a r
   std::ofstream(sdk / "lib" / "wire.js") << "export const x = 1;\n";
   std::ofstream(sdk / "node_modules" / "typescript" / "big.js") << "x";
   std::ofstream(sdk / "test" / "a.test.js") << "x";
+  // Copies are shared by content: this process's own, so that removing it
+  // cannot pull one from under the same test running in another process.
+  std::ofstream(sdk / "owner") << dir.path.string();
   ::chmod(closed.c_str(), 0700);
   const uid_t nobody = 65534;
 
@@ -390,6 +393,7 @@ python_import import_python_sdk(const fs::path& sdk) {
   // -S: the machine's own .pth files are not the SDK's.
   auto r = cairn::testing::run_program("/usr/bin/python3", {"-S", "-v", "-c", "import cairn"}, scratch.path,
                                        {.env = {{"PYTHONPATH", sdk.string()}, {"PYTHONDONTWRITEBYTECODE", "1"}}});
+  INFO(r.err);
   REQUIRE(r.code == 0);
   python_import found;
   std::istringstream lines(r.err);
@@ -415,6 +419,9 @@ TEST_CASE("the Python SDK reaches sandboxes compiled: no agent compiles it at it
   const fs::path closed = dir.path / "closed";
   fs::create_directories(closed);
   fs::copy(sdk, closed / "python", fs::copy_options::recursive);
+  // This process's own copy (they are shared by content): removing it below
+  // cannot pull one from under this test in another process, or a sandbox.
+  std::ofstream(closed / "python" / "owner") << dir.path.string();
   ::chmod(closed.c_str(), 0700);
   const auto readable = readable_agent_sdks({closed / "python", {}}, 65534, 65534);
   REQUIRE(readable.python.parent_path() == "/var/cache/cairn/sdk");
