@@ -21,7 +21,8 @@ struct hostile_case {
 engine::engine_options options_in(const testing::temp_dir& dir) {
   engine::engine_options options;
   options.home = dir / "home";
-  options.hello_timeout = std::chrono::milliseconds(500);
+  // Long enough for any agent started on a loaded machine; the silent one sleeps 60 s.
+  options.hello_timeout = std::chrono::seconds(5);
   options.retry_backoff = std::chrono::milliseconds(1);
   return options;
 }
