@@ -273,7 +273,7 @@ TEST_CASE("an endpoint slower than the grant's timeout gives timeout, on time") 
   auto start = std::chrono::steady_clock::now();
   auto error = error_of([&] { make_llm_chat(g, llm_endpoint{server.url("/slow"), "", "m"})->call(make_call(hello)); });
   CHECK(error.type() == "timeout");
-  CHECK(std::chrono::steady_clock::now() - start < 2300ms);
+  CHECK(std::chrono::steady_clock::now() - start < 4500ms);  // the server answers after 5 s
 }
 
 TEST_CASE("llm_endpoint_from_host: the config file, overridden by the environment") {

@@ -116,17 +116,18 @@ def _frame(m: dict[str, Any]) -> bytes:
     return len(payload).to_bytes(4, "big") + payload
 
 
-class EmptyStepCost(unittest.TestCase):
-    def test_an_empty_step_costs_well_under_a_millisecond(self) -> None:
-        """Prints µs per step (agent and this Python host together)."""
+class ManyEmptySteps(unittest.TestCase):
+    def test_two_thousand_empty_steps_run_to_done(self) -> None:
+        """Prints µs per step (agent and this Python host together); bench/step_latency
+        measures the SDK's step against a raw commit, which a test does not time."""
         with tempfile.TemporaryDirectory() as tmp:
             n = 2000
             host = MiniHost(AGENT, {"scenario": "steps", "n": n}, Path(tmp) / "effects.log")
             began = time.perf_counter()
             self.assertEqual(host.run()[0], "done")
+            self.assertEqual(len(host.journal), n)
             per_step_us = (time.perf_counter() - began) / n * 1e6
         print(f"\nempty step (with its effects-log append), Python SDK against a Python host: {per_step_us:.0f} us")
-        self.assertLess(per_step_us, 5000)
 
 
 if __name__ == "__main__":
