@@ -418,7 +418,10 @@ std::string numbered(std::string prefix, int i) { return prefix += std::to_strin
 json step(const std::string& name) { return {{"op", "step"}, {"name", name}}; }
 json nap(int ms) { return {{"op", "sleep"}, {"ms", ms}}; }
 json wait_for_signal(const std::string& name) { return {{"op", "signal"}, {"name", name}}; }
-json slow(const std::string& name, int ms) { return {{"op", "slow"}, {"name", name}, {"ms", ms}}; }
+// A step of `ms`; with first_only, only in the run's first attempt (quick when rerun after a crash).
+json slow(const std::string& name, int ms, bool first_only = false) {
+  return {{"op", "slow"}, {"name", name}, {"ms", ms}, {"first_only", first_only}};
+}
 // A plan: always a JSON array (json{x} of one element x would be x itself).
 json plan_of(std::vector<json> ops) { return json(std::move(ops)); }
 json child(std::vector<json> plan) {
@@ -577,22 +580,22 @@ TEST_CASE("SIGKILL of the daemon while runs sleep, wait for signals, have childr
   cairn_home h(cairn_home::any_backend);
   // nap sleeps below --suspend-after (held with its sandbox), doze above it (suspended at once).
   json nap_plan = json::array();
-  for (int i = 0; i < 14; ++i) {
+  for (int i = 0; i < 20; ++i) {
     nap_plan.push_back(step(numbered("n", i)));
     nap_plan.push_back(nap(450));
   }
   nap_plan.push_back(step("end"));
-  const json doze_plan = plan_of({step("d0"), nap(4000), step("d1")});
+  // Every nap and slow step below is long enough for all the runs to reach their places on a loaded machine.
+  const json doze_plan = plan_of({step("d0"), nap(10000), step("d1")});
   // Signalled: early before the kill, late after the restart, queued before it even waits.
   const json early_plan = plan_of({step("e0"), wait_for_signal("go"), step("e1")});
   const json late_plan = plan_of({step("l0"), wait_for_signal("go"), step("l1")});
   const json queued_plan = plan_of({step("q0"), nap(300), wait_for_signal("go"), step("q1")});
-  const json fan_plan = plan_of({step("f0"),
-                                 child({step("c0"), slow("s", 4000), step("c1")}),        // fan.1: running at the kill
-                                 child({step("c0"), nap(1200), step("c1")}),              // fan.2: sleeping
-                                 child({step("c0"), wait_for_signal("go"), step("c1")}),  // fan.3: signalled later
-                                 join_all(),
-                                 step("f1")});
+  const json fan_plan =
+      plan_of({step("f0"), child({step("c0"), slow("s", 10000, true), step("c1")}),  // fan.1: running at the kill
+               child({step("c0"), nap(1200), step("c1")}),                           // fan.2: sleeping
+               child({step("c0"), wait_for_signal("go"), step("c1")}),               // fan.3: signalled later
+               join_all(), step("f1")});
   const json doomed_plan = plan_of({step("x0"), child({wait_for_signal("never")}), child({wait_for_signal("never")}),
                                     slow("s", 20000), step("x1")});
   std::ofstream(h.file("grace.json")) << R"({"timeouts": {"cancel_grace_seconds": 3}})";
