@@ -371,17 +371,25 @@ json fill(const std::string& path) {
 }
 
 // Runs `program status` in a child, which reports on the channel itself;
-// reports only when that fails.
+// reports only when that fails, with the exec's error if it was that.
 int exec_and_report(const std::string& program) {
+  int failed[2];
+  if (::pipe2(failed, O_CLOEXEC) != 0) std::_Exit(91);
   pid_t child = ::fork();
   if (child == 0) {
     ::execl(program.c_str(), program.c_str(), "status", nullptr);
+    const int error = errno;
+    [[maybe_unused]] auto written = ::write(failed[1], &error, sizeof error);
     ::_exit(127);
   }
+  ::close(failed[1]);
+  int error = 0;
+  const bool exec_failed = ::read(failed[0], &error, sizeof error) == sizeof error;
+  ::close(failed[0]);
   int status = 0;
   ::waitpid(child, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    report("exec", false, {{"status", status}});
+    report("exec", false, {{"status", status}, {"exec_error", exec_failed ? std::strerror(error) : ""}});
   return 0;
 }
 
