@@ -130,7 +130,7 @@ std::vector<double> raw_inserts(const std::string& url, int first, int n) {
   return us;
 }
 
-// A commit the relay makes on its thread: `n` of them, the i-th as commit(i).
+// A commit the relay (the bench's own thread) makes: `n` of them, the i-th as commit(i).
 using relayed_commit = std::function<void(int)>;
 
 // Reads `size` bytes, waiting as long as it takes; false once the peer is gone.

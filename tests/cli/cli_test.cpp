@@ -296,8 +296,8 @@ class refusing_pg_server {
         const std::uint32_t n = htonl(static_cast<std::uint32_t>(fields.size() + 4));
         reply.append(reinterpret_cast<const char*>(&n), 4);
         reply += fields;
-        if (::write(c, reply.data(), reply.size()) != static_cast<ssize_t>(reply.size())) break;
-        break;
+        [[maybe_unused]] const auto sent = ::write(c, reply.data(), reply.size());
+        break;  // the connection ends with the refusal
       }
       ::close(c);
     }
