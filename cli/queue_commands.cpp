@@ -178,14 +178,21 @@ int serve_command(const paths& p, const serve_args& args) {
     o.engine = options_for(p);
     o.engine.suspend_after = std::chrono::milliseconds(args.suspend_after_ms);
     if (!args.workspace_root.empty()) {
-      o.engine.workspace_root = std::filesystem::absolute(args.workspace_root).lexically_normal();
+      // Canonical, as the workspaces made in it are: the root is compared with them.
+      std::error_code ec;
+      auto root = std::filesystem::weakly_canonical(std::filesystem::absolute(args.workspace_root), ec).lexically_normal();
+      if (ec) root = std::filesystem::absolute(args.workspace_root).lexically_normal();
+      if (!root.has_filename()) root = root.parent_path();
+      o.engine.workspace_root = root;
       // Refused now rather than at each run's first execution: the rules of --workspace hold for every run's folder in it.
       storage::journal journal(p.db);
       engine::checked_workspace(journal, p.home, o.engine.workspace_root / "RUN_ID", "RUN_ID");
+      // What an older cairn kept in this home for runs of the root goes beside them, before any run is taken.
+      for (const auto& problem : engine::adopt_images_of_root(journal, p.home, root)) log_line("warning: " + problem);
     }
     o.max_concurrent = args.max_concurrent;
     // Many serves may share the journal: each holds a lease in its workers.
-    o.lease = engine::lease_settings{std::chrono::seconds(args.lease_seconds), args.workspace_root};
+    o.lease = engine::lease_settings{std::chrono::seconds(args.lease_seconds), o.engine.workspace_root.string()};
     o.on_note = [](const std::string& note) { log_line(note); };
     runtime::warm_pool_options warm;
     warm.size = static_cast<std::size_t>(args.warm);

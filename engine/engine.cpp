@@ -18,6 +18,7 @@
 #include "engine/attempt_events.hpp"
 #include "engine/wakeups.hpp"
 #include "protocol/bounded_json.hpp"
+#include "runtime/workspace_quota.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -183,6 +184,11 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
     co_await ledger_->apply_async(run_id, effects::attempts_reset{});
     run = journal_.find_run(run_id);
   }
+  if (auto refusal = unreachable(*run)) {
+    // Journaled once per process (a scheduler looks again after a pause), for `cairn show`.
+    if (refused_.insert(run_id).second) co_await ledger_->apply_async(run_id, effects::sandbox_warning{*refusal});
+    throw engine_error(errc::busy, *refusal);
+  }
   auto& sandboxes = backend(run->sandbox);
   policy rules;
   std::optional<std::string> invalid_policy;
@@ -202,6 +208,8 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
     if (run->workspace.empty()) co_await assign_workspace(*run);
   }
   make_home_folders(home());
+  run = journal_.find_run(run_id);
+  co_await offload([&] { ready_run_files(*run); });
   if (invalid_policy)
     co_return co_await end_run(
         run_id, storage::run_status::failed, nullptr,
@@ -224,14 +232,23 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
 
     const auto upkeep_before = sandboxes.upkeep(run->workspace);
     attempt_result result;
+    std::optional<std::string> busy;
     try {
       run_journal journal(*ledger_, journal_, home(), run_id, rules.journal);
       if (!listening_) listening_.emplace(journal_.path());
       attempt_events events(run_id, journal_.path());
       result =
-          co_await run_attempt(journal, events, sandboxes, *run, rules, attempt, attempt_options_of(run_id), watch);
+          co_await run_attempt(journal, events, sandboxes, *run, rules, attempt, attempt_options_of(*run), watch);
     } catch (const runtime::sandbox_error& e) {
-      result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
+      if (e.code() == runtime::sandbox_errc::workspace_busy) busy = e.what();
+      else result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
+    }
+    if (busy) {
+      // Another live process (a worker paused past its lease) still has the
+      // run's files mounted: never a second mount of one image. The run goes
+      // back, to be taken again once that process let go.
+      co_await ledger_->apply_async(run_id, effects::released{"not executed here: " + *busy});
+      throw engine_error(errc::busy, fmt::format("run {}: {}", run_id, *busy));
     }
 
     using kind = attempt_result::kind;
@@ -359,7 +376,7 @@ task<storage::run_record> engine::end_run(const std::string& run_id, storage::ru
 void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run,
                                run_observer& watch) {
   try {
-    sandboxes.release_workspace(run.workspace, workspace_image(home(), run.id));
+    sandboxes.release_workspace(run.workspace, image_of(run));
   } catch (const std::exception& e) {
     watch.on_warning(fmt::format("run {}: its workspace could not be released: {}", run.id, e.what()));
   }
@@ -510,7 +527,8 @@ storage::run_record engine::reopen(const std::string& run_id) {
   return *journal_.find_run(run_id);
 }
 
-attempt_options engine::attempt_options_of(const std::string& run_id) const {
+attempt_options engine::attempt_options_of(const storage::run_record& run) const {
+  const std::string& run_id = run.id;
   attempt_options o;
   o.hello_timeout = options_.hello_timeout;
   o.exit_grace = options_.exit_grace;
@@ -518,9 +536,50 @@ attempt_options engine::attempt_options_of(const std::string& run_id) const {
   o.stopping = options_.stopping;
   o.drain = options_.drain;
   o.llm = options_.llm;
-  o.workspace_image = workspace_image(home(), run_id);
+  o.workspace_image = image_of(run);
   o.log_file = run_log(home(), run_id);
   return o;
+}
+
+std::filesystem::path engine::workspace_root() const {
+  if (options_.workspace_root.empty()) return {};
+  std::error_code ec;
+  auto root = std::filesystem::weakly_canonical(options_.workspace_root, ec).lexically_normal();
+  if (ec) root = options_.workspace_root.lexically_normal();
+  if (!root.has_filename()) root = root.parent_path();
+  return root;
+}
+
+std::filesystem::path engine::image_of(const storage::run_record& run) const {
+  return image_of_run(home(), workspace_root(), run.id, run.workspace);
+}
+
+std::optional<std::string> engine::unreachable(const storage::run_record& run) {
+  std::vector<std::string> other_roots;
+  if (!run.workspace.empty())
+    for (const auto& w : journal_.workers()) other_roots.push_back(w.workspace_root);
+  auto why = unreachable_workspace(home(), workspace_root(), run.id, run.workspace, other_roots);
+  std::error_code ec;
+  if (!why && !run.workspace.empty() && !std::filesystem::exists(run.workspace, ec) &&
+      journal_.step_count(run.id) > 0 && !runtime::cut_short_release(run.workspace))
+    why = fmt::format("its workspace {} does not exist on this machine, though {} of its steps were committed: "
+                      "their files are elsewhere (storage that is not mounted here?); mount it, or resume the run "
+                      "where it is",
+                      run.workspace, journal_.step_count(run.id));
+  if (!why) return std::nullopt;
+  return fmt::format("run {} cannot be executed by {}: {}", run.id, describe_owner(current_owner().str()), *why);
+}
+
+void engine::ready_run_files(const storage::run_record& run) {
+  const auto root = workspace_root();
+  if (root.empty() || run.workspace.empty() ||
+      std::filesystem::path(run.workspace).lexically_normal() != (root / run.id).lexically_normal())
+    return;
+  make_root_folders(root);
+  // Before images lived under the shared root, a worker kept them in its home.
+  const auto image = root_workspace_image(root, run.id), old = workspace_image(home(), run.id);
+  if (auto why = runtime::adopt_image(old, image))
+    throw engine_error(errc::busy, fmt::format("run {}: {}", run.id, *why));
 }
 
 const std::filesystem::path& engine::home() const {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -196,7 +197,18 @@ class engine {
   // storage_error(fenced); a run whose stored data cannot be read ends failed.
   task<storage::run_record> drive_run(const std::string& run_id, run_observer* observer, bool revive_failed);
   const std::filesystem::path& home() const;
-  attempt_options attempt_options_of(const std::string& run_id) const;
+  attempt_options attempt_options_of(const storage::run_record& run) const;
+  // engine_options::workspace_root made canonical, as the workspaces in it are.
+  std::filesystem::path workspace_root() const;
+  // Where this worker keeps the run's quota image (run_paths.hpp).
+  std::filesystem::path image_of(const storage::run_record& run) const;
+  // Why this worker cannot reach the run's files (its workspace is another
+  // worker's, or missing here though steps were committed), or nullopt.
+  std::optional<std::string> unreachable(const storage::run_record& run);
+  // Readies the shared root for a run whose workspace lies there, moving its
+  // image there from where an older cairn kept it (HOME/images); throws
+  // engine_error(busy) naming the image when it cannot be moved.
+  void ready_run_files(const storage::run_record& run);
   // Gives a run created without a workspace its own, on this host
   // (engine_options::workspace_root), before its first sandbox.
   task<void> assign_workspace(const storage::run_record& run);
@@ -227,6 +239,7 @@ class engine {
   // which each attempt of a program that executes runs one after the other
   // would otherwise make and remove again.
   std::optional<wake_listening> listening_;
+  std::set<std::string> refused_;  // runs whose refusal (unreachable()) this engine journaled
 };
 
 // Can a waiting run move now (its timer is due, its signal is queued or timed

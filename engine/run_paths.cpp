@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 
 #include "engine/engine.hpp"
+#include "engine/run_id.hpp"
 #include "runtime/no_follow.hpp"
+#include "runtime/workspace_quota.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -34,6 +36,61 @@ fs::path default_workspace(const fs::path& home, const std::string& run_id) { re
 
 fs::path workspace_image(const fs::path& home, const std::string& run_id) {
   return home / "images" / (run_id + ".img");
+}
+
+fs::path root_workspace_image(const fs::path& workspace_root, const std::string& run_id) {
+  return workspace_root / ".images" / (run_id + ".img");
+}
+
+fs::path image_of_run(const fs::path& home, const fs::path& workspace_root, const std::string& run_id,
+                      const fs::path& workspace) {
+  if (!workspace_root.empty() && workspace.lexically_normal() == (workspace_root / run_id).lexically_normal())
+    return root_workspace_image(workspace_root, run_id);
+  return workspace_image(home, run_id);
+}
+
+std::optional<std::string> unreachable_workspace(const fs::path& home, const fs::path& workspace_root,
+                                                 const std::string& run_id, const fs::path& workspace,
+                                                 const std::vector<std::string>& other_roots) {
+  if (workspace.empty()) return std::nullopt;  // this worker gives it one
+  const fs::path w = workspace.lexically_normal();
+  if (w == default_workspace(home, run_id).lexically_normal()) return std::nullopt;
+  if (!workspace_root.empty() && w == (workspace_root / run_id).lexically_normal()) return std::nullopt;
+  const fs::path parent = w.parent_path();
+  for (const auto& other : other_roots)
+    if (!other.empty() && parent == fs::path(other).lexically_normal())
+      return fmt::format("its workspace {} lies under the workspace root {} of other workers, and this worker's is "
+                         "{}: its files, and its quota image under {}, are reached only there; give every worker "
+                         "the same --workspace-root",
+                         w.string(), parent.string(), workspace_root.empty() ? "none" : workspace_root.string(),
+                         root_workspace_image(parent, run_id).string());
+  if (w.filename() == run_id && parent.filename() == "workspaces")
+    return fmt::format("its workspace {} is the default one of another CAIRN_HOME, {} (this worker's is {}): its "
+                       "files, and its quota image {}, are reached only by a worker of that home; run one with "
+                       "CAIRN_HOME={}, or give every worker one --workspace-root",
+                       w.string(), parent.parent_path().string(), home.string(),
+                       workspace_image(parent.parent_path(), run_id).string(), parent.parent_path().string());
+  return std::nullopt;
+}
+
+void make_root_folders(const fs::path& workspace_root) { open_folder(workspace_root / ".images", false); }
+
+std::vector<std::string> adopt_images_of_root(storage::journal& journal, const fs::path& home,
+                                              const fs::path& workspace_root) {
+  std::vector<std::string> problems;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(home / "images", ec)) {
+    const fs::path name = entry.path().filename();
+    if (name.extension() != ".img") continue;
+    const std::string id = name.stem().string();
+    if (run_id_problem(id)) continue;
+    auto run = journal.find_run(id);
+    if (!run || fs::path(run->workspace).lexically_normal() != (workspace_root / id).lexically_normal()) continue;
+    make_root_folders(workspace_root);
+    if (auto why = runtime::adopt_image(entry.path(), root_workspace_image(workspace_root, id)))
+      problems.push_back(fmt::format("run {}: {}", id, *why));
+  }
+  return problems;
 }
 
 fs::path run_log(const fs::path& home, const std::string& run_id) { return home / "logs" / (run_id + ".log"); }

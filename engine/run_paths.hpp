@@ -3,12 +3,18 @@
 //   HOME/workspaces/ID   the default workspace, a child run's too
 //   HOME/images/ID.img   its quota image (bwrap under root), templates beside
 //   HOME/logs/ID.log     the agent's output, 0600
+// With a shared workspace root (engine_options::workspace_root), what holds
+// a run's files lives under that root, where every worker of it finds them:
+//   ROOT/ID              the workspace
+//   ROOT/.images/ID.img  its quota image (a run id never begins with a dot)
 // Folders are made 0700, without following links; HOME and HOME/workspaces
 // are 0711 under root, whose sandboxes run as another uid that must pass.
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "storage/journal.hpp"
 
@@ -16,11 +22,39 @@ namespace cairn::engine {
 
 std::filesystem::path default_workspace(const std::filesystem::path& home, const std::string& run_id);
 std::filesystem::path workspace_image(const std::filesystem::path& home, const std::string& run_id);
+std::filesystem::path root_workspace_image(const std::filesystem::path& workspace_root, const std::string& run_id);
 std::filesystem::path run_log(const std::filesystem::path& home, const std::string& run_id);
 
 // Creates HOME and its folders with the modes above where missing. Throws
 // runtime::sandbox_error(bad_spec) when a component is a symbolic link.
 void make_home_folders(const std::filesystem::path& home);
+
+// The one place this worker (its HOME and shared `workspace_root`, "" for
+// none) keeps the image of a run whose workspace is `workspace`: beside it
+// under the root when it is ROOT/ID, else HOME/images/ID.img. Both paths are
+// taken as canonical.
+std::filesystem::path image_of_run(const std::filesystem::path& home, const std::filesystem::path& workspace_root,
+                                   const std::string& run_id, const std::filesystem::path& workspace);
+
+// Why this worker cannot reach the files of a run whose workspace is
+// `workspace` (canonical paths; `other_roots`: the workspace roots other
+// workers of the journal registered), or nullopt when it can: a workspace
+// under another worker's root or in another CAIRN_HOME is held there. A
+// folder the user gave (neither) is reachable.
+std::optional<std::string> unreachable_workspace(const std::filesystem::path& home,
+                                                 const std::filesystem::path& workspace_root,
+                                                 const std::string& run_id, const std::filesystem::path& workspace,
+                                                 const std::vector<std::string>& other_roots);
+
+// Makes ROOT/.images (0700, without following links) for a shared root.
+void make_root_folders(const std::filesystem::path& workspace_root);
+
+// Moves to ROOT/.images the images that an older cairn kept in HOME/images
+// for runs whose workspace is ROOT/ID, so that every worker of the root
+// finds them; returns one line per image that could not be moved (the run
+// then refuses to start on its empty folder and names the image).
+std::vector<std::string> adopt_images_of_root(storage::journal& journal, const std::filesystem::path& home,
+                                              const std::filesystem::path& workspace_root);
 
 // The workspace a run of `run_id` asked for, made canonical (links resolved
 // once, here): HOME/workspaces/ID when `given` is empty. Refused

@@ -41,7 +41,13 @@ std::vector<doctor_check> bwrap_checks(const bwrap_options& options);  // bwrap_
 
 namespace {
 
+
 namespace fs = std::filesystem;
+// Whether `file` lives on the filesystem of the open folder `folder`.
+bool same_filesystem(const fs::path& file, const unique_fd& folder) {
+  struct stat a {}, b {};
+  return ::stat(file.c_str(), &a) == 0 && ::fstat(folder.get(), &b) == 0 && a.st_dev == b.st_dev;
+}
 
 // The fds bwrap finds its inputs on, after the channel on fd 3 and
 // bwrap_args_fd (4), in the order of spawn_request::extra_fds.
@@ -515,9 +521,10 @@ class bwrap_backend final : public sandbox_backend {
     open_folder_no_follow(workspace, 0700);  // made unless a pooled folder became it; never through a link
     fs::path premounted;
     if (warm && warm->image && !spec.workspace_image.empty() && !fs::exists(spec.workspace_image) &&
-        spec.limits.max_workspace_bytes == options_.warm.limits.max_workspace_bytes) {
-      // A run without an image yet takes the pooled one, mounted already.
-      open_folder_no_follow(spec.workspace_image.parent_path(), 0700);
+        spec.limits.max_workspace_bytes == options_.warm.limits.max_workspace_bytes &&
+        same_filesystem(warm->image_path, open_folder_no_follow(spec.workspace_image.parent_path(), 0700))) {
+      // A run without an image yet takes the pooled one, mounted already
+      // (renamed: an image kept on another filesystem, a shared root's, is made there).
       warm->image->give_away(spec.workspace_image);
       warm->image_path.clear();
       premounted = warm->folder->path();

@@ -27,6 +27,7 @@ enum class sandbox_errc {
   spawn_failed,     // fork/exec or the sandbox set-up failed
   bad_spec,         // the program or workspace cannot be used
   workspace_failed, // the workspace's quota image could not be made, mounted, filled or released
+  workspace_busy,   // another live process has the workspace's image mounted: try again once it let go
 };
 
 class sandbox_error : public std::runtime_error {

@@ -56,7 +56,7 @@ bool lock_within(int fd, std::chrono::milliseconds patience) {
 }
 
 [[noreturn]] void locked_elsewhere(const fs::path& workspace, const fs::path& image) {
-  throw sandbox_error(sandbox_errc::bad_spec,
+  throw sandbox_error(sandbox_errc::workspace_busy,
                       fmt::format("workspace {} is in use by another cairn process (its image {} is locked)",
                                   workspace.string(), image.string()));
 }
@@ -193,6 +193,25 @@ std::optional<fs::path> cut_short_release(const fs::path& workspace) {
   struct stat st {};
   if (::lstat(whole.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
   return whole;
+}
+
+std::optional<std::string> adopt_image(const fs::path& from, const fs::path& to) {
+  struct stat st {};
+  if (::lstat(to.c_str(), &st) == 0 || ::lstat(from.c_str(), &st) < 0) return std::nullopt;
+  if (!S_ISREG(st.st_mode)) return fmt::format("{} is not an image file; move the run's files to {}", from.string(), to.string());
+  unique_fd lock(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!lock) return fmt::format("its quota image {} cannot be opened ({})", from.string(), std::strerror(errno));
+  // A live sandbox of another process uses it: moved later, never from under it.
+  if (!lock_within(lock.get(), lock_patience))
+    return fmt::format("its quota image {} is in use by another cairn process", from.string());
+  if (::rename(from.c_str(), to.c_str()) < 0)
+    return fmt::format("its files are in the quota image {}, where an earlier cairn kept it, and it cannot be "
+                       "moved to {}, where every worker of the shared root finds it ({}); move it there (cp "
+                       "--sparse=always, then delete the old one) and `cairn resume` the run",
+                       from.string(), to.string(), std::strerror(errno));
+  sync_folder(to.parent_path());
+  ::rename(attached_marker(from).c_str(), attached_marker(to).c_str());
+  return std::nullopt;
 }
 
 workspace_upkeep workspace_upkeep_of(const fs::path& workspace) {

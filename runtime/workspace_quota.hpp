@@ -159,6 +159,12 @@ void release_workspace_image(const std::filesystem::path& workspace, const std::
 // files. nullopt when there is none.
 std::optional<std::filesystem::path> cut_short_release(const std::filesystem::path& workspace);
 
+// Moves the image `from` (where an earlier layout kept it) to `to`, when
+// there is one and `to` does not exist yet; the lock of a live mount is
+// waited for as a mount waits. Why it could not (another filesystem, held
+// by a live process), or nullopt once done or when there was nothing to move.
+std::optional<std::string> adopt_image(const std::filesystem::path& from, const std::filesystem::path& to);
+
 // What mounting and unmounting the image of `workspace` has cost so far.
 workspace_upkeep workspace_upkeep_of(const std::filesystem::path& workspace);
 

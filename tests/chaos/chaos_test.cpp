@@ -1,8 +1,13 @@
 // Chaos: three `cairn serve` workers on one journal execute hundreds of runs
 // of tests/agents/chaos_agent (steps, a tool call, a timer, a signal, a child
 // run) while a driver SIGKILLs a random worker every 2-5 s and starts it
-// again, and (on PostgreSQL) once crashes the database server. Afterwards the
-// journal, the runs' workspaces and the tool's own count say that:
+// again, and (on PostgreSQL) once crashes the database server. The layout is
+// the one the docs recommend (chaos_home): sandboxes with the default
+// policy, so every workspace is a quota image; on PostgreSQL a home per
+// worker and one shared --workspace-root. Every wait of 200 ms or more
+// suspends its run, so runs wake on other workers all the time. Afterwards
+// the journal, the runs' workspaces and the tool's own count say that:
+// - every file a journaled step wrote is in the run's final workspace;
 // - every run and every child completed with the output its input implies;
 // - no acknowledged step or tool call ran again (chaos_agent and count_tool.sh
 //   count their executions outside the journal; journaled count == real count);
@@ -83,16 +88,21 @@ int count_in(const fs::path& file) {
   return n;
 }
 
-// A CAIRN_HOME, the journal's URL or path, the policy granting count_tool.sh,
-// and the `cairn` commands run against them.
+// The journal's URL or path, the CAIRN_HOMEs, the policy granting
+// count_tool.sh, and the `cairn` commands run against them. As the docs
+// recommend: on PostgreSQL each worker has a home of its own and all share
+// one --workspace-root; on SQLite the workers share the home that holds the
+// journal. The policy is the default one plus the tool, so every run's
+// files live in a quota image.
 class chaos_home {
  public:
   // `db`: a PostgreSQL URL, or "" for a SQLite file in the home.
-  explicit chaos_home(std::string db) : db_(db.empty() ? (dir_ / "home" / "cairn.db").string() : std::move(db)) {
+  explicit chaos_home(std::string db)
+      : shared_home_(db.empty()), db_(db.empty() ? (dir_ / "home" / "cairn.db").string() : std::move(db)) {
     fs::create_directories(tool_dir());
     fs::create_directories(dir_ / "logs");
-    std::ofstream(policy()) << json{{"limits", {{"workspace_mb", 0}}},
-                                    {"tools",
+    if (!shared_home_) fs::create_directories(workspace_root());
+    std::ofstream(policy()) << json{{"tools",
                                      {{"count",
                                        {{"command", {COUNT_TOOL}},
                                         {"input", {{"run", "string"}}},
@@ -104,8 +114,14 @@ class chaos_home {
   fs::path tool_dir() const { return dir_ / "tool"; }
   fs::path policy() const { return dir_ / "policy.json"; }
   fs::path log(const std::string& name) const { return dir_ / "logs" / name; }
-  testing::cli_options options() const {
-    return {.env = {{"CAIRN_HOME", (dir_ / "home").string()}, {"CAIRN_CHAOS_TOOL_DIR", tool_dir().string()}}};
+  // The CAIRN_HOME of worker `worker` (-1: the one `cairn` commands use).
+  fs::path home(int worker = -1) const {
+    return shared_home_ || worker < 0 ? dir_ / "home" : dir_ / ("home-" + std::to_string(worker));
+  }
+  // "" on SQLite; the folder every worker makes workspaces in on PostgreSQL.
+  fs::path workspace_root() const { return shared_home_ ? fs::path() : dir_ / "shared"; }
+  testing::cli_options options(int worker = -1) const {
+    return {.env = {{"CAIRN_HOME", home(worker).string()}, {"CAIRN_CHAOS_TOOL_DIR", tool_dir().string()}}};
   }
 
   testing::cli_result cli(std::vector<std::string> args) const {
@@ -119,6 +135,7 @@ class chaos_home {
 
  private:
   testing::temp_dir dir_;
+  bool shared_home_;
   std::string db_;
 };
 
@@ -223,9 +240,11 @@ class worker_pool {
   void start(int i) {
     auto& s = slots_[i];
     const auto log = home_.log(log_name(i, ++s.incarnation));
-    s.pid = testing::spawn_program(CAIRN_BIN,
-                                   {"serve", "--db", home_.db(), "--max-concurrent", "16", "--lease", "3"},
-                                   log, log, home_.options());
+    // Waits of 200 ms and more suspend: the runs wake, again and again, on whichever worker takes them.
+    std::vector<std::string> args = {"serve",  "--db", home_.db(), "--max-concurrent", "16", "--lease", "3",
+                                     "--suspend-after", "200"};
+    if (!home_.workspace_root().empty()) args.insert(args.end(), {"--workspace-root", home_.workspace_root().string()});
+    s.pid = testing::spawn_program(CAIRN_BIN, args, log, log, home_.options(i));
     REQUIRE(s.pid > 0);
   }
 
@@ -299,7 +318,10 @@ void check_run(storage::journal& j, const chaos_home& home, const std::string& i
         counts[name] = count;
         f.step_reruns += std::max(0, count - 1);
         if (s.result.name != name) f.problem(id, where + "is named " + s.result.name + ", expected " + name);
-        if (real != count)
+        if (real < 0)
+          f.problem(id, where + "step " + name + " was journaled, but the file count-" + name +
+                            " it wrote is not in the workspace " + run->workspace + ": its files were lost");
+        else if (real != count)
           f.problem(id, where + "step " + name + " journaled execution " + std::to_string(count) + " but ran " +
                             std::to_string(real) + " times: an acknowledged step ran again");
         if (attempt < last_attempt)
@@ -397,8 +419,8 @@ void submit_runs(const chaos_home& home, int n) {
     std::ofstream lines(home.log("runs.jsonl"));
     for (int i = 0; i < n; ++i) lines << json{{"id", run_id(i)}, {"input", run_input}}.dump() << "\n";
   }
-  auto submitted = home.cli({"submit", "--from", home.log("runs.jsonl").string(), CHAOS_AGENT, "--policy",
-                             home.policy().string(), "--sandbox", "none"});
+  auto submitted =
+      home.cli({"submit", "--from", home.log("runs.jsonl").string(), CHAOS_AGENT, "--policy", home.policy().string()});
   INFO(submitted.err);
   REQUIRE(submitted.code == 0);
 }
@@ -552,4 +574,11 @@ TEST_CASE("chaos checks: an acknowledged step or tool call that ran again is rep
   REQUIRE(tampered.problems.size() == 2);
   CHECK_THAT(tampered.problems[0], Catch::Contains("an acknowledged call ran again"));
   CHECK_THAT(tampered.problems[1], Catch::Contains("step b journaled execution 1 but ran 2 times"));
+
+  // A file a journaled step wrote, gone from the workspace, is reported too.
+  fs::remove(count_b.parent_path() / "count-c");
+  findings lost;
+  check_run(*j, home, run_id(0), run_input, json{{"n", 0}}, lost);
+  REQUIRE(lost.problems.size() == 3);
+  CHECK_THAT(lost.problems[2], Catch::Contains("step c was journaled, but the file count-c"));
 }

@@ -94,13 +94,14 @@ class cairn_home {
 
   // Starts `cairn ARGS...` with stdout and stderr in `out` and `err`, and
   // CAIRN_CRASH_POINT set to `crash_point` (unset when empty).
+  // `own_home`: a CAIRN_HOME other than home() (a worker of its own on the same journal).
   pid_t spawn(std::vector<std::string> args, const fs::path& out, const fs::path& err,
-              const std::string& crash_point = "") const {
+              const std::string& crash_point = "", const fs::path& own_home = {}) const {
     args.insert(args.begin(), CAIRN_BIN);
     pid_t pid = fork();
     if (pid == 0) {
       if (chdir(dir_.path().c_str()) != 0) _exit(126);
-      setenv("CAIRN_HOME", home().c_str(), 1);
+      setenv("CAIRN_HOME", own_home.empty() ? home().c_str() : own_home.c_str(), 1);
       if (!db_.empty()) setenv("CAIRN_DB", db_.c_str(), 1);
       if (crash_point.empty()) unsetenv("CAIRN_CRASH_POINT");
       else setenv("CAIRN_CRASH_POINT", crash_point.c_str(), 1);
@@ -174,10 +175,10 @@ class cairn_home {
 class daemon_process {
  public:
   daemon_process(const cairn_home& home, const std::string& name, std::vector<std::string> args = {},
-                 const std::string& crash_point = "")
+                 const std::string& crash_point = "", const fs::path& own_home = {})
       : log_(home.file(name + ".log")) {
     args.insert(args.begin(), "serve");
-    pid_ = home.spawn(args, log_, log_, crash_point);
+    pid_ = home.spawn(args, log_, log_, crash_point, own_home);
   }
   ~daemon_process() {
     if (pid_ <= 0) return;
@@ -1438,6 +1439,136 @@ TEST_CASE("a run's workspace is chosen at submit on SQLite, and on PostgreSQL by
   CHECK(run->workspace_host.empty());
   CHECK(slurp(fs::path(run->workspace) / "exec.log") == "step a\n");
   serve.stop();
+}
+
+// The layout docs/scale-out.md recommends: workers with homes of their own
+// and one --workspace-root, runs with the default policy (a quota image
+// under root). What a step wrote before a suspension is there after another
+// worker woke the run, since the image lives beside the workspace under the
+// root, not in the home of the worker that made it.
+TEST_CASE("a worker's files reach the next worker: suspended on one worker with a home of its own, woken on another",
+          "[postgres]") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const auto root = h.file("shared"), home_a = h.file("home-a"), home_b = h.file("home-b");
+  fs::create_directories(root);
+  std::vector<std::string> ids;
+  for (int i = 1; i <= 4; ++i) {
+    ids.push_back(p + "m-" + std::to_string(i));
+    h.submit(ids.back(), plan_of({step("before"), wait_for_signal("go"), step("after")}));
+  }
+  const std::vector<std::string> worker_args = {"--workspace-root", root.string(), "--suspend-after", "200"};
+  auto files = [&](const std::string& id) { return slurp(root / id / "exec.log"); };
+  {
+    daemon_process a(h, "a", worker_args, "", home_a);
+    eventually("every run is suspended on worker a", [&] {
+      auto j = h.journal();
+      for (const auto& id : ids)
+        if (j->find_run(id)->status != run_status::waiting || !has_event(*j, id, "suspended")) return false;
+      return true;
+    }, [&] { return a.log() + show_runs(h); });
+    a.stop();
+  }
+  // Worker a kept nothing of the runs in its home: their images are under the root.
+  for (const auto& id : ids) {
+    CHECK_FALSE(fs::exists(home_a / "images" / (id + ".img")));
+    CHECK(fs::exists(root / ".images" / (id + ".img")));
+  }
+  daemon_process b(h, "b", worker_args, "", home_b);
+  for (const auto& id : ids) h.signal(id, "go", json{{"to", id}});
+  eventually("every run completed on worker b", [&] {
+    auto j = h.journal();
+    for (const auto& id : ids)
+      if (j->find_run(id)->status != run_status::completed) return false;
+    return true;
+  }, [&] { return b.log() + show_runs(h); });
+  for (const auto& id : ids) {
+    INFO(id << "\n" << b.log() << show_runs(h));
+    CHECK(files(id) == "step before\nstep after\n");
+    CHECK_FALSE(fs::exists(root / ".images" / (id + ".img")));  // released into the folder at the run's end
+  }
+  b.stop();
+}
+
+// An image an older cairn left in a worker's home for a run of the shared
+// root is moved beside the workspace when that worker starts again, so
+// another worker that wakes the run finds the files.
+TEST_CASE("an image an older worker kept in its home for a run of the shared root moves under the root at its next start",
+          "[postgres]") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const auto root = h.file("shared"), home_a = h.file("home-a"), home_b = h.file("home-b");
+  fs::create_directories(root);
+  const std::string id = p + "old";
+  h.submit(id, plan_of({step("before"), wait_for_signal("go"), step("after")}));
+  const std::vector<std::string> worker_args = {"--workspace-root", root.string(), "--suspend-after", "200"};
+  const fs::path image = root / ".images" / (id + ".img"), old = home_a / "images" / (id + ".img");
+  {
+    daemon_process a(h, "a", worker_args, "", home_a);
+    eventually("the run is suspended", [&] {
+      auto j = h.journal();
+      return j->find_run(id)->status == run_status::waiting && has_event(*j, id, "suspended");
+    }, [&] { return a.log() + show_runs(h); });
+    a.stop();
+  }
+  // Where the layout before this one kept it.
+  fs::create_directories(old.parent_path());
+  fs::rename(image, old);
+  {
+    daemon_process a(h, "a-again", worker_args, "", home_a);
+    eventually("worker a moved the image under the root", [&] { return fs::exists(image) && !fs::exists(old); },
+               [&] { return a.log(); });
+    a.stop();
+  }
+  daemon_process b(h, "b", worker_args, "", home_b);
+  h.signal(id, "go", json{{"to", id}});
+  eventually("the run completed on worker b", [&] { return h.journal()->find_run(id)->status == run_status::completed; },
+             [&] { return b.log() + show_runs(h); });
+  CHECK(slurp(root / id / "exec.log") == "step before\nstep after\n");
+  b.stop();
+}
+
+// Without a shared root each worker's workspaces are its own: a worker with
+// another CAIRN_HOME on the same machine never starts such a run on an empty
+// folder; it refuses, says why in the run's events, and the run waits for its worker.
+TEST_CASE("a worker refuses a run whose workspace is in another worker's home, and says why", "[postgres]") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const auto home_a = h.file("home-a"), home_b = h.file("home-b");
+  const std::string id = p + "mine";
+  h.submit(id, plan_of({step("before"), wait_for_signal("go"), step("after")}));
+  {
+    daemon_process a(h, "a", {"--suspend-after", "200"}, "", home_a);
+    eventually("the run is suspended", [&] {
+      auto j = h.journal();
+      return j->find_run(id)->status == run_status::waiting && has_event(*j, id, "suspended");
+    }, [&] { return a.log() + show_runs(h); });
+    a.stop();
+  }
+  const auto workspace = home_a / "workspaces" / id;
+  CHECK(h.journal()->find_run(id)->workspace == workspace.string());
+  daemon_process b(h, "b", {}, "", home_b);
+  h.signal(id, "go", json{{"to", id}});
+  auto refusal = [&] {
+    for (const auto& e : h.journal()->events(id))
+      if (e.kind == "sandbox_warning" && e.data.value("message", "").find("cannot be executed by") != std::string::npos)
+        return e.data.value("message", "");
+    return std::string();
+  };
+  eventually("worker b journals why it does not execute the run", [&] { return !refusal().empty(); },
+             [&] { return b.log() + show_runs(h); });
+  CHECK_THAT(refusal(), Catch::Contains("CAIRN_HOME=" + home_a.string()));
+  auto run = h.journal()->find_run(id);
+  CHECK(run->status == run_status::waiting);
+  CHECK(h.journal()->steps(id).size() == 1);
+  CHECK_FALSE(fs::exists(home_b / "workspaces" / id));
+  b.stop();
+  // Its own worker finishes it, with the files it wrote.
+  daemon_process a(h, "a-again", {}, "", home_a);
+  eventually("the run completed on its worker", [&] { return h.journal()->find_run(id)->status == run_status::completed; },
+             [&] { return a.log() + show_runs(h); });
+  CHECK(slurp(workspace / "exec.log") == "step before\nstep after\n");
+  a.stop();
 }
 
 TEST_CASE("a worker never takes a run whose workspace is on another machine") {
