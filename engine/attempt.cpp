@@ -92,6 +92,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   if (policy_.limits.max_workspace_bytes > 0) spec.workspace_image = options_.workspace_image;
   spec.log_file = options_.log_file;
   spec.app_folder = runtime::script_folder(run_.agent);
+  spec.private_paths = options_.private_paths;
   spec.agent = run_.agent;
   // Made, and later taken down, off the event loop: mounts, cgroups, fork and exec.
   starting_.emplace(co_await start_slot::take());

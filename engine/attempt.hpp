@@ -107,6 +107,8 @@ struct attempt_options {
   std::optional<llm_endpoint> llm;
   // Host paths of the run's workspace image and log.
   std::filesystem::path workspace_image, log_file;
+  // What a script agent's folder must never show (sandbox_spec::private_paths).
+  std::vector<std::filesystem::path> private_paths;
 };
 
 struct attempt_result {

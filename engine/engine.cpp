@@ -538,6 +538,8 @@ attempt_options engine::attempt_options_of(const storage::run_record& run) const
   o.llm = options_.llm;
   o.workspace_image = image_of(run);
   o.log_file = run_log(home(), run_id);
+  o.private_paths = {home()};
+  if (!storage::is_postgres_url(journal_.path().string())) o.private_paths.push_back(journal_.path());
   return o;
 }
 

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "runtime/agent_sdks.hpp"
+#include "runtime/app_folder.hpp"
 #include "runtime/bwrap_support.hpp"
 #include "runtime/child_process.hpp"
 #include "runtime/host_paths.hpp"
@@ -204,15 +205,19 @@ struct started_bwrap {
 };
 started_bwrap start_bwrap(const bwrap_context& c, const resource_limits& limits,
                           const std::map<std::string, std::string>& env, const fs::path& workspace,
-                          const fs::path* agent, const fs::path& app_folder, const std::vector<std::string>& args,
+                          const fs::path* agent, const fs::path& app_folder,
+                          const std::vector<fs::path>& private_paths, const std::vector<std::string>& args,
                           int log_writer, const std::shared_ptr<sandbox_cgroup>& cgroup) {
   std::vector<std::string> options = run_mounts(c, limits, env, workspace);
 
   std::string program = sandbox_agent_path;
   unique_fd program_copy;
   if (agent && !app_folder.empty()) {
-    // A script, run by the interpreter its first line names (from /usr).
+    // A script, run by the interpreter its first line names (from /usr),
+    // from its folder as app_folder.hpp shows it.
+    const app_view view = view_of_app_folder(app_folder, private_paths);
     options.insert(options.end(), {"--ro-bind", app_folder.string(), sandbox_app_folder});
+    for (auto& option : app_view_options(view, sandbox_app_folder)) options.push_back(std::move(option));
     program = (fs::path(sandbox_app_folder) / agent->lexically_relative(app_folder)).string();
   } else if (!agent) {
     program_copy = memfd_with(std::string(reinterpret_cast<const char*>(warm::launcher_image),
@@ -421,7 +426,8 @@ class bwrap_sandbox final : public sandbox {
       channel = std::move(warm_->channel);
     } else {
       auto started =
-          start_bwrap(context_, spec_.limits, env, workspace_, &agent, spec_.app_folder, args, log->writer(), cgroup);
+          start_bwrap(context_, spec_.limits, env, workspace_, &agent, spec_.app_folder, spec_.private_paths, args,
+                      log->writer(), cgroup);
       handle = std::move(started.handle);
       channel = std::move(started.channel);
     }
@@ -596,6 +602,8 @@ class bwrap_backend final : public sandbox_backend {
       check_agent_args(spec.agent_args);
       agent->args = spec.agent_args;
       agent->app_folder = spec.app_folder;
+      agent->private_paths = spec.private_paths;
+      if (!spec.app_folder.empty()) view_of_app_folder(spec.app_folder, spec.private_paths);  // refused: its exec says why
       if (!spec.app_folder.empty()) check_script_reachable(c, spec.app_folder, agent->program);
       agent->stamp = stamp_of(agent->program) + (spec.app_folder.empty() ? "" : "|" + stamp_of(spec.app_folder));
       agent->env = sandbox_environment(spec, detect_cgroups().mode != cgroup_mode::none);
@@ -656,9 +664,10 @@ class bwrap_backend final : public sandbox_backend {
     unique_fd writer(output[1]);
     ::fcntl(warm->own_output.get(), F_SETFL, O_NONBLOCK);
     const auto& a = warm->agent;
-    auto started = a ? start_bwrap(context, limits, a->env, warm->folder->path(), &a->program, a->app_folder, a->args,
-                                   writer.get(), warm->cgroup)
-                     : start_bwrap(context, limits, {}, warm->folder->path(), nullptr, {}, {}, writer.get(), warm->cgroup);
+    auto started = a ? start_bwrap(context, limits, a->env, warm->folder->path(), &a->program, a->app_folder,
+                                   a->private_paths, a->args, writer.get(), warm->cgroup)
+                     : start_bwrap(context, limits, {}, warm->folder->path(), nullptr, {}, {}, {}, writer.get(),
+                                   warm->cgroup);
     warm->handle = std::move(started.handle);
     warm->channel = std::move(started.channel);
     writer.reset();

@@ -83,6 +83,10 @@ struct sandbox_spec {
   // read-only and runs the agent from it, so the script imports its own
   // modules. Empty for a compiled agent, which is given alone.
   std::filesystem::path app_folder;
+  // Host paths the agent must never see through app_folder (CAIRN_HOME, the
+  // journal): covered wherever they lie in it, or the folder is refused
+  // (app_folder.hpp).
+  std::vector<std::filesystem::path> private_paths;
   // The agent's stdout and stderr (and the sandbox tool's own errors) are
   // appended here, on the host, through a pipe the host reads (the agent
   // never holds this file); see output_log.hpp. Required.

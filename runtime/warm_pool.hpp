@@ -78,6 +78,7 @@ struct warm_agent {
   std::filesystem::path program;  // canonical
   std::vector<std::string> args;
   std::filesystem::path app_folder;  // a script's; empty for a binary
+  std::vector<std::filesystem::path> private_paths;  // sandbox_spec::private_paths
   std::string stamp;
   std::map<std::string, std::string> env;
   bool operator==(const warm_agent&) const = default;
