@@ -35,6 +35,13 @@ int main(int argc, char** argv) {
   bool as_json = false;
   app.add_option("--db", db, "journal database (default $CAIRN_HOME/cairn.db, CAIRN_HOME defaults to ./.cairn)")
       ->envname("CAIRN_DB");
+  std::vector<std::string> allow;
+  app.add_option("--allow", allow,
+                 "on a shared (PostgreSQL) journal, what this host also executes when a run asks for it: "
+                 "sandbox-none, command-tools, any-workspace (comma-separated; default none of them)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"sandbox-none", "command-tools", "any-workspace"}))
+      ->envname("CAIRN_ALLOW");
   // Global options are taken after the subcommand too: `cairn run AGENT --db X`.
   app.fallthrough();
   // Every usage error says where the usage is.
@@ -157,7 +164,12 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
-  const auto paths = cairn::cli::resolve_paths(db);
+  auto paths = cairn::cli::resolve_paths(db);
+  for (const auto& what : allow) {
+    paths.allow.sandbox_none |= what == "sandbox-none";
+    paths.allow.command_tools |= what == "command-tools";
+    paths.allow.any_workspace |= what == "any-workspace";
+  }
   try {
     for (const auto& warning : cairn::cli::secure_home(paths)) std::cerr << "warning: " << warning << "\n";
   } catch (const std::exception& e) {

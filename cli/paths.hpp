@@ -5,11 +5,15 @@
 #include <filesystem>
 #include <string>
 
+#include "engine/engine.hpp"
+
 namespace cairn::cli {
 
 struct paths {
   std::filesystem::path home;
   std::filesystem::path db;  // a SQLite file, or a PostgreSQL URL as given (storage::is_postgres_url)
+  // `cairn --allow`: what this host executes of a shared journal's rows (engine::host_allows).
+  engine::host_allows allow;
 };
 
 // `db_flag` is --db when given; for a file, the other folders then sit

@@ -86,6 +86,7 @@ void progress_printer::on_wait(const storage::run_record& run, const storage::wa
 engine::engine_options options_for(const paths& p) {
   engine::engine_options o;
   o.home = p.home;
+  o.allow = p.allow;
   o.llm = engine::llm_endpoint_from_host(p.home / "config.json");
   return o;
 }

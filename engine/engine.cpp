@@ -197,6 +197,12 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
   } catch (const policy_error& e) {
     invalid_policy = e.what();
   }
+  // Checked at every attempt: a row may have been changed since the last.
+  if (auto refused = invalid_policy ? std::nullopt : not_allowed(*run, rules)) {
+    co_await claim_async(*ledger_, journal_, *run);
+    co_return co_await end_run(run_id, storage::run_status::failed, nullptr, protocol::error_info{*refused, "refused"},
+                               watch, /*release_files=*/false);
+  }
   // On the way in, one commit takes the run, gives it its workspace and
   // begins its first attempt; a run that is to end instead is taken alone.
   std::optional<int> begun;
@@ -357,14 +363,14 @@ task<std::optional<storage::run_record>> engine::end_before_attempt(const storag
 }
 
 task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, json output,
-                                          protocol::error_info error, run_observer& watch) {
+                                          protocol::error_info error, run_observer& watch, bool release_files) {
   runtime::crash_point("before_finish");
   // Files first: once the journal says the run ended, nothing releases its
   // workspace again. A crash in between only replays the run.
   auto run = *journal_.find_run(run_id);
   co_await ledger_->confirm_held_async(run_id);  // the workspace of a run taken over is the new owner's
   auto& sandboxes = backend(run.sandbox);
-  co_await offload([&] { release_workspace(sandboxes, run, watch); });
+  if (release_files) co_await offload([&] { release_workspace(sandboxes, run, watch); });
   std::optional<protocol::error_info> why;
   if (status != storage::run_status::completed) why = std::move(error);
   co_await ledger_->apply_async(run_id, effects::run_ended{status, std::move(output), std::move(why)});
@@ -570,6 +576,40 @@ std::optional<std::string> engine::unreachable(const storage::run_record& run) {
                       run.workspace, journal_.step_count(run.id));
   if (!why) return std::nullopt;
   return fmt::format("run {} cannot be executed by {}: {}", run.id, describe_owner(current_owner().str()), *why);
+}
+
+std::optional<std::string> engine::not_allowed(const storage::run_record& run, const policy& rules) const {
+  if (!storage::is_postgres_url(journal_.path().string())) return std::nullopt;
+  const auto& allow = options_.allow;
+  auto refusal = [&](const std::string& what, const std::string& flag) {
+    return fmt::format("this worker ({}) does not run {}, which any writer of the shared journal could ask for; "
+                       "start the worker with `--allow {}` if everyone who may write the journal may do that on "
+                       "this host (docs/scale-out.md, who is trusted)",
+                       describe_owner(current_owner().str()), what, flag);
+  };
+  if (run.sandbox == "none" && !allow.sandbox_none)
+    return refusal(fmt::format("agents without a sandbox (--sandbox {})", run.sandbox), "sandbox-none");
+  if (!rules.commands.empty() && !allow.command_tools)
+    return refusal(fmt::format("command tools on the host (the run's policy grants '{}')", rules.commands.begin()->first),
+                   "command-tools");
+  if (run.workspace.empty()) return std::nullopt;
+  const auto w = std::filesystem::path(run.workspace).lexically_normal();
+  const auto root = workspace_root();
+  const bool own = w == default_workspace(home(), run.id).lexically_normal() ||
+                   (!root.empty() && w == (root / run.id).lexically_normal());
+  if (own) return std::nullopt;
+  if (!allow.any_workspace)
+    return refusal(fmt::format("runs in a workspace given at submit ({}), outside its workspace root and "
+                               "CAIRN_HOME",
+                               w.string()),
+                   "any-workspace");
+  try {
+    // The rules a submitting client applies, applied again here: the row may not have come through one.
+    checked_workspace(journal_, home(), w, run.id);
+  } catch (const engine_error& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
 }
 
 void engine::ready_run_files(const storage::run_record& run) {

@@ -57,6 +57,19 @@ backend_factory default_backends(runtime::warm_pool_options warm = {});
 // result (the lanes of a scheduler share one warm pool).
 backend_factory shared_backends(backend_factory make);
 
+// What a host executes of what a shared journal's rows ask for. On a
+// PostgreSQL journal whoever may write it could otherwise choose what runs on
+// every worker and as whom: an agent without a sandbox, a command on the
+// host, a folder of the worker's chowned to the sandbox uid. So a worker
+// decides from its own configuration (`cairn --allow ...`), and checks every
+// row at every attempt. A SQLite journal is a file of this user's
+// (cli/home_trust.cpp): everything in it is this user's own choice.
+struct host_allows {
+  bool sandbox_none = false;   // runs with --sandbox none: the agent is this user, on this host
+  bool command_tools = false;  // a policy's command tools, executed on this host
+  bool any_workspace = false;  // a --workspace given at submit, outside the worker's root and home
+};
+
 struct engine_options {
   // CAIRN_HOME: every host file of a run lives under it (run_paths.hpp). Required.
   std::filesystem::path home;
@@ -84,6 +97,8 @@ struct engine_options {
   // executes it): WORKSPACE_ROOT/ID on storage every worker reaches, so any
   // worker may resume it; "" for HOME/workspaces/ID, on this machine only.
   std::filesystem::path workspace_root;
+  // On a shared (PostgreSQL) journal: what this host executes of what rows ask.
+  host_allows allow;
 };
 
 struct run_request {
@@ -205,6 +220,9 @@ class engine {
   // Why this worker cannot reach the run's files (its workspace is another
   // worker's, or missing here though steps were committed), or nullopt.
   std::optional<std::string> unreachable(const storage::run_record& run);
+  // Why this host does not execute the run as its row asks (host_allows), or
+  // nullopt; always nullopt on a SQLite journal.
+  std::optional<std::string> not_allowed(const storage::run_record& run, const policy& rules) const;
   // Readies the shared root for a run whose workspace lies there, moving its
   // image there from where an older cairn kept it (HOME/images); throws
   // engine_error(busy) naming the image when it cannot be moved.
@@ -224,8 +242,10 @@ class engine {
                                                                run_observer& watch);
   // Records the end, releases the workspace, cancels unfinished children.
   // `error` is why it did not complete (none when it did).
+  // `release_files` false: the run's workspace is not touched (a row this
+  // host refused to trust names it).
   task<storage::run_record> end_run(const std::string& run_id, storage::run_status status, json output,
-                                    protocol::error_info error, run_observer& watch);
+                                    protocol::error_info error, run_observer& watch, bool release_files = true);
   void release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run, run_observer& watch);
   void cancel_children(const std::string& run_id, const std::string& reason);
   // Sleeps `delay` unless the host starts shutting down (then false).

@@ -241,8 +241,9 @@ class worker_pool {
     auto& s = slots_[i];
     const auto log = home_.log(log_name(i, ++s.incarnation));
     // Waits of 200 ms and more suspend: the runs wake, again and again, on whichever worker takes them.
-    std::vector<std::string> args = {"serve",  "--db", home_.db(), "--max-concurrent", "16", "--lease", "3",
-                                     "--suspend-after", "200"};
+    // The count tool is a command on the host: a shared journal's worker must be told it may run one.
+    std::vector<std::string> args = {"serve", "--db", home_.db(), "--max-concurrent", "16", "--lease", "3",
+                                     "--suspend-after", "200", "--allow", "command-tools"};
     if (!home_.workspace_root().empty()) args.insert(args.end(), {"--workspace-root", home_.workspace_root().string()});
     s.pid = testing::spawn_program(CAIRN_BIN, args, log, log, home_.options(i));
     REQUIRE(s.pid > 0);

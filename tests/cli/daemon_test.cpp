@@ -91,6 +91,8 @@ class cairn_home {
   std::string journal_path() const { return db_.empty() ? db().string() : db_; }
   fs::path workspace(const std::string& run) const { return home() / "workspaces" / run; }
   fs::path file(const std::string& name) const { return dir_ / name; }
+  // CAIRN_ALLOW for every cairn process (default sandbox-none; "" for none).
+  void allow(const std::string& what) { allow_ = what; }
 
   // Starts `cairn ARGS...` with stdout and stderr in `out` and `err`, and
   // CAIRN_CRASH_POINT set to `crash_point` (unset when empty).
@@ -102,6 +104,9 @@ class cairn_home {
     if (pid == 0) {
       if (chdir(dir_.path().c_str()) != 0) _exit(126);
       setenv("CAIRN_HOME", own_home.empty() ? home().c_str() : own_home.c_str(), 1);
+      // Most cases run their agents without a sandbox: a shared journal's worker must be told it may.
+      if (allow_.empty()) unsetenv("CAIRN_ALLOW");
+      else setenv("CAIRN_ALLOW", allow_.c_str(), 1);
       if (!db_.empty()) setenv("CAIRN_DB", db_.c_str(), 1);
       if (crash_point.empty()) unsetenv("CAIRN_CRASH_POINT");
       else setenv("CAIRN_CRASH_POINT", crash_point.c_str(), 1);
@@ -168,6 +173,7 @@ class cairn_home {
  private:
   testing::temp_dir dir_;
   std::string db_;  // "" for HOME/cairn.db
+  std::string allow_ = "sandbox-none";
   int calls_ = 0;
 };
 
@@ -1569,6 +1575,75 @@ TEST_CASE("a worker refuses a run whose workspace is in another worker's home, a
              [&] { return a.log() + show_runs(h); });
   CHECK(slurp(workspace / "exec.log") == "step before\nstep after\n");
   a.stop();
+}
+
+// Whoever may write a shared journal must not choose what runs on a worker
+// or as whom: rows asking for no sandbox, command tools on the host or a
+// folder of the worker's are refused, at every attempt, unless the worker
+// itself allows them; a refused row's folder is never touched.
+TEST_CASE("a worker on a shared journal runs no row that asks for no sandbox, a host command or a folder of its own",
+          "[postgres]") {
+  cairn_home h(cairn_home::any_backend);
+  h.allow("");
+  const auto p = testing::test_prefix();
+  const std::string bare = p + "bare", command = p + "command", folder = p + "folder", changed = p + "changed";
+  h.submit(bare, plan_of({step("a")}), {"--sandbox", "none"});
+  const auto policy = h.file("policy.json");
+  std::ofstream(policy) << json{{"tools", {{"record", {{"command", {"/bin/true"}}, {"input", json::object()}, {"idempotency", "idempotent"}}}}}}.dump();
+  h.submit(command, plan_of({step("a")}), {"--policy", policy.string()});
+  // A root-only folder with a secret, given as the workspace.
+  const auto closed = h.file("closed");
+  fs::create_directories(closed);
+  std::ofstream(closed / "secret") << "root's\n";
+  ::chmod(closed.c_str(), 0700);
+  struct stat before {};
+  REQUIRE(::stat(closed.c_str(), &before) == 0);
+  h.submit(folder, plan_of({step("a")}), {"--workspace", closed.string()});
+  // A run that waits, whose row is changed before it is woken.
+  h.submit(changed, plan_of({step("a"), wait_for_signal("go"), step("b")}));
+  const auto root = h.file("shared");
+  fs::create_directories(root);
+  daemon_process worker(h, "worker", {"--workspace-root", root.string(), "--suspend-after", "200"});
+  auto context = [&] { return worker.log() + show_runs(h); };
+  auto failed_with = [&](const std::string& id, const std::string& flag) {
+    auto run = h.journal()->find_run(id);
+    INFO(id << ": " << (run->error ? run->error->message : "no error"));
+    CHECK(run->status == run_status::failed);
+    REQUIRE(run->error);
+    CHECK(run->error->type == "refused");
+    CHECK_THAT(run->error->message, Catch::Contains("--allow " + flag));
+    CHECK(run->attempts == 0);  // no sandbox, no agent
+  };
+  eventually("the three rows are refused, the fourth waits", [&] {
+    auto j = h.journal();
+    return ended(j->find_run(bare)->status) && ended(j->find_run(command)->status) &&
+           ended(j->find_run(folder)->status) && j->find_run(changed)->status == run_status::waiting;
+  }, context);
+  failed_with(bare, "sandbox-none");
+  failed_with(command, "command-tools");
+  failed_with(folder, "any-workspace");
+  struct stat after {};
+  REQUIRE(::stat(closed.c_str(), &after) == 0);
+  CHECK(after.st_uid == before.st_uid);
+  CHECK(after.st_mode == before.st_mode);
+  CHECK_FALSE(fs::exists(closed / "exec.log"));
+
+  // Someone with write access to the database turns the waiting run into
+  // an unsandboxed shell; the worker checks the row again when it wakes it.
+  auto sql = testing::run_program("/usr/bin/psql",
+                                  {h.journal_path(), "-v", "ON_ERROR_STOP=1", "-c",
+                                   "UPDATE runs SET sandbox = 'none', agent = '/bin/sh' WHERE id = '" + changed + "'"},
+                                  h.file(""));
+  INFO(sql.out << sql.err);
+  REQUIRE(sql.code == 0);
+  h.signal(changed, "go", json{{"to", changed}});
+  eventually("the changed row is refused", [&] { return ended(h.journal()->find_run(changed)->status); }, context);
+  auto run = h.journal()->find_run(changed);
+  CHECK(run->status == run_status::failed);
+  REQUIRE(run->error);
+  CHECK_THAT(run->error->message, Catch::Contains("--allow sandbox-none"));
+  CHECK(h.journal()->steps(changed).size() == 1);  // step a; the signal was never delivered to it
+  worker.stop();
 }
 
 TEST_CASE("a worker never takes a run whose workspace is on another machine") {
