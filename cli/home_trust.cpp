@@ -1,5 +1,6 @@
 #include "cli/home_trust.hpp"
 
+#include "engine/run_paths.hpp"
 #include "storage/journal.hpp"
 
 #include <pwd.h>
@@ -61,6 +62,12 @@ std::vector<std::string> secure_home(const paths& p) {
   fs::create_directories(p.home.parent_path(), ec);  // with the user's umask, as the folders above always were
   if (::mkdir(p.home.c_str(), 0700) == 0 && root) ::chmod(p.home.c_str(), 0711);
   check_owned(p.home, "CAIRN_HOME", true);
+  // Root acts on the home's folders by path: no other user may swap one.
+  try {
+    engine::check_unswappable(p.home, "CAIRN_HOME");
+  } catch (const engine::engine_error& e) {
+    throw trust_error(e.what());
+  }
   for (const char* folder : {"workspaces", "images", "logs"}) check_owned(p.home / folder, "CAIRN_HOME", true);
   // A PostgreSQL journal is no file here: the server guards it.
   if (!storage::is_postgres_url(p.db.string())) {

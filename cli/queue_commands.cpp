@@ -1,4 +1,5 @@
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -184,11 +185,19 @@ int serve_command(const paths& p, const serve_args& args) {
       if (ec) root = std::filesystem::absolute(args.workspace_root).lexically_normal();
       if (!root.has_filename()) root = root.parent_path();
       o.engine.workspace_root = root;
+      engine::check_unswappable(root, "--workspace-root");
       // Refused now rather than at each run's first execution: the rules of --workspace hold for every run's folder in it.
       storage::journal journal(p.db);
       engine::checked_workspace(journal, p.home, o.engine.workspace_root / "RUN_ID", "RUN_ID");
       // What an older cairn kept in this home for runs of the root goes beside them, before any run is taken.
       for (const auto& problem : engine::adopt_images_of_root(journal, p.home, root)) log_line("warning: " + problem);
+    }
+    {
+      // What a cancel elsewhere or a crash left in this host's image folders.
+      storage::journal journal(p.db);
+      engine::engine cleanup(journal, o.engine);
+      if (const auto released = cleanup.release_ended_runs())
+        log_line(fmt::format("released the files of {} ended run{}", released, released == 1 ? "" : "s"));
     }
     o.max_concurrent = args.max_concurrent;
     // Many serves may share the journal: each holds a lease in its workers.

@@ -453,6 +453,13 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
   // An idle run is cancelled in one write. Asking first would wake a scheduler,
   // which could take the run between the two writes.
   if (ledger_->cancel_idle_run(run_id, reason)) {
+    // A suspended run's files go back to its plain folder, as at any run's
+    // end; one whose files this host does not hold is left to their worker
+    // (release_ended_runs at its start).
+    if (files_are_ours(*run)) {
+      null_observer quiet;
+      release_workspace(backend(run->sandbox), *run, quiet);
+    }
     cancel_children(run_id, fmt::format("its parent run {} was cancelled", run_id));
     return cancel_outcome::cancelled;
   }
@@ -559,7 +566,40 @@ std::filesystem::path engine::workspace_root() const {
 }
 
 std::filesystem::path engine::image_of(const storage::run_record& run) const {
+  if (options_.workspace_root.empty()) return find_run_image(home(), run.id, run.workspace);
   return image_of_run(home(), workspace_root(), run.id, run.workspace);
+}
+
+bool engine::files_are_ours(const storage::run_record& run) {
+  if (run.workspace.empty() || unreachable(run)) return false;
+  if (!storage::is_postgres_url(journal_.path().string())) return true;
+  // A shared journal's row is trusted only for a folder this host made for it.
+  const auto w = std::filesystem::path(run.workspace).lexically_normal();
+  const auto image = image_of(run);
+  return w == default_workspace(home(), run.id).lexically_normal() ||
+         image.parent_path().parent_path() == w.parent_path();
+}
+
+std::size_t engine::release_ended_runs() {
+  std::size_t released = 0;
+  std::vector<std::filesystem::path> folders = {home() / "images"};
+  if (!workspace_root().empty()) folders.push_back(root_workspace_image(workspace_root(), "ID").parent_path());
+  null_observer quiet;
+  for (const auto& folder : folders) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+      const auto name = entry.path().filename();
+      if (name.extension() != ".img" || run_id_problem(name.stem().string())) continue;
+      auto run = journal_.find_run(name.stem().string());
+      if (!run || !(run->status == storage::run_status::completed || run->status == storage::run_status::failed ||
+                    run->status == storage::run_status::cancelled) ||
+          image_of(*run) != entry.path() || !files_are_ours(*run))
+        continue;
+      release_workspace(backend(run->sandbox), *run, quiet);
+      released += !std::filesystem::exists(entry.path());
+    }
+  }
+  return released;
 }
 
 std::optional<std::string> engine::unreachable(const storage::run_record& run) {
@@ -569,7 +609,7 @@ std::optional<std::string> engine::unreachable(const storage::run_record& run) {
   auto why = unreachable_workspace(home(), workspace_root(), run.id, run.workspace, other_roots);
   std::error_code ec;
   if (!why && !run.workspace.empty() && !std::filesystem::exists(run.workspace, ec) &&
-      journal_.step_count(run.id) > 0 && !runtime::cut_short_release(run.workspace))
+      journal_.step_count(run.id) > 0 && !runtime::cut_short_release(run.workspace, image_of(run)))
     why = fmt::format("its workspace {} does not exist on this machine, though {} of its steps were committed: "
                       "their files are elsewhere (storage that is not mounted here?); mount it, or resume the run "
                       "where it is",

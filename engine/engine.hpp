@@ -200,6 +200,12 @@ class engine {
 
   storage::journal& journal() { return journal_; }
 
+  // Releases into their plain folders the files of ended runs whose quota
+  // images are still in this host's folders (HOME/images, ROOT/.images): a
+  // run cancelled while suspended by a process that does not hold its files,
+  // or a release a crash cut short. Returns how many images went.
+  std::size_t release_ended_runs();
+
  private:
   // The row submit() inserts for `request`; throws what submit() refuses.
   storage::new_run new_run_of(run_request request);
@@ -223,6 +229,9 @@ class engine {
   // Why this host does not execute the run as its row asks (host_allows), or
   // nullopt; always nullopt on a SQLite journal.
   std::optional<std::string> not_allowed(const storage::run_record& run, const policy& rules) const;
+  // Whether this host may release the run's files: it reaches them, and on a
+  // shared journal made them (its own home's folder, or beside its image).
+  bool files_are_ours(const storage::run_record& run);
   // Readies the shared root for a run whose workspace lies there, moving its
   // image there from where an older cairn kept it (HOME/images); throws
   // engine_error(busy) naming the image when it cannot be moved.

@@ -49,6 +49,25 @@ fs::path image_of_run(const fs::path& home, const fs::path& workspace_root, cons
   return workspace_image(home, run_id);
 }
 
+namespace {
+
+// Whether `path` is this user's alone: owned by it, no one else may write.
+bool owned_alone(const fs::path& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
+}  // namespace
+
+fs::path find_run_image(const fs::path& home, const std::string& run_id, const fs::path& workspace) {
+  const fs::path w = workspace.lexically_normal();
+  if (w.filename() == run_id && w != default_workspace(home, run_id).lexically_normal()) {
+    const fs::path beside = root_workspace_image(w.parent_path(), run_id);
+    if (owned_alone(beside.parent_path()) && owned_alone(beside)) return beside;
+  }
+  return workspace_image(home, run_id);
+}
+
 std::optional<std::string> unreachable_workspace(const fs::path& home, const fs::path& workspace_root,
                                                  const std::string& run_id, const fs::path& workspace,
                                                  const std::vector<std::string>& other_roots) {
@@ -64,13 +83,29 @@ std::optional<std::string> unreachable_workspace(const fs::path& home, const fs:
                          "the same --workspace-root",
                          w.string(), parent.string(), workspace_root.empty() ? "none" : workspace_root.string(),
                          root_workspace_image(parent, run_id).string());
-  if (w.filename() == run_id && parent.filename() == "workspaces")
+  // Another home's default workspace: HOME/workspaces/ID beside HOME/images
+  // and HOME/logs, as make_home_folders() leaves a home (a folder the user
+  // gave that is named so by chance has no such neighbours).
+  std::error_code ec;
+  const fs::path other_home = parent.parent_path();
+  if (w.filename() == run_id && parent.filename() == "workspaces" && fs::is_directory(other_home / "images", ec) &&
+      fs::is_directory(other_home / "logs", ec))
     return fmt::format("its workspace {} is the default one of another CAIRN_HOME, {} (this worker's is {}): its "
                        "files, and its quota image {}, are reached only by a worker of that home; run one with "
                        "CAIRN_HOME={}, or give every worker one --workspace-root",
                        w.string(), parent.parent_path().string(), home.string(),
                        workspace_image(parent.parent_path(), run_id).string(), parent.parent_path().string());
   return std::nullopt;
+}
+
+void check_unswappable(const fs::path& folder, const std::string& what) {
+  if (::geteuid() != 0) return;
+  if (auto why = runtime::swappable_ancestor(folder / "x"))
+    throw engine_error(errc::bad_request,
+                       fmt::format("{} {} is refused: {}; cairn runs as root and would then act on that folder "
+                                   "instead. Keep it where only root may change the folders above it (chown root, "
+                                   "chmod go-w)",
+                                   what, folder.string(), *why));
 }
 
 void make_root_folders(const fs::path& workspace_root) { open_folder(workspace_root / ".images", false); }

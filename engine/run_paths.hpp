@@ -36,6 +36,14 @@ void make_home_folders(const std::filesystem::path& home);
 std::filesystem::path image_of_run(const std::filesystem::path& home, const std::filesystem::path& workspace_root,
                                    const std::string& run_id, const std::filesystem::path& workspace);
 
+// The image of a run as a process that knows only its HOME (a `cairn`
+// command, not the worker) finds it: ROOT/.images/ID.img beside a workspace
+// ROOT/ID when that folder and the image are this user's alone (a worker of
+// a shared root made them), never a file another user placed; else
+// HOME/images/ID.img.
+std::filesystem::path find_run_image(const std::filesystem::path& home, const std::string& run_id,
+                                     const std::filesystem::path& workspace);
+
 // Why this worker cannot reach the files of a run whose workspace is
 // `workspace` (canonical paths; `other_roots`: the workspace roots other
 // workers of the journal registered), or nullopt when it can: a workspace
@@ -45,6 +53,12 @@ std::optional<std::string> unreachable_workspace(const std::filesystem::path& ho
                                                  const std::filesystem::path& workspace_root,
                                                  const std::string& run_id, const std::filesystem::path& workspace,
                                                  const std::vector<std::string>& other_roots);
+
+// Under root: throws engine_error(bad_request) naming the fix when another
+// user could put another folder in place of one above `folder` (what root
+// chowns and mounts there would land in theirs); `what` names it for the
+// user ("CAIRN_HOME", "--workspace-root"). Nothing to check as another user.
+void check_unswappable(const std::filesystem::path& folder, const std::string& what);
 
 // Makes ROOT/.images (0700, without following links) for a shared root.
 void make_root_folders(const std::filesystem::path& workspace_root);

@@ -59,24 +59,6 @@ workspace_entry entry_at(int dir_fd, const char* name, const std::string& path) 
   return e;
 }
 
-// Whether `path` is this user's alone: owned by it, no one else may write.
-bool owned_alone(const fs::path& path) {
-  struct stat st {};
-  return ::lstat(path.c_str(), &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
-}
-
-// The run's image as its worker keeps it (run_paths.hpp): beside a workspace
-// under a shared root (ROOT/.images/ID.img) when that folder and the image
-// are this user's own, never a file another user placed; else HOME/images.
-fs::path image_for_view(const fs::path& home, const storage::run_record& run) {
-  const fs::path workspace = fs::path(run.workspace).lexically_normal();
-  if (workspace.filename() == run.id) {
-    const fs::path beside = root_workspace_image(workspace.parent_path(), run.id);
-    if (owned_alone(beside.parent_path()) && owned_alone(beside)) return beside;
-  }
-  return workspace_image(home, run.id);
-}
-
 }  // namespace
 
 struct workspace_files::fuse_view {
@@ -94,8 +76,8 @@ workspace_files::~workspace_files() {
 }
 
 workspace_files::workspace_files(const fs::path& home, const storage::run_record& run) {
-  const fs::path folder = run.workspace, image = image_for_view(home, run);
-  if (auto whole = runtime::cut_short_release(folder)) {
+  const fs::path folder = run.workspace, image = find_run_image(home, run.id, run.workspace);
+  if (auto whole = runtime::cut_short_release(folder, image)) {
     root_.reset(::open(whole->c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!root_) not_found(fmt::format("run {}: opening {} ({})", run.id, whole->string(), std::strerror(errno)));
     source_ = "the copy of its files at " + whole->string() + ", which a crash kept from taking its folder's place";

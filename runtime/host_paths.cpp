@@ -36,6 +36,14 @@ bool valid_env_name(const std::string& name) {
 fs::path prepare_workspace_parent(const fs::path& workspace) {
   if (workspace.empty()) bad_spec("the sandbox spec has no workspace folder");
   fs::path path = fs::absolute(workspace).lexically_normal();
+  // Root chowns, mounts and binds the folder by its path after this: no
+  // other user may be able to put another folder in its place meanwhile.
+  if (::geteuid() == 0)
+    if (auto why = swappable_ancestor(path))
+      bad_spec(fmt::format("workspace {} is refused: {}; cairn runs as root and would then act on that folder "
+                           "instead. Keep workspaces where only root may change the folders above them (chown "
+                           "root, chmod go-w)",
+                           path.string(), *why));
   // Under root the sandbox uid passes through the folders above (search, never list).
   open_folder_no_follow(path.parent_path(), ::geteuid() == 0 ? 0711 : 0700);
   return path;

@@ -159,4 +159,32 @@ void strip_set_id_bits(const fs::path& dir) {
   });
 }
 
+std::optional<std::string> swappable_ancestor(const std::filesystem::path& path) {
+  std::filesystem::path at = "/";
+  auto judge = [&](const std::filesystem::path& folder) -> std::optional<std::string> {
+    struct stat st {};
+    if (::lstat(folder.c_str(), &st) < 0) return std::nullopt;  // made later, by cairn, as its own
+    if (S_ISLNK(st.st_mode)) return fmt::format("{} is a symbolic link", folder.string());
+    if (st.st_uid != 0 && st.st_uid != ::geteuid())
+      return fmt::format("{} belongs to uid {}, who could put another folder in its place", folder.string(),
+                         st.st_uid);
+    const bool sticky = st.st_mode & S_ISVTX;
+    if ((st.st_mode & S_IWOTH) && !sticky)
+      return fmt::format("{} may be written by every user (mode {:04o}), who could put another folder in its place",
+                         folder.string(), st.st_mode & 07777);
+    if ((st.st_mode & S_IWGRP) && !sticky && st.st_gid != ::getegid())
+      return fmt::format("{} may be written by its group {} (mode {:04o}), whose members could put another folder "
+                         "in its place",
+                         folder.string(), st.st_gid, st.st_mode & 07777);
+    return std::nullopt;
+  };
+  if (auto why = judge(at)) return why;
+  for (const auto& part : path.lexically_normal().parent_path().relative_path()) {
+    if (part.empty()) continue;
+    at /= part;
+    if (auto why = judge(at)) return why;
+  }
+  return std::nullopt;
+}
+
 }  // namespace cairn::runtime

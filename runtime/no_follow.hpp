@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "runtime/unique_fd.hpp"
 
@@ -19,6 +20,15 @@ namespace cairn::runtime {
 // given exactly that mode (the umask does not apply). Throws
 // sandbox_error(bad_spec) naming the component that is a link or no folder.
 unique_fd open_folder_no_follow(const std::filesystem::path& path, std::optional<mode_t> create_mode = std::nullopt);
+
+// Why another user could swap a folder on the way to `path` (absolute)
+// between two uses of it, as OpenSSH's StrictModes judges a home: a folder
+// from "/" down to the one that holds `path` (those that exist) is a link, belongs to
+// someone other than root or this user, or may be written by another user
+// (by its group, unless that is this user's own, or by everyone, unless it
+// is sticky like /tmp, where others cannot rename what is not theirs).
+// nullopt when none can: the folders cairn opens then stay the ones it meant.
+std::optional<std::string> swappable_ancestor(const std::filesystem::path& path);
 
 // Opens (creating it 0600 when missing) `name` in `folder` for appending,
 // never through a link; its mode is set back to 0600, so it is never

@@ -88,6 +88,35 @@ fs::path whole_copy_of(const fs::path& workspace) {
   return workspace.parent_path() / ("." + workspace.filename().string() + ".released");
 }
 
+// A whole copy is adopted only when it is the one a release of the image
+// made: before the copy gets its name, the release writes its device and
+// inode into IMAGE.released, beside the image in cairn's own folder, where
+// no one else writes. A folder of that name that someone else put beside
+// the workspace (a shared parent folder) is never taken for the run's files.
+fs::path copy_record_of(const fs::path& image) { return fs::path(image) += ".released"; }
+
+void record_whole_copy(const fs::path& image, int copy_fd) {
+  struct stat st {};
+  if (::fstat(copy_fd, &st) < 0) failed(sandbox_errc::workspace_failed, "reading the copy of " + image.string());
+  const fs::path record = copy_record_of(image);
+  unique_fd out(::open(record.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+  const std::string text = fmt::format("{} {}\n", st.st_dev, st.st_ino);
+  if (!out || ::write(out.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
+      ::fsync(out.get()) < 0)
+    failed(sandbox_errc::workspace_failed, "writing " + record.string());
+  sync_folder(image.parent_path());
+}
+
+bool is_whole_copy_of(const fs::path& whole, const fs::path& image) {
+  struct stat st {};
+  if (::lstat(whole.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) return false;
+  unique_fd in(::open(copy_record_of(image).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  char text[64] = {};
+  if (!in || ::read(in.get(), text, sizeof text - 1) <= 0) return false;
+  unsigned long long dev = 0, ino = 0;
+  return std::sscanf(text, "%llu %llu", &dev, &ino) == 2 && dev == st.st_dev && ino == st.st_ino;
+}
+
 // The name an image takes when its run is over and its files are copied
 // out, until it is deleted: nothing mounts or reads it any more.
 fs::path doomed_name(const fs::path& image) {
@@ -188,10 +217,9 @@ std::optional<std::string> size_warning(const fs::path& image, std::uint64_t quo
 
 std::uint64_t workspace_image_size(std::uint64_t quota) { return quota + std::max(min_margin, quota / 8); }
 
-std::optional<fs::path> cut_short_release(const fs::path& workspace) {
+std::optional<fs::path> cut_short_release(const fs::path& workspace, const fs::path& image) {
   fs::path whole = whole_copy_of(fs::absolute(workspace).lexically_normal());
-  struct stat st {};
-  if (::lstat(whole.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
+  if (!is_whole_copy_of(whole, image)) return std::nullopt;
   return whole;
 }
 
@@ -469,6 +497,7 @@ void take_whole_copy(const fs::path& workspace, const fs::path& image, const std
   if (::rename(whole.c_str(), workspace.c_str()) < 0)
     failed(sandbox_errc::workspace_failed, "moving the released files into " + workspace.string());
   sync_folder(workspace.parent_path());
+  ::unlink(copy_record_of(image).c_str());  // its copy is the folder now
   fs::remove_all(staging, ec);  // left over, the next call removes it
   reaper().add({std::move(filesystem), doomed});
 }
@@ -530,7 +559,7 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
   }
   // A release that a crash cut short after its copy was whole: that copy,
   // not the image, holds the files; they move into a new image from the folder.
-  if (::access(whole_copy_of(workspace).c_str(), F_OK) == 0) take_whole_copy(workspace, image, support.fuse, nullptr);
+  if (is_whole_copy_of(whole_copy_of(workspace), image)) take_whole_copy(workspace, image, support.fuse, nullptr);
   bool fresh = !fs::exists(image);
   const std::uint64_t image_bytes = workspace_image_size(bytes);
   if (!fresh)
@@ -621,7 +650,7 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
     }
   } over{workspace};
   fs::remove_all(staging, ec);  // a copy cut short
-  if (::access(whole.c_str(), F_OK) == 0) {
+  if (is_whole_copy_of(whole, image)) {
     if (held.lease) std::exchange(held.lease, nullptr)->release_locked();
     take_whole_copy(workspace, image, detect_workspace_quota().fuse, nullptr);
     return;
@@ -658,8 +687,16 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
         ::fchmod(copy.get(), st.st_mode & 01777) < 0 ||
         (nothing_copied ? ::fsync(copy.get()) : ::syncfs(copy.get())) < 0)
       failed(sandbox_errc::workspace_failed, "finishing " + staging.string());
-    if (::rename(staging.c_str(), whole.c_str()) < 0)
+    record_whole_copy(image, copy.get());
+    // Never over a folder of that name that cairn did not make.
+    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, whole.c_str(), RENAME_NOREPLACE) < 0) {
+      if (errno == EEXIST)
+        throw sandbox_error(sandbox_errc::workspace_failed,
+                            fmt::format("{} sits beside workspace {}, and cairn did not make it: the run's files stay "
+                                        "in its image {} until it is removed",
+                                        whole.string(), workspace.string(), image.string()));
       failed(sandbox_errc::workspace_failed, "saving " + whole.string());
+    }
     sync_folder(workspace.parent_path());
     crash_point("workspace_copied");
     root.reset();

@@ -153,11 +153,14 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
 void release_workspace_image(const std::filesystem::path& workspace, const std::filesystem::path& image,
                              workspace_lease* mounted = nullptr);
 
-// The copy of the files a release synced whole beside `workspace` and a
-// crash kept from taking its place (the next release or mount finishes
-// that): until then it, not the folder or the image, holds the run's
-// files. nullopt when there is none.
-std::optional<std::filesystem::path> cut_short_release(const std::filesystem::path& workspace);
+// The copy of the files a release of `image` synced whole beside
+// `workspace` and a crash kept from taking its place (the next release or
+// mount finishes that): until then it, not the folder or the image, holds
+// the run's files. nullopt when there is none; a folder of that name which
+// no release of `image` made (its record beside the image names another)
+// is not one.
+std::optional<std::filesystem::path> cut_short_release(const std::filesystem::path& workspace,
+                                                       const std::filesystem::path& image);
 
 // Moves the image `from` (where an earlier layout kept it) to `to`, when
 // there is one and `to` does not exist yet; the lock of a live mount is

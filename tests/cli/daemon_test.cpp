@@ -1577,6 +1577,35 @@ TEST_CASE("a worker refuses a run whose workspace is in another worker's home, a
   a.stop();
 }
 
+// docs/sandbox.md: a run cancelled while it waited has its files copied out
+// of its quota image, as at any run's end; the image does not stay forever.
+TEST_CASE("a run cancelled while suspended gets its files back in its folder, and its image goes") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const std::string id = p + "cancelled";
+  h.submit(id, plan_of({step("before"), wait_for_signal("go"), step("after")}));
+  const auto root = h.file("shared");
+  fs::create_directories(root);
+  std::vector<std::string> args = {"--suspend-after", "200"};
+  if (h.on_postgres()) args.insert(args.end(), {"--workspace-root", root.string()});
+  daemon_process worker(h, "worker", args);
+  eventually("the run is suspended", [&] {
+    auto j = h.journal();
+    return j->find_run(id)->status == run_status::waiting && has_event(*j, id, "suspended");
+  }, [&] { return worker.log() + show_runs(h); });
+  worker.stop();
+  const auto run = h.journal()->find_run(id);
+  const fs::path workspace = run->workspace;
+  const fs::path image = h.on_postgres() ? root / ".images" / (id + ".img") : h.home() / "images" / (id + ".img");
+  REQUIRE(fs::exists(image));
+  auto cancelled = h.cli({"cancel", id});
+  INFO(cancelled.out << cancelled.err);
+  REQUIRE(cancelled.code == 0);
+  CHECK(h.journal()->find_run(id)->status == run_status::cancelled);
+  CHECK_FALSE(fs::exists(image));
+  CHECK(slurp(workspace / "exec.log") == "step before\n");
+}
+
 // Whoever may write a shared journal must not choose what runs on a worker
 // or as whom: rows asking for no sandbox, command tools on the host or a
 // folder of the worker's are refused, at every attempt, unless the worker

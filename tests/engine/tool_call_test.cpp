@@ -53,7 +53,10 @@ struct harness {
     const auto policy = dir / ("policy-" + id + ".json");
     std::ofstream(policy) << mailer_policy_json(idempotency).dump();
     testing::cli_options o;
-    o.env = {{"CAIRN_HOME", dir.path().string()}, {"CAIRN_CRASH_POINT", "tool_started:1"}};
+    // The same home as this process's engine: a worker of another home would refuse the run it leaves.
+    o.env = {{"CAIRN_HOME", (dir / "home").string()},
+             {"CAIRN_DB", (dir / "cairn.db").string()},
+             {"CAIRN_CRASH_POINT", "tool_started:1"}};
     auto killed = testing::run_program(CAIRN_BIN, {"run", TOOL_AGENT, "--id", id, "--policy", policy.string(),
                                                    "--input", input.dump()},
                                        dir.path(), o);

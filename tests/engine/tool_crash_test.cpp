@@ -34,6 +34,8 @@ struct host {
     if (pid == 0) {
       setenv("CAIRN_HOME", home.path().c_str(), 1);
       setenv("CAIRN_DB", db.c_str(), 1);
+      // The tools are commands on the host: a shared journal's host must be told it may run them.
+      setenv("CAIRN_ALLOW", "command-tools", 1);
       if (crash_point.empty()) unsetenv("CAIRN_CRASH_POINT");
       else setenv("CAIRN_CRASH_POINT", crash_point.c_str(), 1);
       int log = open((home / "cli.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);

@@ -202,6 +202,47 @@ TEST_CASE("as root, a CAIRN_HOME another user prepared is refused and nothing it
   }
 }
 
+// A user who may change a folder above root's workspace (its owner, or
+// anyone when it is 0777 without the sticky bit) could swap the workspace
+// for a folder of root's between two uses of its path (the chown to the
+// sandbox uid, the mount of its image, bwrap's bind): as root, such a
+// workspace, CAIRN_HOME or --workspace-root is refused, and the folder
+// that would have been swapped in keeps its owner, mode and bytes.
+TEST_CASE("as root, a workspace, CAIRN_HOME or workspace root below a folder another user may change is refused") {
+  if (!cairn::testing::require_capability("root", ::geteuid() == 0, "only root can give a folder to another user"))
+    return;
+  for (const std::string how : {"owned by nobody", "0777"}) {
+    DYNAMIC_SECTION(how) {
+      temp_dir t;
+      ::chmod(t.path().c_str(), 0755);
+      const fs::path theirs = t.path() / "theirs";
+      fs::create_directories(theirs);
+      if (how == "0777") ::chmod(theirs.c_str(), 0777);
+      else ::chown(theirs.c_str(), nobody, nobody);
+      // What the other user would swap in: root's folder, under the workspace's name.
+      victim v(theirs);
+      const fs::path home = t.path() / "home";
+      auto run = cairn_cli(t, home, {"run", SYMLINK_AGENT_PATH, "--id", "swapped", "--workspace", v.dir.string(),
+                                     "--input", json{{"mode", "read"}}.dump()});
+      INFO(run.out << run.err);
+      CHECK(run.code != 0);
+      CHECK_THAT(run.err, Catch::Contains("is refused") && Catch::Contains(theirs.string()) &&
+                              Catch::Contains("chmod go-w"));
+      v.check_untouched();
+
+      auto listed = cairn_cli(t, theirs / "home", {"ls"});
+      INFO(listed.err);
+      CHECK(listed.code == 3);
+      CHECK_THAT(listed.err, Catch::Contains("CAIRN_HOME") && Catch::Contains("is refused"));
+
+      auto served = cairn_cli(t, home, {"serve", "--workspace-root", (theirs / "root").string()});
+      INFO(served.err);
+      CHECK(served.code != 0);
+      CHECK_THAT(served.err, Catch::Contains("--workspace-root") && Catch::Contains("is refused"));
+    }
+  }
+}
+
 TEST_CASE("the run log is never opened through a planted link") {
   temp_dir t;
   ::chmod(t.path().c_str(), 0755);

@@ -1,6 +1,7 @@
 // `cairn workspace`: a suspended run's files read from the host, without
 // waking the run, without writing to its image, and without following a
 // link its agent planted or printing its escape sequences raw.
+#include <sys/stat.h>
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -99,6 +100,10 @@ TEST_CASE("cairn workspace reads the files a release cut short left beside the f
   const auto whole = std::filesystem::path(folder).parent_path() / ".viewed.released";
   std::filesystem::rename(folder, whole);
   std::filesystem::create_directories(folder);
+  // The release's record of its copy, beside the image (workspace_quota.cpp): the copy's device and inode.
+  struct stat st {};
+  REQUIRE(::stat(whole.c_str(), &st) == 0);
+  std::ofstream(r.host.dir / "home" / "images" / "viewed.img.released") << st.st_dev << " " << st.st_ino << "\n";
 
   auto listing = r.workspace({});
   INFO(listing.err);

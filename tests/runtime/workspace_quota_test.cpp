@@ -99,10 +99,15 @@ void write_older_then_done(sandbox_backend& backend, const sandbox_spec& spec, c
 // the files was whole: the copy beside the folder, the folder an empty
 // mount point, the image still there, older than the copy when `older_image`
 // is given (it is never flushed again once the copy is whole).
+// The release has recorded the copy as its own beside the image
+// (IMAGE.released: the copy's device and inode).
 void cut_short_after_copy(sandbox_backend& backend, const sandbox_spec& spec, const fs::path& older_image) {
   backend.release_workspace(spec.workspace, spec.workspace_image);
   fs::rename(spec.workspace, whole_copy(spec.workspace));
   fs::create_directories(spec.workspace);
+  struct stat st {};
+  REQUIRE(::stat(whole_copy(spec.workspace).c_str(), &st) == 0);
+  std::ofstream(fs::path(spec.workspace_image) += ".released") << st.st_dev << " " << st.st_ino << "\n";
   if (!older_image.empty()) fs::copy_file(older_image, spec.workspace_image);
 }
 
@@ -420,6 +425,38 @@ TEST_CASE_METHOD(cut_short_release, "quota: an attempt after a release cut short
   CHECK_FALSE(fs::exists(whole_copy(spec.workspace)));
   backend->release_workspace(spec.workspace, spec.workspace_image);
   CHECK(read_file(spec.workspace / "result.txt") == "done");
+}
+
+// In a folder others may write (a shared parent of a --workspace), another
+// user plants a folder under the name a release gives its whole copy: it
+// must never become the run's files, nor cost the run its image.
+TEST_CASE("quota: a folder planted under the name of a release's copy is never taken for the run's files") {
+  if (!require_quota()) return;
+  temp_dir dir;
+  sandbox_spec spec = make_spec(dir);
+  auto backend = make_bwrap_backend();
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"write", "/workspace/result.txt", "the run's"})["ok"] == true);
+  }
+  const fs::path planted = whole_copy(spec.workspace);
+  fs::create_directories(planted);
+  std::ofstream(planted / "result.txt") << "planted";
+  ::chown(planted.c_str(), 65534, 65534);
+  // A mount adopts no such folder: the agent sees its own files.
+  {
+    auto box = backend->create(spec);
+    CHECK(run_probe(*box, {"read", "/workspace/result.txt"})["detail"] == "the run's");
+  }
+  // Nor does the release: it stops, the files safe in their image, until the folder is gone.
+  CHECK_THROWS_WITH(backend->release_workspace(spec.workspace, spec.workspace_image),
+                    Catch::Contains("cairn did not make it"));
+  CHECK(fs::exists(spec.workspace_image));
+  CHECK(read_file(planted / "result.txt") == "planted");
+  fs::remove_all(planted);
+  backend->release_workspace(spec.workspace, spec.workspace_image);
+  CHECK(read_file(spec.workspace / "result.txt") == "the run's");
+  CHECK_FALSE(fs::exists(spec.workspace_image));
 }
 
 TEST_CASE("quota: a stale mount left by a dead host is replaced") {
