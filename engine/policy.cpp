@@ -177,7 +177,8 @@ http_fetch_grant parse_fetch(object_reader& r) {
     if (!methods.count(m))
       throw policy_error(r.key_of("methods"), "'" + m + "' is not one of GET, HEAD, OPTIONS, POST, PUT, PATCH, DELETE");
   g.max_response_bytes = r.number("max_bytes", d.max_response_bytes, 1, 1ull << 30);
-  g.timeout = std::chrono::milliseconds(r.number("timeout_ms", d.timeout.count(), 1, 3'600'000, " ms"));
+  g.timeout = std::chrono::milliseconds(
+      r.number("timeout_ms", d.timeout.count(), min_network_timeout.count(), 3'600'000, " ms"));
   g.max_redirects = static_cast<int>(r.number("max_redirects", d.max_redirects, 0, 20));
   g.private_addresses = r.boolean("private", d.private_addresses);
   r.done();
@@ -188,7 +189,8 @@ llm_chat_grant parse_llm(object_reader& r) {
   llm_chat_grant d, g;
   g.models = r.strings("models", d.models);
   g.max_tokens = static_cast<int>(r.number("max_tokens", d.max_tokens, 1, 10'000'000));
-  g.timeout = std::chrono::milliseconds(r.number("timeout_ms", d.timeout.count(), 1, 3'600'000, " ms"));
+  g.timeout = std::chrono::milliseconds(
+      r.number("timeout_ms", d.timeout.count(), min_network_timeout.count(), 3'600'000, " ms"));
   g.stream = r.boolean("stream", d.stream);
   g.max_response_bytes = r.number("max_bytes", d.max_response_bytes, 1, 1ull << 30);
   g.images = r.boolean("images", d.images);

@@ -52,6 +52,9 @@ std::optional<limit_breach> limit_watch::find(const std::optional<exit_status>& 
                                                    "processes and threads and a fork failed; raise "
                                                    "limits.processes",
                                                    l.max_processes)};
+    // The cgroup's whole total, not since the baseline: what a pooled
+    // sandbox used while it waited for this run is this run's (warm_pool.hpp
+    // bounds it).
     if (l.max_cpu_seconds > 0 && now.cpu_ns > l.max_cpu_seconds * 1'000'000'000)
       return limit_breach{"cpu", fmt::format("cpu limit exceeded: the sandbox used {:.1f} s of CPU time, more "
                                              "than its {} s; raise limits.cpu_seconds",

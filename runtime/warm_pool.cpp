@@ -14,6 +14,7 @@
 
 #include "runtime/bwrap_support.hpp"
 #include "runtime/no_follow.hpp"
+#include "runtime/process_tree.hpp"
 #include "runtime/tree_copy.hpp"
 #include "runtime/warm/launch.hpp"
 
@@ -68,6 +69,41 @@ bool remove_folder(const fs::path& path) {
 void unmount_all(const fs::path& path) {
   for (int i = 0; i < 8 && ::umount2(path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) == 0; ++i) {
   }
+}
+
+// The CPU time each of `sandboxes` has used: its cgroup's total, else what
+// /proc shows under its bwrap (one scan for all); nullopt for one that has
+// neither (a test's).
+std::vector<std::optional<std::chrono::nanoseconds>> cpu_times(const std::vector<warm_sandbox*>& sandboxes) {
+  std::vector<std::optional<std::chrono::nanoseconds>> out(sandboxes.size());
+  std::vector<pid_t> roots;
+  std::vector<std::size_t> rooted;  // which of `sandboxes` each root is
+  for (std::size_t i = 0; i < sandboxes.size(); ++i) {
+    const auto& w = *sandboxes[i];
+    if (w.cgroup) {
+      out[i] = std::chrono::nanoseconds(w.cgroup->counters().cpu_ns);
+    } else if (w.handle) {
+      std::lock_guard lock(w.handle->mutex);
+      if (w.handle->pid > 0 && !w.handle->status) {  // unreaped: its pid is not anyone else's
+        roots.push_back(w.handle->pid);
+        rooted.push_back(i);
+      }
+    }
+  }
+  auto times = tree_cpu_times(roots);
+  for (std::size_t j = 0; j < rooted.size(); ++j) out[rooted[j]] = times[j];
+  return out;
+}
+
+double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+// Waits for a change, or until `t` (steady_clock's max: no time).
+void wait_until(std::condition_variable& changed, std::unique_lock<std::mutex>& lock,
+                std::chrono::steady_clock::time_point t) {
+  if (t == std::chrono::steady_clock::time_point::max())
+    changed.wait(lock);
+  else
+    changed.wait_until(lock, t);
 }
 
 void send_all(int fd, const char* data, std::size_t size) {
@@ -265,10 +301,63 @@ std::optional<std::string> warm_pool::last_error() const {
   return last_error_;
 }
 
+std::chrono::milliseconds warm_pool::refuse_locked(const std::shared_ptr<const warm_agent>& agent) {
+  refusals_ = refused_ && *refused_ == *agent ? refusals_ + 1 : 1;
+  refused_ = agent;
+  const auto pause = std::min<std::chrono::milliseconds>(refused_pause_ * (1 << std::min(refusals_ - 1, 12)),
+                                                         std::chrono::hours(1));
+  refused_until_ = std::chrono::steady_clock::now() + pause;
+  if (wanted_ && *wanted_ == *agent) wanted_.reset();
+  return pause;
+}
+
+void warm_pool::end_busy_agents(std::unique_lock<std::mutex>& lock) {
+  std::vector<warm_sandbox*> waiting;
+  for (const auto& w : ready_)
+    if (w->agent) waiting.push_back(w.get());
+  // Under the lock, so that no run takes one meanwhile: a cgroup's counters
+  // are a read of a file held open; /proc is one scan for all.
+  const auto used = cpu_times(waiting);
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<warm_sandbox>> ended;
+  for (std::size_t i = 0; i < waiting.size(); ++i) {
+    if (!used[i]) continue;
+    auto& w = *waiting[i];
+    const auto idle = now - w.ready_at;
+    const auto spent = *used[i] - w.cpu_at_ready;
+    if (spent <= idle_cpu_allowance + idle * idle_cpu_percent / 100) continue;
+    // Refused once for all its sandboxes ended now: the pause doubles per refusal.
+    const bool resting = refused_ && *refused_ == *w.agent && now < refused_until_;
+    const auto pause = resting ? std::chrono::duration_cast<std::chrono::milliseconds>(refused_until_ - now)
+                               : refuse_locked(w.agent);
+    last_error_ = fmt::format("agent {} used {:.1f} s of CPU in the {:.1f} s it waited for a run in a pooled "
+                              "sandbox, more than a waiting agent may ({} ms, and {}% of one CPU): ended, and not "
+                              "started ahead for {} s",
+                              w.agent->program.string(), seconds(spent), seconds(idle), idle_cpu_allowance.count(),
+                              idle_cpu_percent, std::chrono::duration_cast<std::chrono::seconds>(pause).count());
+    auto it = std::find_if(ready_.begin(), ready_.end(), [&](const auto& r) { return r.get() == &w; });
+    ended.push_back(std::move(*it));
+    ready_.erase(it);
+  }
+  const bool any_waits = std::any_of(ready_.begin(), ready_.end(), [](const auto& w) { return w->agent != nullptr; });
+  next_idle_check_ = any_waits ? now + idle_check_interval : std::chrono::steady_clock::time_point::max();
+  if (ended.empty()) return;
+  changed_.notify_all();
+  lock.unlock();
+  ended.clear();  // kills and reaps each, with all its processes
+  lock.lock();
+}
+
 void warm_pool::fill() {
+  using clock = std::chrono::steady_clock;
   std::unique_lock lock(mutex_);
   auto pause = std::chrono::seconds(1);
+  clock::time_point paused_until{};  // after a failure to make one
   while (!stopping_) {
+    if (clock::now() >= next_idle_check_) {
+      end_busy_agents(lock);
+      continue;
+    }
     if (auto gone = stale(); gone != ready_.end()) {
       auto dropped = std::move(*gone);
       ready_.erase(gone);
@@ -278,10 +367,14 @@ void warm_pool::fill() {
       continue;
     }
     if (ready_.size() + making_ >= size_) {
-      changed_.wait(lock);
+      wait_until(changed_, lock, next_idle_check_);
       continue;
     }
-    if (const auto due = last_take_ + refill_delay; !ready_.empty() && std::chrono::steady_clock::now() < due) {
+    if (clock::now() < paused_until) {
+      wait_until(changed_, lock, std::min(paused_until, next_idle_check_));
+      continue;
+    }
+    if (const auto due = last_take_ + refill_delay; !ready_.empty() && clock::now() < due) {
       changed_.wait_until(lock, due, [&] { return stopping_; });
       continue;
     }
@@ -296,7 +389,12 @@ void warm_pool::fill() {
     std::string error;
     try {
       made = make_(agent);
+      if (made && made->agent) {
+        made->ready_at = clock::now();
+        made->cpu_at_ready = cpu_times({made.get()})[0].value_or(std::chrono::nanoseconds(0));
+      }
     } catch (const std::exception& e) {
+      made.reset();
       error = e.what();
     }
     lock.lock();
@@ -305,20 +403,19 @@ void warm_pool::fill() {
     if (!made && agent) {
       // An agent that does not start in a pooled sandbox starts cold (or
       // from a launcher); the pool goes on without it for a while.
-      refusals_ = refused_ && *refused_ == *agent ? refusals_ + 1 : 1;
-      refused_ = agent;
-      refused_until_ = std::chrono::steady_clock::now() +
-                       std::min<std::chrono::milliseconds>(refused_pause_ * (1 << std::min(refusals_ - 1, 12)),
-                                                           std::chrono::hours(1));
-      if (wanted_ == agent) wanted_.reset();
+      refuse_locked(agent);
       last_error_ = error;
       continue;
     }
-    if (made && agent && refused_ && *refused_ == *agent) {
+    // Started after its pause: no longer refused. One that was being made
+    // when it was refused (it spun while it waited, say) stays refused.
+    if (made && agent && refused_ && *refused_ == *agent && clock::now() >= refused_until_) {
       refused_.reset();
       refusals_ = 0;
     }
     if (made) {
+      if (made->agent && next_idle_check_ == clock::time_point::max())
+        next_idle_check_ = made->ready_at + idle_check_interval;
       ready_.push_back(std::move(made));
       if (agent || !refused_) last_error_.reset();  // why an agent is not started ahead stays told
       pause = std::chrono::seconds(1);
@@ -328,7 +425,7 @@ void warm_pool::fill() {
     // A machine that cannot make one now (bwrap broken, no memory) is not
     // asked again at once: runs start cold meanwhile.
     last_error_ = error;
-    changed_.wait_for(lock, pause, [&] { return stopping_; });
+    paused_until = clock::now() + pause;
     pause = std::min(pause * 2, std::chrono::seconds(30));
   }
 }

@@ -11,6 +11,7 @@
 // so a later host sweeps what a killed one left: its mounts, the folder.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -101,6 +102,10 @@ struct warm_sandbox {
   // folder; a run that has no image yet takes it as its own (give_away).
   std::optional<loop_mount> image;
   std::filesystem::path image_path;  // empty once a run took it
+  // The pool's, for a sandbox whose agent waits: when it was ready, and
+  // the CPU time its processes had used by then.
+  std::chrono::steady_clock::time_point ready_at{};
+  std::chrono::nanoseconds cpu_at_ready{0};
 
   ~warm_sandbox();
   // Hands the launcher the agent: `program` (open for reading and
@@ -144,8 +149,25 @@ class warm_pool {
   // again), or why the agent last refused is not started ahead, if so.
   std::optional<std::string> last_error() const;
 
+  // An agent started ahead runs before its run exists, with nobody to
+  // charge: once it has said hello it waits for its start and uses no CPU.
+  // Its sandbox's processes (its cgroup's total, else what /proc shows
+  // under its bwrap) may use idle_cpu_allowance and idle_cpu_percent of one
+  // CPU while it waits; one that uses more (a busy loop it forked, say) is
+  // ended within about idle_check_interval, and its agent refused as one
+  // that did not start is (refused_pause, longer each time in a row).
+  static constexpr std::chrono::milliseconds idle_cpu_allowance{200};
+  static constexpr int idle_cpu_percent = 5;
+  static constexpr std::chrono::seconds idle_check_interval{1};
+
  private:
   void fill();
+  // Under mutex_, which `lock` holds (and releases while the sandboxes
+  // ended go): ends the waiting agents that used more CPU than they may.
+  void end_busy_agents(std::unique_lock<std::mutex>& lock);
+  // Under mutex_: `agent` is not started ahead again until its pause is
+  // over; returns that pause.
+  std::chrono::milliseconds refuse_locked(const std::shared_ptr<const warm_agent>& agent);
   // Under mutex_: how many sandboxes whose launcher waits the pool keeps
   // (all, until an agent is asked for); the first ready one the pool
   // destroys rather than keeps, or end().
@@ -169,6 +191,8 @@ class warm_pool {
   std::chrono::steady_clock::time_point last_take_{};
   bool stopping_ = false;
   std::optional<std::string> last_error_;
+  // When the waiting agents' CPU is looked at next; max() while none waits.
+  std::chrono::steady_clock::time_point next_idle_check_ = std::chrono::steady_clock::time_point::max();
   std::vector<std::thread> threads_;
 };
 

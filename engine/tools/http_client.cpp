@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <future>
-#include <thread>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -14,6 +12,7 @@
 #include <boost/beast/ssl.hpp>
 #include <fmt/format.h>
 
+#include "engine/tools/name_resolver.hpp"
 #include "engine/tools/tool.hpp"
 
 namespace cairn::engine::http {
@@ -193,35 +192,25 @@ struct exchange::impl {
     throw tool_error("unavailable", fmt::format("{}: the connection to {} broke: {}", opts.who, where, ec.message()));
   }
 
-  // Resolves the host; an IP literal needs no lookup. getaddrinfo cannot be
-  // cancelled, so it runs on a detached thread that may outlive a timeout.
+  // Resolves the host; an IP literal needs no lookup.
   std::vector<tcp::endpoint> resolve(const url& target) {
     error_code ec;
     auto address = net::ip::make_address(target.host, ec);
     if (!ec) return {tcp::endpoint(address, target.port)};
-
-    auto promise = std::make_shared<std::promise<std::vector<tcp::endpoint>>>();
-    auto result = promise->get_future();
-    try {
-      std::thread([promise, host = target.host, port = std::to_string(target.port)] {
-        net::io_context resolver_context;
-        tcp::resolver resolver(resolver_context);
-        error_code error;
-        auto entries = resolver.resolve(host, port, error);
-        std::vector<tcp::endpoint> endpoints;
-        for (const auto& entry : entries) endpoints.push_back(entry.endpoint());
-        if (error) promise->set_exception(std::make_exception_ptr(boost::system::system_error(error)));
-        else promise->set_value(std::move(endpoints));
-      }).detach();
-    } catch (const std::system_error& e) {
-      fail_connect(e.what());
+    auto& resolver = opts.resolver ? *opts.resolver : process_resolver();
+    auto answer = resolver.resolve(target.host, opts.deadline);
+    if (!answer)
+      throw tool_error("timeout", fmt::format("{}: the name {} was not looked up within {} ms: the system's "
+                                              "resolver is slow or does not answer",
+                                              opts.who, target.host, opts.timeout.count()));
+    if (!answer->error.empty()) fail_connect(answer->error);
+    std::vector<tcp::endpoint> endpoints;
+    for (const auto& text : answer->addresses) {
+      auto a = net::ip::make_address(text, ec);
+      if (!ec) endpoints.emplace_back(a, target.port);
     }
-    if (result.wait_until(opts.deadline) == std::future_status::timeout) fail_timeout();
-    try {
-      return result.get();
-    } catch (const boost::system::system_error& e) {
-      fail_connect(e.code().message());
-    }
+    if (endpoints.empty()) fail_connect("the name has no address");
+    return endpoints;
   }
 
   // The resolved endpoints that options.refuse_address lets through.

@@ -4,7 +4,8 @@
 //
 // Every failure is a tool_error whose message starts with `options.who`:
 //   "unavailable" no connection (DNS, refused, TLS handshake, connection lost)
-//   "timeout"     the deadline passed; no call blocks past it
+//   "timeout"     the deadline passed; no call blocks past it (a name lookup
+//                 still under way is left to the resolver's bounded threads)
 //   "too_large"   the body exceeds options.max_body_bytes
 //   "bad_output"  the answer is not HTTP
 //   "refused"     options.refuse_address refused every address of the host
@@ -22,6 +23,8 @@
 #include <vector>
 
 namespace cairn::engine::http {
+
+class name_resolver;
 
 struct url {
   std::string scheme;  // "http" or "https"
@@ -60,6 +63,9 @@ struct options {
   // goes only to the addresses judged, so a second lookup cannot swap them.
   // Empty: every address may be reached.
   std::function<std::optional<std::string>(const std::string& address)> refuse_address;
+  // Looks the target's name up (name_resolver.hpp); null: process_resolver().
+  // Must outlive the exchange's constructor.
+  name_resolver* resolver = nullptr;
 };
 
 // One exchange: the constructor connects, sends the request and reads the

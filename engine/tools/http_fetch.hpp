@@ -36,7 +36,8 @@ struct http_fetch_grant {
   bool private_addresses = false;
   std::vector<std::string> methods = {"GET", "HEAD"};
   std::size_t max_response_bytes = 1 << 20;
-  std::chrono::milliseconds timeout{10'000};  // the whole call, redirects included
+  // The whole call, redirects included; a policy sets min_network_timeout at least.
+  std::chrono::milliseconds timeout{10'000};
   int max_redirects = 5;
 };
 

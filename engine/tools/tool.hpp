@@ -23,6 +23,11 @@ using json = nlohmann::json;
 // that carry the result stay within it.
 inline constexpr std::size_t max_result_depth = 64;
 
+// The shortest timeout a grant of a tool that reaches the network
+// (http.fetch, llm.chat) may set: a call needs a name lookup and a
+// connection at least, and one that cannot finish only churns.
+inline constexpr std::chrono::milliseconds min_network_timeout{100};
+
 // How a call may be repeated after a host crash. idempotent: re-run with the
 // same idempotency key. at_most_once: a durable `started` record is written
 // first; a crash before the result leaves the call in doubt, never repeated.

@@ -85,6 +85,13 @@ TEST_CASE("unknown keys, wrong types and impossible limits are rejected, naming 
   CHECK_THAT(rejection({{"tools", {{"http.fetch", {{"hosts", {"a.com"}}, {"methods", {"STEAL"}}}}}}}),
              Catch::Contains("tools.http.fetch.methods"));
   CHECK_THAT(rejection({{"tools", {{"llm.chat", {{"max_tokens", 0}}}}}}), Catch::Contains("tools.llm.chat.max_tokens"));
+  // Shorter than a name lookup and a connection: such calls only churn.
+  CHECK_THAT(rejection({{"tools", {{"http.fetch", {{"hosts", {"a.com"}}, {"timeout_ms", 1}}}}}}),
+             Catch::Contains("tools.http.fetch.timeout_ms") && Catch::Contains("between 100 and"));
+  CHECK_THAT(rejection({{"tools", {{"llm.chat", {{"timeout_ms", 99}}}}}}),
+             Catch::Contains("tools.llm.chat.timeout_ms") && Catch::Contains("between 100 and"));
+  CHECK(engine::parse_policy({{"tools", {{"http.fetch", {{"hosts", {"a.com"}}, {"timeout_ms", 100}}}}}})
+            .http_fetch->timeout == std::chrono::milliseconds(100));
   CHECK_THAT(rejection({{"tools", {{"mailer", {{"timeout_ms", 5}}}}}}), Catch::Contains("tools.mailer") &&
                                                                            Catch::Contains("command"));
   CHECK_THAT(rejection({{"tools", {{"mailer", {{"command", {RECORD_TOOL}}}}}}}),

@@ -474,9 +474,17 @@ int main(int argc, char** argv) {
     send_frame({{"t", "hello"}});
     first_frame();
     report(action, ok, nullptr);
-  } else if (action == "await_run") {
+  } else if (action == "await_run" || action == "spin_then_await") {
     // As an SDK does: says hello, waits for the host's answer, writes its
     // run_id to "run.txt" in the working folder, and reports its status.
+    // spin_then_await MARKER first forks a process that spins until killed
+    // (MARKER in its command line finds it): an agent that burns the CPU of
+    // a pooled sandbox while it waits for its run.
+    if (action == "spin_then_await" && ::fork() == 0) {
+      ::close(channel_fd);
+      for (volatile unsigned long n = 0;; n = n + 1) {
+      }
+    }
     send_frame({{"t", "hello"}});
     json frame = first_frame();
     std::string run = frame.value("run_id", std::string());

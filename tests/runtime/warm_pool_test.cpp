@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -55,13 +57,17 @@ std::unique_ptr<sandbox_backend> starting_backend(const temp_dir& dir, const res
 
 // Runs `program` in a sandbox of `backend` for run `run` as an agent waiting
 // for its run would: sends it a start naming the run, returns its report.
+// `pooled` and `started`: whether its sandbox came from the pool, and with
+// the agent started already.
 json await_run(sandbox_backend& backend, const temp_dir& dir, const std::string& run, const fs::path& program,
-               bool* pooled = nullptr) {
+               bool* pooled = nullptr, bool* started = nullptr,
+               const std::vector<std::string>& args = {"await_run"}) {
   auto spec = spec_for(dir, run);
   spec.agent = program;
-  spec.agent_args = {"await_run"};
+  spec.agent_args = args;
   auto box = backend.create(spec);
   if (pooled) *pooled = box->pooled();
+  if (started) *started = box->agent_started();
   auto process = box->exec(program, spec.agent_args);
   CHECK(next_report(*process)["t"] == "hello");
   process->io().send({{"t", "start"}, {"run_id", run}});
@@ -473,6 +479,69 @@ TEST_CASE("warm pool with agents started: an agent that ends before it speaks is
   CHECK(backend->warm_error()->find("ended before it said anything") != std::string::npos);
   REQUIRE(backend->wait_warm(1, patience));
   CHECK(run("run-exit-2"));  // a sandbox whose launcher starts it, as before
+}
+
+namespace {
+
+// The processes of this machine whose command line holds `marker`.
+std::size_t processes_with(const std::string& marker) {
+  std::size_t n = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const auto name = entry.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::string cmdline = file_text(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    n += cmdline.find(marker) != std::string::npos;
+  }
+  return n;
+}
+
+// Calls `done` until it is true or `patience` passes; its last answer.
+template <class F>
+bool within_patience(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (!done() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return done();
+}
+
+}  // namespace
+
+TEST_CASE("warm pool with agents started: an agent that spins while it waits is ended, and not started ahead again "
+          "at once") {
+  temp_dir dir;
+  auto backend = starting_backend(dir, spec_for(dir, "limits").limits);
+  // The spinner forks a process that burns a CPU, then says hello and waits
+  // for its run, as a well-behaved agent started ahead does.
+  const std::string marker = "spinner-" + std::to_string(::getpid()) + "-" + dir.path.filename().string();
+  const std::vector<std::string> spinner = {"spin_then_await", marker};
+  // Its first run tells the pool to start it ahead.
+  bool pooled = false, started = false;
+  await_run(*backend, dir, "run-spin-1", SANDBOX_PROBE, &pooled, &started, spinner);
+  // Started ahead, it spins with no run to charge: the pool ends it, says why,
+  // and its spinning process is gone.
+  CHECK(within_patience([&] {
+    return backend->warm_error() && backend->warm_error()->find("more than a waiting agent may") != std::string::npos;
+  }));
+  INFO("the pool's last error: " << backend->warm_error().value_or("(none)"));
+  CHECK_THAT(backend->warm_error().value_or(""),
+             Catch::Contains("of CPU in the") && Catch::Contains("not started ahead for 60 s"));
+  CHECK(within_patience([&] { return processes_with(marker) == 0; }));
+  // Not started ahead again at once: its next run takes a launcher.
+  REQUIRE(backend->wait_warm(1, patience));
+  await_run(*backend, dir, "run-spin-2", SANDBOX_PROBE, &pooled, &started, spinner);
+  CHECK(pooled);
+  CHECK_FALSE(started);
+  CHECK(within_patience([&] { return processes_with(marker) == 0; }));
+  // An agent that waits quietly is still started ahead, and stays pooled
+  // through the checks that ended the spinner.
+  await_run(*backend, dir, "run-quiet-1", SANDBOX_PROBE);
+  REQUIRE(backend->wait_warm(1, patience));
+  std::this_thread::sleep_for(3 * warm_pool::idle_check_interval);
+  await_run(*backend, dir, "run-quiet-2", SANDBOX_PROBE, &pooled, &started);
+  CHECK(pooled);
+  CHECK(started);
 }
 
 TEST_CASE("warm pool with agents started: a refused agent is asked for again after a pause, longer each time",
