@@ -320,6 +320,44 @@ TEST_CASE("the copy a release cut short keeps of an agent's files is closed to o
   CHECK(mode_of(home / "workspaces" / "o" / "open.txt") == 0644);
 }
 
+TEST_CASE("a records folder another user made first under the old name does not stop a user's sandboxes") {
+  if (!cairn::testing::require_capability("root", ::geteuid() == 0, "only root can act as two other users"))
+    return;
+  // A uid no account uses, so that the squat touches no real user's records.
+  constexpr uid_t victim = 61999;
+  const fs::path squatted = "/tmp/cairn-records-" + std::to_string(victim);
+  const auto clear_records = [&] {
+    for (const auto& entry : fs::directory_iterator("/tmp"))
+      if (entry.path().filename().string().starts_with(squatted.filename().string())) fs::remove_all(entry.path());
+  };
+  clear_records();
+  // What another user (nobody) did first: the name cairn used to trust, open to all.
+  fs::create_directory(squatted);
+  ::chown(squatted.c_str(), nobody, nobody);
+  ::chmod(squatted.c_str(), 0777);
+
+  temp_dir t;
+  ::chmod(t.path().c_str(), 0755);
+  fs::path home = t.path() / "home";
+  fs::create_directories(home);
+  ::chmod(home.c_str(), 0700);
+  ::chown(home.c_str(), victim, victim);
+  cli_options o;
+  o.as_user = {victim, victim};
+  o.unset = {"XDG_RUNTIME_DIR"};  // the victim has no runtime folder: /tmp is all it has
+  auto r = cairn_cli(t, home, {"run", STEP_AGENT, "--id", "r", "--input", R"({"steps":1})"}, o);
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  auto doctor = cairn_cli(t, home, {"doctor"}, o);
+  INFO(doctor.out << doctor.err);
+  CHECK_THAT(doctor.out, Catch::Contains(squatted.string() + " belongs to uid 65534"));
+  // The squatter's folder is as it made it, and holds nothing of the victim's.
+  CHECK(owner_of(squatted) == nobody);
+  CHECK(mode_of(squatted) == 0777);
+  CHECK(fs::is_empty(squatted));
+  clear_records();
+}
+
 TEST_CASE("every command warns when config.json may be read by others") {
   temp_dir t;
   fs::path home = t.path() / "home";
