@@ -187,9 +187,14 @@ bool workspace_files::is_file(const std::string& path) const {
 
 void workspace_files::read(const std::string& path, std::uint64_t max_bytes,
                            const std::function<void(const char*, std::size_t)>& take) const {
-  runtime::unique_fd file = open(path, O_RDONLY);
+  // O_NONBLOCK: a fifo the agent put in the file's place since is_file()
+  // would hold the open until someone writes; it returns at once instead.
+  runtime::unique_fd file = open(path, O_RDONLY | O_NONBLOCK);
   struct stat st {};
-  if (::fstat(file.get(), &st) < 0 || !S_ISREG(st.st_mode)) not_found(fmt::format("'{}' is not a file", path));
+  if (::fstat(file.get(), &st) < 0 || !S_ISREG(st.st_mode))
+    not_found(fmt::format("'{}' is not a regular file (the run's agent may have replaced it): nothing was read", path));
+  if (::fcntl(file.get(), F_SETFL, ::fcntl(file.get(), F_GETFL) & ~O_NONBLOCK) < 0)
+    not_found(fmt::format("reading '{}': {}", path, std::strerror(errno)));
   char buffer[1 << 16];
   for (std::uint64_t taken = 0; taken < max_bytes;) {
     ssize_t n = ::read(file.get(), buffer, static_cast<std::size_t>(std::min<std::uint64_t>(sizeof buffer, max_bytes - taken)));

@@ -43,6 +43,8 @@ class workspace_files {
   // Whether `path` is a regular file (no component a link).
   bool is_file(const std::string& path) const;
   // Its bytes (the first `max_bytes`), handed to `take` as they are read.
+  // Never blocks on what is not a regular file (an agent may swap a fifo in
+  // after is_file()): throws engine_error(not_found) for it instead.
   void read(const std::string& path, std::uint64_t max_bytes,
             const std::function<void(const char*, std::size_t)>& take) const;
 

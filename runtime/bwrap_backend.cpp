@@ -463,7 +463,7 @@ class bwrap_sandbox final : public sandbox {
         not_released = std::current_exception();
       }
     resources_->release();
-    strip_set_id_bits(workspace_);
+    close_to_others(workspace_);
     open_log(spec_.log_file);  // sets its mode back to 0600: the agent may have fchmod'ed its stdout
     if (not_released) std::rethrow_exception(not_released);
   }
@@ -548,7 +548,7 @@ class bwrap_backend final : public sandbox_backend {
 
   void release_workspace(const fs::path& workspace, const fs::path& image) override {
     if (!image.empty()) release_workspace_image(workspace, image);
-    strip_set_id_bits(workspace);
+    close_to_others(workspace);
   }
   workspace_upkeep upkeep(const fs::path& workspace) const override { return workspace_upkeep_of(workspace); }
 

@@ -7,6 +7,7 @@
 
 #include "runtime/bwrap_support.hpp"
 #include "runtime/cgroup.hpp"
+#include "runtime/own_records.hpp"
 #include "runtime/workspace_quota.hpp"
 
 namespace cairn::runtime {
@@ -117,6 +118,21 @@ doctor_check check_sandbox_starts(const fs::path& bwrap, const std::optional<san
   return c;
 }
 
+// Where what a crashed host leaves behind is recorded (own_records.hpp),
+// and what was passed over: a folder another user made first is named.
+doctor_check check_records() {
+  records_place place = find_records_place();
+  std::string passed;
+  for (const auto& why : place.passed_over) passed += (passed.empty() ? "" : "; ") + why;
+  if (!place.folder)
+    return {"cairn's records", false, fmt::format("no folder of uid {} alone can hold them: {}", ::geteuid(), passed),
+            "set XDG_RUNTIME_DIR to a folder of yours with mode 0700 (mkdir -m 0700 DIR), or have root remove "
+            "the folders named"};
+  std::string detail = fmt::format("kept in {}", place.folder->string());
+  if (!passed.empty()) detail += fmt::format(", not in the usual place: {}", passed);
+  return {"cairn's records", true, detail, ""};
+}
+
 doctor_check check_totals() {
   const cgroup_support& cgroups = detect_cgroups();
   doctor_check c{"resource totals", cgroups.mode != cgroup_mode::none, cgroups.detail, cgroups.fix};
@@ -146,6 +162,7 @@ std::vector<doctor_check> bwrap_checks(const bwrap_options& options) {
     return checks;
   }
   if (bwrap) checks.push_back(check_sandbox_starts(*bwrap, user));
+  checks.push_back(check_records());
   checks.push_back(check_totals());
   checks.push_back(check_quota());
   return checks;

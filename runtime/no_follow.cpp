@@ -26,14 +26,17 @@ namespace fs = std::filesystem;
 // A deeper tree is refused rather than walked: each level holds an fd.
 constexpr int max_depth = 128;
 
-// Through /proc: fchmod does not take an O_PATH descriptor, and fchmodat
-// follows a link that replaced the file meanwhile.
-void clear_set_id(int fd, const fs::path& where) {
+// What close_to_others() takes from everything under the folder.
+constexpr mode_t open_to_others = S_ISUID | S_ISGID | S_ISVTX | S_IWGRP | S_IWOTH;
+
+// `fd`'s mode less `taken`, through /proc: fchmod does not take an O_PATH
+// descriptor, and fchmodat follows a link that replaced the file meanwhile.
+void take_mode_bits(int fd, mode_t taken, const fs::path& where) {
   struct stat st {};
-  if (::fstat(fd, &st) < 0 || !(st.st_mode & (S_ISUID | S_ISGID)) || S_ISLNK(st.st_mode)) return;
+  if (::fstat(fd, &st) < 0 || !(st.st_mode & taken) || S_ISLNK(st.st_mode)) return;
   auto proc = fmt::format("/proc/self/fd/{}", fd);
-  if (::chmod(proc.c_str(), st.st_mode & 01777) < 0)
-    bad_spec(fmt::format("cannot clear the set-uid bit of {}: {}", where.string(), std::strerror(errno)));
+  if (::chmod(proc.c_str(), st.st_mode & 07777 & ~taken) < 0)
+    bad_spec(fmt::format("cannot close {} to other users: {}", where.string(), std::strerror(errno)));
 }
 
 // Makes `name` in `dir` with exactly `mode` unless it exists. It is made
@@ -146,16 +149,22 @@ void walk_tree_no_follow(int dir_fd, const fs::path& where, const tree_visitor& 
   }
 }
 
-void strip_set_id_bits(const fs::path& dir) {
+void close_to_others(const fs::path& dir) {
   unique_fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) {
     if (errno == ENOENT) return;
     bad_spec(fmt::format("cannot open workspace {}: {}", dir.string(), std::strerror(errno)));
   }
-  clear_set_id(fd.get(), dir);
-  walk_tree_no_follow(fd.get(), dir, [](int dir_fd, const char* name, const fs::path& where) {
-    unique_fd entry(::openat(dir_fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
-    if (entry) clear_set_id(entry.get(), where);
+  close_to_others(fd.get(), dir);
+}
+
+void close_to_others(int dir_fd, const fs::path& where) {
+  // The folder first: while the walk goes on, no one else may enter it.
+  if (::fchmod(dir_fd, 0700) < 0)
+    bad_spec(fmt::format("cannot close {} to other users: {}", where.string(), std::strerror(errno)));
+  walk_tree_no_follow(dir_fd, where, [](int parent, const char* name, const fs::path& at) {
+    unique_fd entry(::openat(parent, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (entry) take_mode_bits(entry.get(), open_to_others, at);
   });
 }
 

@@ -44,9 +44,16 @@ unique_fd open_append_no_follow(int folder_fd, const std::filesystem::path& name
 using tree_visitor = std::function<void(int dir_fd, const char* name, const std::filesystem::path& where)>;
 void walk_tree_no_follow(int dir_fd, const std::filesystem::path& where, const tree_visitor& visit, int depth = 0);
 
-// Clears the set-uid and set-gid bits of everything under `dir` (itself
-// included), without following links. A missing `dir` is nothing to do.
-// Throws sandbox_error(bad_spec) when a file cannot be changed.
-void strip_set_id_bits(const std::filesystem::path& dir);
+// Closes a workspace an agent wrote to every other user, without following
+// links: `dir` itself becomes 0700, and nothing under it keeps a set-uid,
+// set-gid or sticky bit or write permission for group or others (an agent
+// chooses its files' modes, and a 0666 file or 1777 folder left to a
+// sandbox uid is another local user's to change). Read and search bits
+// below stay: no one else may enter `dir`, and a copy the user makes keeps
+// what the agent meant to share. A missing `dir` is nothing to do. Throws
+// sandbox_error(bad_spec) when an entry cannot be changed.
+void close_to_others(const std::filesystem::path& dir);
+// The same for the open folder `dir_fd`, named `where` in messages.
+void close_to_others(int dir_fd, const std::filesystem::path& where);
 
 }  // namespace cairn::runtime

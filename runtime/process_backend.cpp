@@ -62,7 +62,7 @@ class process_sandbox final : public sandbox {
 
   void destroy() override {
     tracker_.kill_all();
-    strip_set_id_bits(workspace_);
+    close_to_others(workspace_);
     open_log(spec_.log_file);  // sets its mode back to 0600: the agent may have fchmod'ed its stdout
   }
 
@@ -102,7 +102,7 @@ class process_backend final : public sandbox_backend {
   }
 
   // The workspace always is a plain folder.
-  void release_workspace(const fs::path& workspace, const fs::path&) override { strip_set_id_bits(workspace); }
+  void release_workspace(const fs::path& workspace, const fs::path&) override { close_to_others(workspace); }
   workspace_upkeep upkeep(const fs::path&) const override { return {}; }
 
  private:

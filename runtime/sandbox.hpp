@@ -159,8 +159,9 @@ class sandbox {
   virtual std::unique_ptr<agent_process> exec(const std::filesystem::path& program,
                                               const std::vector<std::string>& args) = 0;
   // Kills whatever still runs in it, then gives back what it held: its
-  // cgroup is removed and its workspace image unmounted; nothing in the
-  // plain workspace folder stays set-uid or set-gid. Idempotent; also done
+  // cgroup is removed and its workspace image unmounted; the plain
+  // workspace folder is closed to other users (no_follow.hpp's
+  // close_to_others). Idempotent; also done
   // by the destructor. A later exec() takes them again.
   virtual void destroy() = 0;
   // destroy(), by the attempt that ends its run: its workspace is also
@@ -216,7 +217,8 @@ class sandbox_backend {
   // The run is over: leave its workspace as a plain host folder with the
   // files the run left (when a quota image held them, they are copied out,
   // links and holes kept, never more than the image held, and the image
-  // removed), none of them set-uid or set-gid. `image` is the spec's
+  // removed), closed to other users as close_to_others() closes a folder
+  // (no_follow.hpp). `image` is the spec's
   // workspace_image. Only once a run ends: a suspended run keeps its image.
   // Idempotent; safe after a crash at any point of it.
   virtual void release_workspace(const std::filesystem::path& workspace, const std::filesystem::path& image) = 0;

@@ -26,6 +26,7 @@
 
 #include "runtime/background_thread.hpp"
 #include "runtime/crash_point.hpp"
+#include "runtime/no_follow.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/small_file.hpp"
 #include "runtime/tree_copy.hpp"
@@ -678,13 +679,15 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
     // No more than the image could hold: links and holes are kept, so the
     // copy of a full image fits; anything else stops with an error and the image stays.
     copy_tree(root.get(), copy.get(), workspace, staging, static_cast<std::uint64_t>(image_stat.st_size));
+    // Closed before it takes the folder's place: the modes the agent chose
+    // for its files never reach the host folder, even if a crash follows.
+    close_to_others(copy.get(), staging);
     // Copied files are made durable by one sync of the whole filesystem
     // rather than one per file; an empty workspace's folder by its own.
     std::error_code empty_ec;
     const bool nothing_copied = fs::is_empty(staging, empty_ec) && !empty_ec;
     struct stat st {};
     if (::fstat(root.get(), &st) < 0 || ::fchown(copy.get(), st.st_uid, st.st_gid) < 0 ||
-        ::fchmod(copy.get(), st.st_mode & 01777) < 0 ||
         (nothing_copied ? ::fsync(copy.get()) : ::syncfs(copy.get())) < 0)
       failed(sandbox_errc::workspace_failed, "finishing " + staging.string());
     record_whole_copy(image, copy.get());

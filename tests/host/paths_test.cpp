@@ -2,6 +2,7 @@
 // agent (tests/host/agents/symlink_agent.cpp) or another local user would
 // mount it, and must leave the victim (a 0600 file of the test's user in a
 // 0700 folder) with its owner, mode and bytes.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -297,6 +298,105 @@ TEST_CASE("nothing an agent makes stays set-uid on the host, and what cairn crea
       CHECK(mode_of(home / "cairn.db") == 0600);
     }
   }
+}
+
+TEST_CASE("what an agent leaves open in its workspace is closed to other users once its run ends") {
+  struct as {
+    std::string name;
+    std::optional<std::pair<uid_t, gid_t>> user;
+  };
+  std::vector<as> users = {{"this user", std::nullopt}};
+  if (::geteuid() == 0) users.push_back({"nobody", std::pair<uid_t, gid_t>{nobody, nobody}});
+  for (const auto& who : users) {
+    DYNAMIC_SECTION("as " << who.name) {
+      temp_dir t;
+      ::chmod(t.path().c_str(), 0755);
+      fs::path home = t.path() / "home";
+      cli_options o;
+      o.as_user = who.user;
+      if (who.user) {
+        fs::create_directories(home);
+        ::chmod(home.c_str(), 0700);
+        ::chown(home.c_str(), nobody, nobody);
+      }
+      auto r = cairn_cli(t, home, {"run", SYMLINK_AGENT_PATH, "--id", "o", "--input", R"({"mode":"open"})", "--json"},
+                         o);
+      INFO(r.out << r.err);
+      REQUIRE(r.code == 0);
+      // The agent did open them, inside its sandbox.
+      const json modes = json::parse(r.out)["output"];
+      CHECK(modes["open.txt"] == 0666);
+      CHECK(modes["drop"] == 01777);
+      CHECK(modes["."] == 0777);
+      const fs::path ws = home / "workspaces" / "o";
+      CHECK((mode_of(ws) & 077) == 0);  // no one else may enter it
+      CHECK(mode_of(ws / "open.txt") == 0644);
+      CHECK(mode_of(ws / "drop") == 0755);
+      CHECK(slurp(ws / "open.txt") == "anyone may write this\n");
+    }
+  }
+}
+
+TEST_CASE("the copy a release cut short keeps of an agent's files is closed to other users already") {
+  if (!cairn::testing::require_capability("root", ::geteuid() == 0,
+                                          "a run's files are copied out of a loop-mounted image only as root"))
+    return;
+  temp_dir t;
+  ::chmod(t.path().c_str(), 0755);
+  fs::path home = t.path() / "home";
+  cli_options o;
+  // Killed once its copy of the files is whole, before the copy takes the folder's place.
+  o.env["CAIRN_CRASH_POINT"] = "workspace_copied:1";
+  auto killed = cairn_cli(t, home, {"run", SYMLINK_AGENT_PATH, "--id", "o", "--input", R"({"mode":"open"})"}, o);
+  INFO(killed.out << killed.err);
+  REQUIRE(killed.code == 128 + SIGKILL);
+  const fs::path whole = home / "workspaces" / ".o.released";
+  REQUIRE(fs::is_directory(whole));
+  CHECK((mode_of(whole) & 077) == 0);
+  CHECK(mode_of(whole / "open.txt") == 0644);
+  CHECK(mode_of(whole / "drop") == 0755);
+  auto resumed = cairn_cli(t, home, {"resume", "o"});
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.code == 0);
+  CHECK(mode_of(home / "workspaces" / "o" / "open.txt") == 0644);
+}
+
+TEST_CASE("a records folder another user made first under the old name does not stop a user's sandboxes") {
+  if (!cairn::testing::require_capability("root", ::geteuid() == 0, "only root can act as two other users"))
+    return;
+  // A uid no account uses, so that the squat touches no real user's records.
+  constexpr uid_t victim = 61999;
+  const fs::path squatted = "/tmp/cairn-records-" + std::to_string(victim);
+  const auto clear_records = [&] {
+    for (const auto& entry : fs::directory_iterator("/tmp"))
+      if (entry.path().filename().string().starts_with(squatted.filename().string())) fs::remove_all(entry.path());
+  };
+  clear_records();
+  // What another user (nobody) did first: the name cairn used to trust, open to all.
+  fs::create_directory(squatted);
+  ::chown(squatted.c_str(), nobody, nobody);
+  ::chmod(squatted.c_str(), 0777);
+
+  temp_dir t;
+  ::chmod(t.path().c_str(), 0755);
+  fs::path home = t.path() / "home";
+  fs::create_directories(home);
+  ::chmod(home.c_str(), 0700);
+  ::chown(home.c_str(), victim, victim);
+  cli_options o;
+  o.as_user = {victim, victim};
+  o.unset = {"XDG_RUNTIME_DIR"};  // the victim has no runtime folder: /tmp is all it has
+  auto r = cairn_cli(t, home, {"run", STEP_AGENT, "--id", "r", "--input", R"({"steps":1})"}, o);
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  auto doctor = cairn_cli(t, home, {"doctor"}, o);
+  INFO(doctor.out << doctor.err);
+  CHECK_THAT(doctor.out, Catch::Contains(squatted.string() + " belongs to uid 65534"));
+  // The squatter's folder is as it made it, and holds nothing of the victim's.
+  CHECK(owner_of(squatted) == nobody);
+  CHECK(mode_of(squatted) == 0777);
+  CHECK(fs::is_empty(squatted));
+  clear_records();
 }
 
 TEST_CASE("every command warns when config.json may be read by others") {

@@ -382,6 +382,35 @@ TEST_CASE("tool_started journals every call's arguments, their long strings once
   }
 }
 
+TEST_CASE("an agent calling a tool with large distinct arguments ends limit_exceeded at journal_mb") {
+  cairn_home h;
+  // The tool answers a few bytes: only the calls' arguments, journaled with
+  // tool_started, can fill the journal.
+  const auto tool = h.write_file("echo_tool.sh", "#!/bin/sh\ncat > /dev/null\necho '{\"ok\": true}'\n");
+  fs::permissions(tool, fs::perms::owner_all);
+  const json policy = {{"limits", {{"journal_mb", 4}}},
+                       {"tools", {{"echo", {{"command", {tool.string()}}, {"input", {{"text", "string"}}},
+                                            {"idempotency", "idempotent"}}}}}};
+  const auto policy_file = h.write_file("policy.json", policy.dump());
+  // 20 calls, each with 1 MiB of arguments of its own.
+  auto r = h.cairn({"run", PAYLOAD_TOOL_AGENT_PATH, "--id", "calls", "--sandbox", "none", "--policy",
+                    policy_file.string(), "--input",
+                    json{{"tool", "echo"}, {"args", json::object()}, {"calls", 20}, {"distinct_bytes", 1 << 20}}.dump()});
+  INFO(r.out << r.err);
+  CHECK(r.code == 1);
+  auto run = h.run("calls");
+  REQUIRE(run);
+  CHECK(run->status == run_status::failed);
+  REQUIRE(run->error);
+  CHECK(run->error->type == "limit_exceeded");
+  CHECK(run->error->message.find("limits.journal_mb") != std::string::npos);
+  int started = 0;
+  for (const auto& e : h.journal()->events("calls")) started += e.kind == "tool_started";
+  CHECK(started >= 1);
+  CHECK(started < 4);
+  CHECK(h.journal()->bytes_of_run("calls") <= 4 * mib);
+}
+
 TEST_CASE("an input or settle result or policy file nested 60000 deep is refused with exit 2") {
   cairn_home h;
   const std::string deep = nested(60'000);

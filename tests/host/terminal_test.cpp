@@ -1,7 +1,7 @@
 // Text an agent wrote reaches the operator's terminal escaped: no control
-// sequence an agent puts in a step name, output, error, emit or signal name
-// gets to the terminal through `cairn run`, `resume`, `ls` or `show`, and a
-// step named like a tool shows its kind. Also the model server side of the
+// sequence, bidi control or line separator an agent puts in a step name,
+// output, error, emit or signal name gets to the terminal through `cairn
+// run`, `resume`, `ls` or `show`, and a step named like a tool shows its kind. Also the model server side of the
 // boundary: a hostile reply fails its call alone, the token budget holds
 // across a resume.
 #include <catch2/catch.hpp>
@@ -27,9 +27,22 @@ struct home {
   }
 };
 
-// Bytes a terminal acts on: C0 controls but newline, DEL, and C1 controls in
-// either form (a raw byte 0x80-0x9f, or UTF-8 c2 80-9f). Counted, with the
-// ESC bytes among them.
+// Whether the UTF-8 sequence at text[i] is one of the Trojan Source
+// characters: bidi controls (U+061C, U+200E-U+200F, U+202A-U+202E,
+// U+2066-U+2069), which reorder what follows them, or the line and
+// paragraph separators U+2028-U+2029.
+bool bidi_or_separator(const std::string& text, std::size_t i) {
+  const auto at = [&](std::size_t k) { return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0; };
+  if (at(0) == 0xd8 && at(1) == 0x9c) return true;  // U+061C
+  if (at(0) != 0xe2) return false;
+  const unsigned char third = at(2);
+  if (at(1) == 0x80) return third == 0x8e || third == 0x8f || (third >= 0xa8 && third <= 0xae);
+  return at(1) == 0x81 && third >= 0xa6 && third <= 0xa9;
+}
+
+// What a terminal acts on: C0 controls but newline, DEL, C1 controls in
+// either form (a raw byte 0x80-0x9f, or UTF-8 c2 80-9f), bidi controls and
+// line separators. Counted, with the ESC bytes among them.
 struct control_bytes {
   std::size_t all = 0, esc = 0;
 };
@@ -41,7 +54,7 @@ control_bytes controls_in(const std::string& text) {
     const bool c1 = c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
                     static_cast<unsigned char>(text[i + 1]) <= 0x9f;
     const bool raw_c1 = c >= 0x80 && c <= 0x9f && (i == 0 || static_cast<unsigned char>(text[i - 1]) < 0xc0);
-    if ((c < 0x20 && c != '\n') || c == 0x7f || c1 || raw_c1) ++n.all;
+    if ((c < 0x20 && c != '\n') || c == 0x7f || c1 || raw_c1 || bidi_or_separator(text, i)) ++n.all;
     if (c == 0x1b) ++n.esc;
   }
   return n;
@@ -56,7 +69,7 @@ std::size_t lines_starting_with(const std::string& text, const std::string& pref
 
 }  // namespace
 
-TEST_CASE("no control byte an agent wrote reaches the terminal through run, resume, ls or show") {
+TEST_CASE("no control byte, bidi control or line separator an agent wrote reaches the terminal through run, resume, ls or show") {
   home h;
   auto run = h.run({"run", TERMINAL_AGENT_PATH, "--id", "terminal-run", "--input", "{}"});
   INFO(run.out << run.err);
@@ -78,6 +91,9 @@ TEST_CASE("no control byte an agent wrote reaches the terminal through run, resu
   // The agent's text is there, visibly escaped.
   CHECK_THAT(run.out, Catch::Contains("\\x1b]52;c;") && Catch::Contains("\\u009b"));
   CHECK_THAT(show.out, Catch::Contains("\\u001b[2J") && Catch::Contains("\\x1b]52;c;"));
+  for (const auto* result : {&run, &failed})
+    CHECK_THAT(result->out + result->err,
+               Catch::Contains("\\u202egnp.exe\\u2066ok\\u2028run terminal-run completed"));
   CHECK_THAT(failed.err, Catch::Contains("failing\\nrun terminal-run completed"));
   // Only cairn's own line says the run completed; the agent's stay inside their fields.
   CHECK(lines_starting_with(run.out, "run terminal-run completed") == 1);

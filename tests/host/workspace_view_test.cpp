@@ -4,12 +4,17 @@
 #include <sys/stat.h>
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <future>
 
+#include "engine/workspace_files.hpp"
 #include "tests/cairn_cli.hpp"
 #include "tests/host/engine_host.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace {
 
@@ -110,4 +115,33 @@ TEST_CASE("cairn workspace reads the files a release cut short left beside the f
   REQUIRE(listing.code == 0);
   CHECK_THAT(listing.out, Catch::Contains("notes/a.txt") && Catch::Contains(".viewed.released"));
   CHECK(r.workspace({"notes/a.txt"}).out == "hello from the agent\n");
+}
+
+TEST_CASE("cairn workspace reading a file an agent swapped for a fifo returns at once, saying so") {
+  // `cairn workspace RUN FILE` checks that FILE is a file, then reads it;
+  // the agent swaps a fifo in between. Here the read finds the fifo.
+  using namespace std::chrono_literals;
+  cairn::testing::temp_dir dir;
+  const auto folder = dir / "ws";
+  std::filesystem::create_directories(folder);
+  REQUIRE(::mkfifo((folder / "swapped").c_str(), 0600) == 0);
+  cairn::storage::run_record run;
+  run.id = "swapper";
+  run.workspace = folder.string();
+  cairn::engine::workspace_files files(dir / "home", run);
+  auto reading = std::async(std::launch::async, [&] {
+    try {
+      files.read("swapped", UINT64_MAX, [](const char*, std::size_t) {});
+      return std::string("read it");
+    } catch (const cairn::engine::engine_error& e) {
+      return std::string(e.what());
+    }
+  });
+  if (reading.wait_for(60s) != std::future_status::ready) {
+    // A writer lets the blocked open return, so that the case can end.
+    cairn::runtime::unique_fd writer(::open((folder / "swapped").c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+    reading.wait();
+    FAIL("reading the fifo blocked for 60 s");
+  }
+  CHECK_THAT(reading.get(), Catch::Contains("'swapped' is not a regular file"));
 }

@@ -1,7 +1,9 @@
 // Test agent: calls a tool `calls` times (default 1) with the same
-// arguments and returns the last result.
+// arguments and returns the last result. With "distinct_bytes" N > 0, each
+// call's args.text is instead the call's number followed by N bytes, so no
+// two calls share it (and the input stays small enough for a command line).
 //
-// input: {"tool": "echo", "args": {...}, "calls": 1}
+// input: {"tool": "echo", "args": {...}, "calls": 1, "distinct_bytes": 0}
 #include <cairn/cairn.hpp>
 
 using cairn::json;
@@ -9,7 +11,12 @@ using cairn::json;
 int main(int argc, char** argv) {
   return cairn::main(argc, argv, [](cairn::context& ctx, const json& input) -> json {
     json result;
-    for (int i = 0; i < input.value("calls", 1); ++i) result = ctx.tool(input.at("tool").get<std::string>(), input.at("args"));
+    const std::size_t distinct_bytes = input.value("distinct_bytes", 0);
+    for (int i = 0; i < input.value("calls", 1); ++i) {
+      json args = input.at("args");
+      if (distinct_bytes > 0) args["text"] = std::to_string(i) + std::string(distinct_bytes, 'a');
+      result = ctx.tool(input.at("tool").get<std::string>(), args);
+    }
     return result;
   });
 }

@@ -7,6 +7,9 @@
 //            nothing), after trying to overwrite it.
 //   "setuid": leaves a set-uid, set-gid executable "suid" in its workspace
 //             and tries to make its log (stdout) set-uid too.
+//   "open":  leaves its workspace open to every user: a 0666 file
+//            "open.txt", a 1777 folder "drop" and the workspace itself 0777;
+//            returns the modes they then have.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,6 +44,22 @@ int main(int argc, char** argv) {
         struct stat st {};
         ::stat("suid", &st);
         return json(st.st_mode & 07777);
+      });
+    }
+    if (mode == "open") {
+      return ctx.step("open", [&] {
+        std::ofstream("open.txt") << "anyone may write this\n";
+        ::chmod("open.txt", 0666);
+        ::mkdir("drop", 0700);
+        ::chmod("drop", 01777);
+        ::chmod(".", 0777);
+        json modes;
+        for (const char* name : {"open.txt", "drop", "."}) {
+          struct stat st {};
+          ::stat(name, &st);
+          modes[name] = st.st_mode & 07777;
+        }
+        return modes;
       });
     }
     return ctx.step("read", [&] {
