@@ -1,6 +1,8 @@
 // The `cairn` command as users and scripts see it: exit codes, messages, --json.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -212,7 +214,8 @@ TEST_CASE("another user's journal is refused with a clear error naming its owner
   cairn::testing::temp_dir dir;
   REQUIRE(run_cli(dir, run_steps("kept", 2)).code == 0);
   // Even opened up to others, the root-owned CAIRN_HOME is not another user's to use.
-  std::filesystem::permissions(dir.path(), std::filesystem::perms::all);
+  // (0755, not 0777: as root, a home below a folder anyone may write is refused too.)
+  ::chmod(dir.path().c_str(), 0755);
   std::filesystem::permissions(dir / ".cairn", std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
                                                    std::filesystem::perms::group_exec |
                                                    std::filesystem::perms::others_read |

@@ -303,6 +303,16 @@ std::string show_runs(const cairn_home& h) {
   return out;
 }
 
+// Waits until every run of `ids` is suspended (waiting, its sandbox gone) by `worker`.
+void wait_suspended(const cairn_home& h, const std::vector<std::string>& ids, daemon_process& worker) {
+  eventually("every run is suspended", [&] {
+    auto j = h.journal();
+    for (const auto& id : ids)
+      if (j->find_run(id)->status != run_status::waiting || !has_event(*j, id, "suspended")) return false;
+    return true;
+  }, [&] { return worker.log() + show_runs(h); });
+}
+
 // Checks a completed run of wait_agent against its plan, and its children
 // recursively: one step per operation, of the right kind, at the right seq;
 // every step journaled in `before` unchanged and executed exactly once (no
@@ -1467,12 +1477,7 @@ TEST_CASE("a worker's files reach the next worker: suspended on one worker with 
   auto files = [&](const std::string& id) { return slurp(root / id / "exec.log"); };
   {
     daemon_process a(h, "a", worker_args, "", home_a);
-    eventually("every run is suspended on worker a", [&] {
-      auto j = h.journal();
-      for (const auto& id : ids)
-        if (j->find_run(id)->status != run_status::waiting || !has_event(*j, id, "suspended")) return false;
-      return true;
-    }, [&] { return a.log() + show_runs(h); });
+    wait_suspended(h, ids, a);
     a.stop();
   }
   // Worker a kept nothing of the runs in its home: their images are under the root.
@@ -1496,6 +1501,44 @@ TEST_CASE("a worker's files reach the next worker: suspended on one worker with 
   b.stop();
 }
 
+// Two workers never mount one run's image at once: worker a, paused past
+// its lease inside a slow step, still has the run's image mounted when
+// worker b takes the run over. b refuses to mount it too and hands the run
+// back; once a, resumed, is fenced and lets go, b executes the run, and the
+// files of the steps a committed are there.
+TEST_CASE("a worker never mounts a run's image while a paused worker still has it mounted", "[postgres]") {
+  cairn_home h(cairn_home::any_backend);
+  const auto p = testing::test_prefix();
+  const auto root = h.file("shared"), home_a = h.file("home-a"), home_b = h.file("home-b");
+  fs::create_directories(root);
+  const std::string id = p + "held";
+  h.submit(id, plan_of({step("a"), slow("s", 6000, /*first_only=*/true), step("b")}));
+  const std::vector<std::string> args = {"--workspace-root", root.string(), "--lease", "2"};
+  daemon_process a(h, "a", args, "", home_a);
+  auto both = [&] { return a.log() + show_runs(h); };
+  eventually("worker a is inside the slow step", [&] {
+    return slurp(root / id / "exec.log").find("slow s") != std::string::npos;
+  }, both);
+  REQUIRE(::kill(a.pid(), SIGSTOP) == 0);
+  daemon_process b(h, "b", args, "", home_b);
+  auto all = [&] { return a.log() + b.log() + show_runs(h); };
+  eventually("worker b refuses to mount the image a holds, and hands the run back", [&] {
+    for (const auto& e : h.journal()->events(id))
+      if (e.kind == "run_released" && e.data.dump().find("in use by another cairn process") != std::string::npos)
+        return true;
+    return false;
+  }, all);
+  REQUIRE(::kill(a.pid(), SIGCONT) == 0);
+  eventually("the run completed", [&] { return h.journal()->find_run(id)->status == run_status::completed; }, all,
+             120s);
+  INFO(all());
+  const std::string files = slurp(root / id / "exec.log");
+  CHECK(files.rfind("step a\n", 0) == 0);  // step a's file, written under a, is there
+  CHECK(files.find("step b\n") != std::string::npos);
+  a.stop();
+  b.stop();
+}
+
 // An image an older cairn left in a worker's home for a run of the shared
 // root is moved beside the workspace when that worker starts again, so
 // another worker that wakes the run finds the files.
@@ -1511,10 +1554,7 @@ TEST_CASE("an image an older worker kept in its home for a run of the shared roo
   const fs::path image = root / ".images" / (id + ".img"), old = home_a / "images" / (id + ".img");
   {
     daemon_process a(h, "a", worker_args, "", home_a);
-    eventually("the run is suspended", [&] {
-      auto j = h.journal();
-      return j->find_run(id)->status == run_status::waiting && has_event(*j, id, "suspended");
-    }, [&] { return a.log() + show_runs(h); });
+    wait_suspended(h, {id}, a);
     a.stop();
   }
   // Where the layout before this one kept it.
@@ -1545,10 +1585,7 @@ TEST_CASE("a worker refuses a run whose workspace is in another worker's home, a
   h.submit(id, plan_of({step("before"), wait_for_signal("go"), step("after")}));
   {
     daemon_process a(h, "a", {"--suspend-after", "200"}, "", home_a);
-    eventually("the run is suspended", [&] {
-      auto j = h.journal();
-      return j->find_run(id)->status == run_status::waiting && has_event(*j, id, "suspended");
-    }, [&] { return a.log() + show_runs(h); });
+    wait_suspended(h, {id}, a);
     a.stop();
   }
   const auto workspace = home_a / "workspaces" / id;
@@ -1589,10 +1626,7 @@ TEST_CASE("a run cancelled while suspended gets its files back in its folder, an
   std::vector<std::string> args = {"--suspend-after", "200"};
   if (h.on_postgres()) args.insert(args.end(), {"--workspace-root", root.string()});
   daemon_process worker(h, "worker", args);
-  eventually("the run is suspended", [&] {
-    auto j = h.journal();
-    return j->find_run(id)->status == run_status::waiting && has_event(*j, id, "suspended");
-  }, [&] { return worker.log() + show_runs(h); });
+  wait_suspended(h, {id}, worker);
   worker.stop();
   const auto run = h.journal()->find_run(id);
   const fs::path workspace = run->workspace;

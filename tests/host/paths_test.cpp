@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.hpp"
@@ -70,6 +71,29 @@ fs::path scratch_of(const temp_dir& t) {
 cli_result cairn_cli(const temp_dir& t, const fs::path& home, std::vector<std::string> args, cli_options o = {}) {
   o.env["CAIRN_HOME"] = home.string();
   return run_program(CAIRN_BIN, std::move(args), scratch_of(t), o);
+}
+
+// Runs `body` in a section as this user and, under root, as nobody, each
+// with a fresh folder `t` others may enter and a CAIRN_HOME in it that
+// belongs to the user who runs cairn (`o`).
+void for_each_user(
+    const std::function<void(const temp_dir& t, const fs::path& home, const cli_options& o, bool as_nobody)>& body) {
+  for (const bool as_nobody : {false, true}) {
+    if (as_nobody && ::geteuid() != 0) continue;
+    DYNAMIC_SECTION((as_nobody ? "as nobody" : "as this user")) {
+      temp_dir t;
+      ::chmod(t.path().c_str(), 0755);
+      const fs::path home = t.path() / "home";
+      cli_options o;
+      if (as_nobody) {
+        o.as_user = std::pair<uid_t, gid_t>{nobody, nobody};
+        fs::create_directories(home);
+        ::chmod(home.c_str(), 0700);
+        ::chown(home.c_str(), nobody, nobody);
+      }
+      body(t, home, o, as_nobody);
+    }
+  }
 }
 
 }  // namespace
@@ -265,76 +289,40 @@ TEST_CASE("the run log is never opened through a planted link") {
 }
 
 TEST_CASE("nothing an agent makes stays set-uid on the host, and what cairn creates is its user's alone") {
-  struct as {
-    std::string name;
-    std::optional<std::pair<uid_t, gid_t>> user;
-  };
-  std::vector<as> users = {{"this user", std::nullopt}};
-  if (::geteuid() == 0) users.push_back({"nobody", std::pair<uid_t, gid_t>{nobody, nobody}});
-  for (const auto& who : users) {
-    DYNAMIC_SECTION("as " << who.name) {
-      temp_dir t;
-      ::chmod(t.path().c_str(), 0755);
-      fs::path home = t.path() / "home";
-      cli_options o;
-      o.as_user = who.user;
-      if (who.user) {
-        fs::create_directories(home);
-        ::chmod(home.c_str(), 0700);
-        ::chown(home.c_str(), nobody, nobody);
-      }
-      auto r = cairn_cli(t, home, {"run", SYMLINK_AGENT_PATH, "--id", "s", "--input", R"({"mode":"setuid"})", "--json"},
-                         o);
-      INFO(r.out << r.err);
-      REQUIRE(r.code == 0);
-      CHECK((json::parse(r.out)["output"].get<int>() & 06000) == 06000);  // the agent did make it set-uid
-      CHECK((mode_of(home / "workspaces" / "s" / "suid") & 06000) == 0);
-      CHECK(mode_of(home / "logs" / "s.log") == 0600);
-      const bool root = ::geteuid() == 0 && !who.user;
-      CHECK(mode_of(home) == (root ? 0711 : 0700));
-      CHECK(mode_of(home / "workspaces") == (root ? 0711 : 0700));
-      CHECK(mode_of(home / "logs") == 0700);
-      CHECK(mode_of(home / "images") == 0700);
-      CHECK(mode_of(home / "cairn.db") == 0600);
-    }
-  }
+  for_each_user([](const temp_dir& t, const fs::path& home, const cli_options& o, bool as_nobody) {
+    auto r = cairn_cli(t, home, {"run", SYMLINK_AGENT_PATH, "--id", "s", "--input", R"({"mode":"setuid"})", "--json"},
+                       o);
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+    CHECK((json::parse(r.out)["output"].get<int>() & 06000) == 06000);  // the agent did make it set-uid
+    CHECK((mode_of(home / "workspaces" / "s" / "suid") & 06000) == 0);
+    CHECK(mode_of(home / "logs" / "s.log") == 0600);
+    const bool root = ::geteuid() == 0 && !as_nobody;
+    CHECK(mode_of(home) == (root ? 0711 : 0700));
+    CHECK(mode_of(home / "workspaces") == (root ? 0711 : 0700));
+    CHECK(mode_of(home / "logs") == 0700);
+    CHECK(mode_of(home / "images") == 0700);
+    CHECK(mode_of(home / "cairn.db") == 0600);
+  });
 }
 
 TEST_CASE("what an agent leaves open in its workspace is closed to other users once its run ends") {
-  struct as {
-    std::string name;
-    std::optional<std::pair<uid_t, gid_t>> user;
-  };
-  std::vector<as> users = {{"this user", std::nullopt}};
-  if (::geteuid() == 0) users.push_back({"nobody", std::pair<uid_t, gid_t>{nobody, nobody}});
-  for (const auto& who : users) {
-    DYNAMIC_SECTION("as " << who.name) {
-      temp_dir t;
-      ::chmod(t.path().c_str(), 0755);
-      fs::path home = t.path() / "home";
-      cli_options o;
-      o.as_user = who.user;
-      if (who.user) {
-        fs::create_directories(home);
-        ::chmod(home.c_str(), 0700);
-        ::chown(home.c_str(), nobody, nobody);
-      }
-      auto r = cairn_cli(t, home, {"run", SYMLINK_AGENT_PATH, "--id", "o", "--input", R"({"mode":"open"})", "--json"},
-                         o);
-      INFO(r.out << r.err);
-      REQUIRE(r.code == 0);
-      // The agent did open them, inside its sandbox.
-      const json modes = json::parse(r.out)["output"];
-      CHECK(modes["open.txt"] == 0666);
-      CHECK(modes["drop"] == 01777);
-      CHECK(modes["."] == 0777);
-      const fs::path ws = home / "workspaces" / "o";
-      CHECK((mode_of(ws) & 077) == 0);  // no one else may enter it
-      CHECK(mode_of(ws / "open.txt") == 0644);
-      CHECK(mode_of(ws / "drop") == 0755);
-      CHECK(slurp(ws / "open.txt") == "anyone may write this\n");
-    }
-  }
+  for_each_user([](const temp_dir& t, const fs::path& home, const cli_options& o, bool) {
+    auto r = cairn_cli(t, home, {"run", SYMLINK_AGENT_PATH, "--id", "o", "--input", R"({"mode":"open"})", "--json"},
+                       o);
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+    // The agent did open them, inside its sandbox.
+    const json modes = json::parse(r.out)["output"];
+    CHECK(modes["open.txt"] == 0666);
+    CHECK(modes["drop"] == 01777);
+    CHECK(modes["."] == 0777);
+    const fs::path ws = home / "workspaces" / "o";
+    CHECK((mode_of(ws) & 077) == 0);  // no one else may enter it
+    CHECK(mode_of(ws / "open.txt") == 0644);
+    CHECK(mode_of(ws / "drop") == 0755);
+    CHECK(slurp(ws / "open.txt") == "anyone may write this\n");
+  });
 }
 
 TEST_CASE("the copy a release cut short keeps of an agent's files is closed to other users already") {
