@@ -52,7 +52,7 @@ bool same_filesystem(const fs::path& file, const unique_fd& folder) {
 
 // The fds bwrap finds its inputs on, after the channel on fd 3 and
 // bwrap_args_fd (4), in the order of spawn_request::extra_fds.
-constexpr int info_fd = 5, seccomp_fd = 6, program_fd = 7;
+constexpr int info_fd = 5, seccomp_fd = 6, workspace_fd = 7, program_fd = 8;
 constexpr std::chrono::seconds bwrap_start_timeout{10};
 
 [[noreturn]] void spawn_failed(const std::string& what) {
@@ -186,11 +186,17 @@ bwrap_context context_for(const fs::path& bwrap, const std::optional<sandbox_use
 
 // The isolation flags, `env`, the workspace at /workspace (also the working
 // folder) and the SDKs: what every sandbox of a run gets before its program.
+// `by_descriptor`: the workspace is bound from the descriptor bwrap gets as
+// workspace_fd (the folder as cairn opened it, without following a link),
+// never by bwrap resolving its path again.
 std::vector<std::string> run_mounts(const bwrap_context& c, const resource_limits& limits,
-                                    const std::map<std::string, std::string>& env, const fs::path& workspace) {
+                                    const std::map<std::string, std::string>& env, const fs::path& workspace,
+                                    bool by_descriptor = true) {
   std::vector<std::string> options = bwrap_isolation_args(c.features, limits.max_tmp_bytes);
   for (const auto& [name, value] : env) options.insert(options.end(), {"--setenv", name, value});
-  options.insert(options.end(), {"--bind", workspace.string(), "/workspace", "--chdir", "/workspace"});
+  if (by_descriptor) options.insert(options.end(), {"--bind-fd", std::to_string(workspace_fd), "/workspace"});
+  else options.insert(options.end(), {"--bind", workspace.string(), "/workspace"});
+  options.insert(options.end(), {"--chdir", "/workspace"});
   if (!c.sdks.python.empty()) options.insert(options.end(), {"--ro-bind", c.sdks.python.string(), sandbox_python_sdk});
   if (!c.sdks.js.empty()) options.insert(options.end(), {"--ro-bind", c.sdks.js.string(), sandbox_js_sdk});
   return options;
@@ -254,7 +260,9 @@ started_bwrap start_bwrap(const bwrap_context& c, const resource_limits& limits,
                  std::string(sandbox_record_env) + "=" + record->token()};
   request.cwd = "/";
   request.log_fd = log_writer;
-  request.extra_fds = {args_memfd.get(), info_write.get(), seccomp_memfd.get()};
+  // Opened now, once its image is mounted there, walking from "/" without links.
+  unique_fd workspace_folder = open_folder_no_follow(workspace);
+  request.extra_fds = {args_memfd.get(), info_write.get(), seccomp_memfd.get(), workspace_folder.get()};
   if (program_copy) request.extra_fds.push_back(program_copy.get());
   request.limits = limits;
   if (c.user) request.run_as = spawn_identity{c.user->uid, c.user->gid};
@@ -693,7 +701,7 @@ std::vector<std::string> bwrap_command(const fs::path& workspace, const fs::path
   if (!bwrap) throw sandbox_error(sandbox_errc::bwrap_missing, bwrap_missing_message);
   const bwrap_context c = context_for(*bwrap, resolve_sandbox_user(options), {});
   std::vector<std::string> argv = {bwrap->string()};
-  for (auto& option : run_mounts(c, limits, {}, workspace)) argv.push_back(std::move(option));
+  for (auto& option : run_mounts(c, limits, {}, workspace, /*by_descriptor=*/false)) argv.push_back(std::move(option));
   argv.insert(argv.end(), {"--ro-bind", program.string(), sandbox_agent_path, "--remount-ro", "/", sandbox_agent_path});
   return argv;
 }

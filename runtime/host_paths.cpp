@@ -56,8 +56,8 @@ fs::path prepare_workspace(const fs::path& workspace) {
 }
 
 void chown_tree(const fs::path& dir, uid_t uid, gid_t gid) {
-  unique_fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd) bad_spec(fmt::format("cannot open workspace {}: {}", dir.string(), std::strerror(errno)));
+  // Walked from "/" without links: no component of the path leads elsewhere.
+  unique_fd fd = open_folder_no_follow(fs::absolute(dir).lexically_normal());
   auto failed = [&](const fs::path& where) {
     bad_spec(fmt::format("cannot chown {} to the sandbox uid {}: {}", where.string(), uid, std::strerror(errno)));
   };

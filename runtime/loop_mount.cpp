@@ -1,5 +1,7 @@
 #include "runtime/loop_mount.hpp"
 
+#include "runtime/no_follow.hpp"
+
 #include <fcntl.h>
 #include <linux/loop.h>
 #include <sys/ioctl.h>
@@ -125,7 +127,10 @@ loop_mount::loop_mount(const fs::path& image, const fs::path& target) : image_(i
   const auto device = attach_free_device(image, 0);
   // From here the mount holds the device; once ours is closed and the mount
   // is gone, LO_FLAGS_AUTOCLEAR detaches it. A failed mount frees it at once.
-  if (::mount(device.path.c_str(), target.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) < 0)
+  // Onto the folder as opened without following a link, not its path resolved again.
+  const unique_fd folder = open_folder_no_follow(fs::absolute(target).lexically_normal());
+  const std::string at = "/proc/self/fd/" + std::to_string(folder.get());
+  if (::mount(device.path.c_str(), at.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) < 0)
     failed(fmt::format("mounting {} ({}) at {}", image.string(), device.path, target.string()));
 }
 
