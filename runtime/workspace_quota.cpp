@@ -96,15 +96,26 @@ fs::path whole_copy_of(const fs::path& workspace) {
 // the workspace (a shared parent folder) is never taken for the run's files.
 fs::path copy_record_of(const fs::path& image) { return fs::path(image) += ".released"; }
 
-void record_whole_copy(const fs::path& image, int copy_fd) {
-  struct stat st {};
+// Writes the record of the copy open as `copy_fd`; returns whether a
+// syncfs() of the copy, which `syncfs_follows`, makes it durable too (the
+// image's folder on the copy's filesystem), else sync_whole_copy_record()
+// must, before the copy is named.
+bool record_whole_copy(const fs::path& image, int copy_fd, bool syncfs_follows) {
+  struct stat st {}, folder {};
   if (::fstat(copy_fd, &st) < 0) failed(sandbox_errc::workspace_failed, "reading the copy of " + image.string());
   const fs::path record = copy_record_of(image);
   unique_fd out(::open(record.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
   const std::string text = fmt::format("{} {}\n", st.st_dev, st.st_ino);
   if (!out || ::write(out.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
-      ::fsync(out.get()) < 0)
+      ::fstat(out.get(), &folder) < 0)
     failed(sandbox_errc::workspace_failed, "writing " + record.string());
+  return syncfs_follows && folder.st_dev == st.st_dev;
+}
+
+void sync_whole_copy_record(const fs::path& image) {
+  const fs::path record = copy_record_of(image);
+  unique_fd in(::open(record.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!in || ::fsync(in.get()) < 0) failed(sandbox_errc::workspace_failed, "syncing " + record.string());
   sync_folder(image.parent_path());
 }
 
@@ -687,10 +698,14 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
     std::error_code empty_ec;
     const bool nothing_copied = fs::is_empty(staging, empty_ec) && !empty_ec;
     struct stat st {};
-    if (::fstat(root.get(), &st) < 0 || ::fchown(copy.get(), st.st_uid, st.st_gid) < 0 ||
-        (nothing_copied ? ::fsync(copy.get()) : ::syncfs(copy.get())) < 0)
+    if (::fstat(root.get(), &st) < 0 || ::fchown(copy.get(), st.st_uid, st.st_gid) < 0)
       failed(sandbox_errc::workspace_failed, "finishing " + staging.string());
-    record_whole_copy(image, copy.get());
+    // The record goes before the sync, which makes it durable too when it
+    // syncs the record's filesystem (the usual layouts: the image beside).
+    const bool record_synced = record_whole_copy(image, copy.get(), !nothing_copied);
+    if ((nothing_copied ? ::fsync(copy.get()) : ::syncfs(copy.get())) < 0)
+      failed(sandbox_errc::workspace_failed, "finishing " + staging.string());
+    if (!record_synced) sync_whole_copy_record(image);
     // Never over a folder of that name that cairn did not make.
     if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, whole.c_str(), RENAME_NOREPLACE) < 0) {
       if (errno == EEXIST)
