@@ -614,9 +614,4 @@ task<attempt_result> run_attempt(attempt_journal& journal, attempt_wakeups& wake
   co_return co_await driver.drive(backend);
 }
 
-int poll_timeout(std::chrono::steady_clock::time_point t) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
-  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 24 * 3600 * 1000));
-}
-
 }  // namespace cairn::engine

@@ -18,6 +18,7 @@
 #include "engine/io.hpp"
 #include "engine/policy.hpp"
 #include "engine/tools/llm_chat.hpp"
+#include "engine/wakeups.hpp"
 #include "runtime/sandbox.hpp"
 
 namespace cairn::engine {
@@ -78,24 +79,6 @@ class attempt_journal {
   // Tokens the run's journaled llm.chat calls counted.
   virtual std::uint64_t llm_tokens_spent() = 0;
 };
-
-// What wakes an attempt besides its agent's frames, as one descriptor to
-// poll: a change to its run (a signal, a cancel, a child that ended, the host
-// stopping) or its agent's process ending. The engine provides it.
-class attempt_wakeups {
- public:
-  virtual ~attempt_wakeups() = default;
-  // Also wakes when the process `pid` (a child of this process) ends.
-  virtual void watch_process(pid_t pid) = 0;
-  // Readable while a wake-up is pending or once the process has ended.
-  virtual int fd() const = 0;
-  // Consumes pending wake-ups; whether there was one.
-  virtual bool take() const = 0;
-};
-
-// The ms until `t` from now for a poll(2) timeout: 0 when past, capped at a
-// day (no deadline: the waiter merely looks again).
-int poll_timeout(std::chrono::steady_clock::time_point t);
 
 // The engine's settings an attempt needs (engine_options holds them).
 struct attempt_options {

@@ -133,4 +133,9 @@ void stop_flag::wait() const {
       throw std::system_error(errno, std::generic_category(), "poll on a stop flag");
 }
 
+int poll_timeout(std::chrono::steady_clock::time_point t) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 24 * 3600 * 1000));
+}
+
 }  // namespace cairn::engine

@@ -6,12 +6,13 @@
 // re-reads the journal. Waiters take wake-ups before they look, so none is lost.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <string>
 
-#include "engine/attempt.hpp"
 #include "storage/wakeup.hpp"
 
 namespace cairn::engine {
@@ -54,6 +55,24 @@ class wake_registration {
   std::string run_id_;
   const wake_event& event_;
 };
+
+// What wakes an attempt besides its agent's frames, as one descriptor to
+// poll: a change to its run (a signal, a cancel, a child that ended, the host
+// stopping) or its agent's process ending. The engine provides it.
+class attempt_wakeups {
+ public:
+  virtual ~attempt_wakeups() = default;
+  // Also wakes when the process `pid` (a child of this process) ends.
+  virtual void watch_process(pid_t pid) = 0;
+  // Readable while a wake-up is pending or once the process has ended.
+  virtual int fd() const = 0;
+  // Consumes pending wake-ups; whether there was one.
+  virtual bool take() const = 0;
+};
+
+// The ms until `t` from now for a poll(2) timeout: 0 when past, capped at a
+// day (no deadline: the waiter merely looks again).
+int poll_timeout(std::chrono::steady_clock::time_point t);
 
 // Wakes whoever in this process waits on `run_id`, and every watcher of all runs.
 void wake_run(const std::string& run_id);
