@@ -603,9 +603,14 @@ std::size_t engine::release_ended_runs() {
 }
 
 std::optional<std::string> engine::unreachable(const storage::run_record& run) {
+  // The workers' roots are read only for a workspace that is not this
+  // worker's own (the usual case costs no query on a run's way in).
+  const auto w = std::filesystem::path(run.workspace).lexically_normal();
+  const bool own = w == default_workspace(home(), run.id).lexically_normal() ||
+                   (!workspace_root().empty() && w == (workspace_root() / run.id).lexically_normal());
   std::vector<std::string> other_roots;
-  if (!run.workspace.empty())
-    for (const auto& w : journal_.workers()) other_roots.push_back(w.workspace_root);
+  if (!run.workspace.empty() && !own)
+    for (const auto& worker : journal_.workers()) other_roots.push_back(worker.workspace_root);
   auto why = unreachable_workspace(home(), workspace_root(), run.id, run.workspace, other_roots);
   std::error_code ec;
   if (!why && !run.workspace.empty() && !std::filesystem::exists(run.workspace, ec) &&
