@@ -145,8 +145,8 @@ round_result one_round(const fs::path& base, int n, int m, int round) {
     r.sandbox_rss_per_run_kb = static_cast<double>(sampler.at_peak.rss_kb) / sampler.live;
     r.sandbox_pss_per_run_kb = static_cast<double>(sampler.at_peak.pss_kb) / sampler.live;
   }
-  storage::journal journal(db, {.read_only = true});
-  const auto p = breakdown(journal, n);
+  auto journal = storage::open_journal(db, {.read_only = true});
+  const auto p = breakdown(*journal, n);
   r.queued_ms = p.queued_ms;
   r.start_ms = p.start_ms;
   r.steps_ms = p.steps_ms;

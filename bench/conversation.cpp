@@ -63,12 +63,12 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
   auto [mock, port] = start_mock(dir, reply_bytes);
 
-  storage::journal journal(dir / "cairn.db");
+  auto journal = storage::open_journal(dir / "cairn.db");
   engine::engine_options options;
   options.home = dir / "home";
   options.retry_backoff = std::chrono::milliseconds(10);
   options.llm = engine::llm_endpoint{"http://127.0.0.1:" + std::to_string(port) + "/v1", "", "mock-1"};
-  engine::engine eng(journal, options);
+  engine::engine eng(*journal, options);
   engine::run_request r;
   r.id = "conversation";
   r.agent = CONVERSATION_AGENT;
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
 
   // The requests as journaled, against what the agent sent.
   std::size_t whole_requests = 0, journaled_identical = 0, n = 0;
-  for (const auto& e : journal.events(r.id)) {
+  for (const auto& e : journal->events(r.id)) {
     if (e.kind != "tool_started") continue;
     const std::string text = e.data.at("args").dump();
     whole_requests += text.size();
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   }
   const auto conversation = run.output["conversation_bytes"].get<std::size_t>();
   const auto outputs = run.output["outputs_bytes"].get<std::size_t>();
-  const auto journal_bytes = journal.bytes_of_run(r.id);
+  const auto journal_bytes = journal->bytes_of_run(r.id);
   std::error_code ec;
   const auto wal_bytes = fs::file_size(dir / "cairn.db-wal", ec);
   const auto db_bytes = fs::file_size(dir / "cairn.db") + (ec ? 0 : wal_bytes);

@@ -190,8 +190,8 @@ inline void wait_for_daemon(pid_t daemon, const fs::path& db, const fs::path& lo
   const auto serving = [&] {
     if (!fs::exists(db)) return false;
     try {
-      cairn::storage::journal journal(db, {.read_only = true});
-      return cairn::engine::worker_leases(journal).any_alive();
+      auto journal = cairn::storage::open_journal(db, {.read_only = true});
+      return cairn::engine::worker_leases(*journal).any_alive();
     } catch (const cairn::storage::storage_error&) {
       return false;  // not migrated yet
     }
@@ -407,10 +407,10 @@ inline std::string machine() {
 // returns their ids, PREFIX-0, PREFIX-1, ...
 inline std::vector<std::string> submit_runs(const fs::path& home, const std::string& prefix, int count,
                                             const fs::path& agent, const nlohmann::json& input) {
-  cairn::storage::journal journal(home / "cairn.db");
+  auto journal = cairn::storage::open_journal(home / "cairn.db");
   cairn::engine::engine_options options;
   options.home = home;
-  cairn::engine::engine eng(journal, options);
+  cairn::engine::engine eng(*journal, options);
   std::vector<std::string> ids;
   for (int i = 0; i < count; ++i) {
     cairn::engine::run_request request;
@@ -438,10 +438,10 @@ struct runs_ended {
 inline runs_ended wait_runs_ended(const fs::path& db, int count, pid_t daemon, clock_type::time_point t0,
                                   double limit_ms, const fs::path& log, bool stop_at_first_failure) {
   using cairn::storage::run_status;
-  cairn::storage::journal journal(db, {.read_only = true});
+  auto journal = cairn::storage::open_journal(db, {.read_only = true});
   double reported_ms = 0;
   for (;;) {
-    auto counts = journal.count_by_status();
+    auto counts = journal->count_by_status();
     runs_ended r{ms_since(t0), counts[run_status::completed],
                  counts[run_status::failed] + counts[run_status::cancelled] + counts[run_status::in_doubt]};
     if (r.completed + r.other == count || (stop_at_first_failure && r.other > 0)) return r;
@@ -466,9 +466,9 @@ inline runs_ended wait_runs_ended(const fs::path& db, int count, pid_t daemon, c
 // cancelled or is in doubt.
 inline void wait_all_completed(const fs::path& db, int n, clock_type::time_point t0, std::chrono::seconds limit,
                                const fs::path& log) {
-  cairn::storage::journal journal(db, {.read_only = true});
+  auto journal = cairn::storage::open_journal(db, {.read_only = true});
   for (;;) {
-    auto counts = journal.count_by_status();
+    auto counts = journal->count_by_status();
     if (counts[cairn::storage::run_status::completed] == n) return;
     if (counts[cairn::storage::run_status::failed] + counts[cairn::storage::run_status::cancelled] +
             counts[cairn::storage::run_status::in_doubt] >

@@ -105,11 +105,11 @@ int main(int argc, char** argv) {
   // count; and how many runs got as far as their sleep.
   std::map<std::string, int> errors;
   int slept = 0;
-  storage::journal journal(db, {.read_only = true});
+  auto journal = storage::open_journal(db, {.read_only = true});
   for (const auto& id : ids) {
-    auto run = journal.find_run(id);
+    auto run = journal->find_run(id);
     if (!run) continue;
-    for (const auto& e : journal.events(id))
+    for (const auto& e : journal->events(id))
       if (e.kind == "timer_set") {
         ++slept;
         break;

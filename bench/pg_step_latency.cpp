@@ -39,9 +39,9 @@ int main(int argc, char** argv) {
   }
   const int steps = argc > 2 ? std::stoi(argv[2]) : 2000;
 
-  storage::journal j(url);
-  j.create_run({.id = "bench", .agent = "/bench", .sandbox = "none", .workspace = "/tmp/bench"});
-  if (!j.claim_run("bench", "", "bench-worker")) return 1;  // the fenced path, as a worker writes
+  auto j = storage::open_journal(url);
+  j->create_run({.id = "bench", .agent = "/bench", .sandbox = "none", .workspace = "/tmp/bench"});
+  if (!j->claim_run("bench", "", "bench-worker")) return 1;  // the fenced path, as a worker writes
 
   bench::raw_pg_steps raw(url);
 
@@ -55,14 +55,14 @@ int main(int argc, char** argv) {
     s.result.output = {{"n", 1}};
     s.result.attempt = 1;
     auto t = clock_type::now();
-    j.append_step(s);
+    j->append_step(s);
     journal_us.push_back(micros_since(t));
 
     // The engine's path: every write is a group commit (engine/ledger.cpp).
     s.result.seq += static_cast<std::uint64_t>(steps);
     const std::function<void(storage::journal&)> write = [&](storage::journal& w) { w.append_step(s); };
     t = clock_type::now();
-    if (auto errors = j.write_together({&write, 1}); errors[0]) std::rethrow_exception(errors[0]);
+    if (auto errors = j->write_together({&write, 1}); errors[0]) std::rethrow_exception(errors[0]);
     group_us.push_back(micros_since(t));
 
     t = clock_type::now();
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     raw_us.push_back(micros_since(t));
   }
   const auto a = summarize(journal_us), g = summarize(group_us), b = summarize(raw_us);
-  std::printf("%s, %d steps\n", j.server_version().c_str(), steps);
+  std::printf("%s, %d steps\n", j->server_version().c_str(), steps);
   std::printf("append_step (fenced) p50 %.0f us  p99 %.0f us\n", a.p50, a.p99);
   std::printf("write_together of it p50 %.0f us  p99 %.0f us\n", g.p50, g.p99);
   std::printf("raw INSERT; COMMIT   p50 %.0f us  p99 %.0f us\n", b.p50, b.p99);

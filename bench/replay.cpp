@@ -47,15 +47,15 @@ class first_new_step : public engine::run_observer {
 
 struct bench_host {
   fs::path dir;
-  storage::journal journal;
+  std::unique_ptr<storage::journal> journal;
   std::atomic<bool> stopping{false};
   engine::engine_options options;
   std::unique_ptr<engine::engine> eng;
 
-  explicit bench_host(const fs::path& d) : dir(d), journal(d / "cairn.db") {
+  explicit bench_host(const fs::path& d) : dir(d), journal(storage::open_journal(d / "cairn.db")) {
     options.home = dir / "home";
     options.stopping = &stopping;
-    eng = std::make_unique<engine::engine>(journal, options);
+    eng = std::make_unique<engine::engine>(*journal, options);
   }
 
   // A pending run of bench_agent whose journal holds `steps` steps named as
@@ -70,14 +70,14 @@ struct bench_host {
     r.workspace = dir / "ws" / id;
     r.policy = engine::parse_policy({{"limits", {{"journal_mb", 2048}}}});
     eng->submit(r);
-    storage::journal writer(dir / "cairn.db", {.sync = storage::sync_mode::normal});
+    auto writer = storage::open_journal(dir / "cairn.db", {.sync = storage::sync_mode::normal});
     for (int i = 0; i < steps; ++i) {
       storage::step_record s;
       s.run_id = id;
       s.result.seq = static_cast<std::uint64_t>(i);
       s.result.name = "s" + std::to_string(i);
       s.result.output = output;
-      writer.append_step(s);
+      writer->append_step(s);
     }
     std::printf("  (built %s: %d steps in %.0f ms)\n", id.c_str(), steps, bench::ms_since(t0));
   }
@@ -87,7 +87,7 @@ struct bench_host {
     std::vector<double> ms;
     for (int t = 0; t < trials; ++t) {
       stopping = false;
-      first_new_step watch(journal.step_count(id), stopping);
+      first_new_step watch(journal->step_count(id), stopping);
       const auto t0 = clock_type::now();
       auto run = eng->execute(id, &watch);
       if (!watch.acked_) bench::die("the run did not reach a new step: " + (run.error ? run.error->message : "?"));

@@ -76,7 +76,7 @@ struct measured {
 
 measured cairn_runs(const fs::path& dir, int n, std::size_t warm, bool quota, bool start_agents = false,
                     const char* agent = BENCH_AGENT) {
-  storage::journal journal(dir / "cairn.db");
+  auto journal = storage::open_journal(dir / "cairn.db");
   engine::engine_options options;
   options.home = dir / "home";
   runtime::warm_pool_options pool;
@@ -90,7 +90,7 @@ measured cairn_runs(const fs::path& dir, int n, std::size_t warm, bool quota, bo
   options.backends = engine::default_backends(pool);
   auto backend = options.backends("bwrap");
   options.backends = [backend](const std::string&) { return backend; };
-  engine::engine eng(journal, options);
+  engine::engine eng(*journal, options);
   std::vector<double> first_ms, whole_ms;
   double cpu = 0;
   measured m;

@@ -213,15 +213,15 @@ std::vector<double> relayed_journal_steps(const std::string& url, const std::str
   // does not take it while the relay writes) and ended with the relay (nor
   // afterwards).
   struct relayed_run {
-    storage::journal j;
+    std::unique_ptr<storage::journal> j;
     std::string id;
-    relayed_run(const std::string& url, const std::string& run_id) : j(url), id(run_id) {
-      j.create_run({.id = id, .agent = "/bench", .sandbox = "none", .workspace = "/tmp/" + id, .owner = "bench-relay"});
-      if (!j.claim_run(id, "bench-relay", "bench-relay")) bench::die("could not claim run " + id);
+    relayed_run(const std::string& url, const std::string& run_id) : j(storage::open_journal(url)), id(run_id) {
+      j->create_run({.id = id, .agent = "/bench", .sandbox = "none", .workspace = "/tmp/" + id, .owner = "bench-relay"});
+      if (!j->claim_run(id, "bench-relay", "bench-relay")) bench::die("could not claim run " + id);
     }
     ~relayed_run() {
       try {
-        j.finish_run(id, storage::run_status::completed, nullptr, std::nullopt);
+        j->finish_run(id, storage::run_status::completed, nullptr, std::nullopt);
       } catch (const std::exception& e) {
         bench::die(e.what());
       }
@@ -237,7 +237,7 @@ std::vector<double> relayed_journal_steps(const std::string& url, const std::str
       s.result.ok = true;
       s.result.attempt = 1;
       const std::function<void(storage::journal&)> write = [&](storage::journal& w) { w.append_step(s); };
-      if (auto errors = run->j.write_together({&write, 1}); errors[0]) std::rethrow_exception(errors[0]);
+      if (auto errors = run->j->write_together({&write, 1}); errors[0]) std::rethrow_exception(errors[0]);
     };
   });
 }
@@ -251,9 +251,9 @@ std::vector<double> step_run(const fs::path& home, const std::string& db, const 
           home, home / "submit.log");
       code != 0)
     bench::die("cairn submit exited " + std::to_string(code) + "; see " + (home / "submit.log").string());
-  storage::journal journal(db, {.read_only = true});
+  auto journal = storage::open_journal(db, {.read_only = true});
   for (;;) {
-    auto run = journal.find_run(id);
+    auto run = journal->find_run(id);
     if (run && run->status == storage::run_status::completed)
       return run->output.at("step_us").get<std::vector<double>>();
     if (run && (run->status == storage::run_status::failed || run->status == storage::run_status::cancelled))

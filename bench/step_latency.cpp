@@ -46,10 +46,10 @@ void durable_steps(const fs::path& dir, storage::sync_mode sync, int round, int 
                    const char* agent = BENCH_AGENT, const std::string& sdk = "cpp") {
   std::string db = sync == storage::sync_mode::full ? "full" : "normal";
   std::string name = db + "-" + sdk + "-" + std::to_string(round);
-  storage::journal journal(dir / (db + ".db"), {.sync = sync});
+  auto journal = storage::open_journal(dir / (db + ".db"), {.sync = sync});
   engine::engine_options options;
   options.home = dir / "home";
-  engine::engine eng(journal, options);
+  engine::engine eng(*journal, options);
   engine::run_request r;
   r.id = name;
   r.agent = agent;

@@ -159,10 +159,10 @@ int main(int argc, char** argv) {
   bench::wait_for_daemon(daemon, db, log);
   const long idle_rss = bench::status_field(daemon, "VmRSS");
 
-  storage::journal journal(db);
+  auto journal = storage::open_journal(db);
   engine::engine_options options;
   options.home = home;
-  engine::engine eng(journal, options);
+  engine::engine eng(*journal, options);
 
   // Park.
   peak_sampler parking(daemon);
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
     eng.submit(r);
   }
   const double submit_ms = ms_since(t_park);
-  const double park_ms = wait_for(journal, storage::run_status::waiting, n, t_park, log);
+  const double park_ms = wait_for(*journal, storage::run_status::waiting, n, t_park, log);
   const double park_kernel_cpu = 1000.0 * (bench::kernel_threads_seconds() - kernel0) / n,
                park_daemon_cpu = 1000.0 * (served.cpu_seconds() - daemon0) / n;
   parking.stop = true;
@@ -202,14 +202,14 @@ int main(int argc, char** argv) {
   for (int i = 0; i < one_by_one; ++i) {
     eng.signal(run_id(i), "go", {{"i", i}});
     const auto t0 = clock_type::now();
-    while (journal.find_run(run_id(i))->status != storage::run_status::completed) {
+    while (journal->find_run(run_id(i))->status != storage::run_status::completed) {
       if (ms_since(t0) > 60'000) bench::die("run " + run_id(i) + " did not complete within 60 s of its signal");
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     std::int64_t started = 0;
-    for (const auto& e : journal.events(run_id(i)))
+    for (const auto& e : journal->events(run_id(i)))
       if (e.kind == "attempt_started") started = e.at_ms;
-    wake_latency.push_back(static_cast<double>(started - journal.signals(run_id(i)).front().sent_at_ms));
+    wake_latency.push_back(static_cast<double>(started - journal->signals(run_id(i)).front().sent_at_ms));
   }
 
   // Wake the rest at once.
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
     signal_ms.push_back(ms_since(t0));
   }
   const double signalled_ms = ms_since(t_wake);
-  const double wake_ms = wait_for(journal, storage::run_status::completed, n, t_wake, log);
+  const double wake_ms = wait_for(*journal, storage::run_status::completed, n, t_wake, log);
   const int woken = std::max(1, n - one_by_one);
   const double wake_kernel_cpu = 1000.0 * (bench::kernel_threads_seconds() - kernel0) / woken,
                wake_daemon_cpu = 1000.0 * (served.cpu_seconds() - daemon0) / woken;
@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
     request.policy = roomy;
     eng.submit(request);
   }
-  for (const auto& r : sized) await_parked(journal, r.id, 1, home, log);
+  for (const auto& r : sized) await_parked(*journal, r.id, 1, home, log);
   std::vector<std::uint64_t> held;
   for (const auto& r : sized) held.push_back(image_bytes(home, r.id));
   // Which of the two goes first changes each round: the first of a pair
@@ -255,17 +255,17 @@ int main(int argc, char** argv) {
       auto& r = sized[static_cast<std::size_t>((round + k) % 2)];
       const auto t0 = clock_type::now();
       eng.signal(r.id, "go", {{"round", round}});
-      await_parked(journal, r.id, static_cast<std::size_t>(round) + 2, home, log);
+      await_parked(*journal, r.id, static_cast<std::size_t>(round) + 2, home, log);
       r.cycle_ms.push_back(ms_since(t0));
     }
-  for (auto& r : sized) read_wakeups(journal, r);
+  for (auto& r : sized) read_wakeups(*journal, r);
   // The end: the files leave the image for the host folder, once; done when
   // the run completed and its image is gone.
   std::vector<double> end_ms;
   for (const auto& r : sized) {
     const auto t0 = clock_type::now();
     eng.signal(r.id, "go", {{"round", size_rounds}});
-    while (journal.find_run(r.id)->status != storage::run_status::completed ||
+    while (journal->find_run(r.id)->status != storage::run_status::completed ||
            fs::exists(home / "images" / (r.id + ".img")) || bench::mounts_under(home) != 0) {
       if (ms_since(t0) > 300'000) bench::die("run " + r.id + " did not complete within 300 s; see " + log.string());
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -282,14 +282,14 @@ int main(int argc, char** argv) {
   // and the waking one (attempt started -> completed), and signal -> done.
   std::vector<double> park_exec, wake_exec, signal_to_done, queued;
   for (int i = 0; i < n; ++i) {
-    auto run = journal.find_run(run_id(i));
+    auto run = journal->find_run(run_id(i));
     std::vector<std::int64_t> attempts;
     std::int64_t waiting_at = 0;
-    for (const auto& e : journal.events(run_id(i))) {
+    for (const auto& e : journal->events(run_id(i))) {
       if (e.kind == "attempt_started") attempts.push_back(e.at_ms);
       if (e.kind == "run_waiting" && waiting_at == 0) waiting_at = e.at_ms;
     }
-    auto sigs = journal.signals(run_id(i));
+    auto sigs = journal->signals(run_id(i));
     if (!run || !run->finished_at_ms || attempts.size() < 2 || waiting_at == 0 || sigs.empty()) continue;
     queued.push_back(static_cast<double>(attempts.front() - run->created_at_ms));
     park_exec.push_back(static_cast<double>(waiting_at - attempts.front()));

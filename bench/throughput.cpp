@@ -122,9 +122,9 @@ round_result one_round(const fs::path& base, SQLite::Database& raw, int n, int s
     r.failure = ended.timed_out ? "not all completed within " + std::to_string(static_cast<long>(limit_ms / 1000)) +
                                       " s (" + std::to_string(ended.completed) + " of " + std::to_string(n) + ")"
                                 : "a run failed";
-    storage::journal journal(db, {.read_only = true});
+    auto journal = storage::open_journal(db, {.read_only = true});
     for (const auto& id : ids)
-      if (auto run = journal.find_run(id); run && run->error) {
+      if (auto run = journal->find_run(id); run && run->error) {
         r.failure += ": " + run->error->message;
         break;
       }
@@ -134,12 +134,12 @@ round_result one_round(const fs::path& base, SQLite::Database& raw, int n, int s
   if (serve_exit != 0)
     bench::die("cairn serve exited " + std::to_string(serve_exit) + " on SIGTERM; see " + log.string());
 
-  storage::journal journal(db, {.read_only = true});
+  auto journal = storage::open_journal(db, {.read_only = true});
   std::vector<double> step_ms;
   std::int64_t first_started = INT64_MAX, last_committed = 0;
   for (const auto& id : ids) {
-    auto run = journal.find_run(id);
-    auto recorded = journal.steps(id);
+    auto run = journal->find_run(id);
+    auto recorded = journal->steps(id);
     if (!run || recorded.size() != static_cast<std::size_t>(s) || run->output["step_us"].size() != recorded.size())
       bench::die("run " + id + " did not journal its " + std::to_string(s) + " steps; see " + home.string());
     for (double us : run->output["step_us"]) step_ms.push_back(us / 1000);

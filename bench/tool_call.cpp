@@ -84,10 +84,10 @@ summary raw_commit(const fs::path& dir, int n) {
 }
 
 summary tool_calls(const fs::path& dir, int n) {
-  storage::journal journal(dir / "cairn.db");
+  auto journal = storage::open_journal(dir / "cairn.db");
   engine::engine_options options;
   options.home = dir / "home";
-  engine::engine eng(journal, options);
+  engine::engine eng(*journal, options);
   engine::run_request r;
   r.id = "tool-bench";
   r.agent = BENCH_AGENT;

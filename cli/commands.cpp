@@ -38,8 +38,8 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
   return guarded([&] {
     auto request = make_request(args);
     if (!request) return 2;
-    storage::journal journal(p.db);
-    engine::engine eng(journal, options_for(p));
+    auto journal = storage::open_journal(p.db);
+    engine::engine eng(*journal, options_for(p));
     auto [run, created] = eng.start(*request);  // owned by this process: no daemon takes it meanwhile
     if (!created) {
       if (!as_json)
@@ -49,7 +49,7 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
       if (run.status != storage::run_status::pending && run.status != storage::run_status::running &&
           run.status != storage::run_status::waiting)
         return report_end(run, as_json);
-      print_history(journal, run.id, as_json);
+      print_history(*journal, run.id, as_json);
     }
     return report_end(follow(p, run.id, as_json), as_json);
   });
@@ -57,13 +57,13 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
 
 int resume_command(const paths& p, const std::string& run_id, bool all, bool as_json) {
   return guarded([&] {
-    storage::journal journal(p.db);
-    engine::engine eng(journal, options_for(p));
+    auto journal = storage::open_journal(p.db);
+    engine::engine eng(*journal, options_for(p));
     if (!all) {
       // A failed run gets a fresh set of attempts; one in doubt is told what to settle.
       auto run = eng.reopen(run_id);
       if (run.status == storage::run_status::in_doubt) return report_end(eng.execute(run_id), as_json);
-      print_history(journal, run_id, as_json);
+      print_history(*journal, run_id, as_json);
       if (run.status == storage::run_status::waiting && !as_json)
         std::cout << fmt::format("run {} {}", run_id, describe_wait(run)) << std::endl;
       return report_end(follow(p, run_id, as_json), as_json);
@@ -76,13 +76,13 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
     std::set<std::string> roots;
     for (auto run : orphans) {
       while (!run.parent_id.empty())
-        if (auto parent = journal.find_run(run.parent_id)) run = *parent;
+        if (auto parent = journal->find_run(run.parent_id)) run = *parent;
         else break;
       if (!roots.insert(run.id).second) continue;
       if (!as_json) std::cout << fmt::format("resuming {} (left {} by {})", run.id, storage::to_string(run.status),
                                              run.owner.empty() ? "nobody" : engine::describe_owner(run.owner))
                               << std::endl;
-      print_history(journal, run.id, as_json);
+      print_history(*journal, run.id, as_json);
       auto end = follow(p, run.id, as_json, true);
       results.push_back(to_json(end));
       const bool fine = end.status == storage::run_status::completed || end.status == storage::run_status::waiting;
@@ -95,14 +95,14 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
 
 int ls_command(const paths& p, bool as_json) {
   return guarded([&] {
-    storage::journal journal(p.db, {.read_only = true});
-    auto runs = journal.list_runs();
+    auto journal = storage::open_journal(p.db, {.read_only = true});
+    auto runs = journal->list_runs();
     if (as_json) {
       json out = json::array();
       for (const auto& r : runs) out.push_back(to_json(r));
       std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     } else {
-      std::cout << runs_table(journal, runs);
+      std::cout << runs_table(*journal, runs);
     }
     return 0;
   });
@@ -110,8 +110,8 @@ int ls_command(const paths& p, bool as_json) {
 
 int workers_command(const paths& p, bool as_json) {
   return guarded([&] {
-    storage::journal journal(p.db, {.read_only = true});
-    const auto workers = journal.workers();
+    auto journal = storage::open_journal(p.db, {.read_only = true});
+    const auto workers = journal->workers();
     const auto now = storage::now_ms();
     if (as_json) {
       json out = json::array();
@@ -130,8 +130,8 @@ int workspace_command(const paths& p, const std::string& run_id, const std::stri
   return guarded([&] {
     std::optional<storage::run_record> run;
     {
-      storage::journal journal(p.db, {.read_only = true});
-      run = journal.find_run(run_id);
+      auto journal = storage::open_journal(p.db, {.read_only = true});
+      run = journal->find_run(run_id);
     }
     if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, shown_db(p)));
     if (run->workspace.empty())
@@ -184,20 +184,20 @@ int workspace_command(const paths& p, const std::string& run_id, const std::stri
 
 int show_command(const paths& p, const std::string& run_id, bool as_json) {
   return guarded([&] {
-    storage::journal journal(p.db, {.read_only = true});
-    auto run = journal.find_run(run_id);
+    auto journal = storage::open_journal(p.db, {.read_only = true});
+    auto run = journal->find_run(run_id);
     if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, p.db.string()));
     std::vector<std::string> unreadable;
-    auto steps = readable([&] { return journal.steps(run_id); }, unreadable);
-    auto events = readable([&] { return journal.events(run_id); }, unreadable);
-    auto signals = readable([&] { return journal.signals(run_id); }, unreadable);
+    auto steps = readable([&] { return journal->steps(run_id); }, unreadable);
+    auto events = readable([&] { return journal->events(run_id); }, unreadable);
+    auto signals = readable([&] { return journal->signals(run_id); }, unreadable);
     if (as_json) {
       json out = {{"run", to_json(*run)}, {"steps", json::array()}, {"events", json::array()},
                   {"signals", json::array()}, {"children", json::array()}};
       for (const auto& s : steps) out["steps"].push_back(to_json(s));
       for (const auto& e : events) out["events"].push_back(to_json(e));
       for (const auto& sig : signals) out["signals"].push_back(to_json(sig));
-      for (const auto& c : journal.children(run_id)) out["children"].push_back(c.id);
+      for (const auto& c : journal->children(run_id)) out["children"].push_back(c.id);
       if (!unreadable.empty()) out["unreadable"] = unreadable;
       std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
       return 0;
@@ -219,7 +219,7 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
       std::cout << fmt::format("  {}  {:<16} {}  {}\n", format_time(sig.sent_at_ms), terminal_text(sig.name),
                                sig.delivered_seq ? fmt::format("delivered at step {}", *sig.delivered_seq) : "queued",
                                preview(sig.payload, 60));
-    auto children = journal.children(run_id);
+    auto children = journal->children(run_id);
     if (!children.empty()) std::cout << "\nchildren\n";
     for (const auto& c : children)
       std::cout << fmt::format("  {:<24} {:<10} {}\n", terminal_text(c.id), storage::to_string(c.status),
@@ -269,8 +269,8 @@ int settle_command(const paths& p, const settle_args& args, bool as_json) {
         return 2;
       }
     }
-    storage::journal journal(p.db);
-    engine::engine eng(journal, options_for(p));
+    auto journal = storage::open_journal(p.db);
+    engine::engine eng(*journal, options_for(p));
     auto run = eng.settle(args.run_id, args.seq, s);
     if (as_json) {
       std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;

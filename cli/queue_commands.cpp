@@ -90,8 +90,8 @@ int submit_command(const paths& p, const run_args& args, bool as_json) {
   return guarded([&] {
     auto request = make_request(args);
     if (!request) return 2;
-    storage::journal journal(p.db);
-    engine::engine eng(journal, options_for(p));
+    auto journal = storage::open_journal(p.db);
+    engine::engine eng(*journal, options_for(p));
     auto [run, created] = eng.submit(*request);
     if (as_json) std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     else std::cout << run.id << std::endl;
@@ -99,7 +99,7 @@ int submit_command(const paths& p, const run_args& args, bool as_json) {
       std::cerr << fmt::format("run {} already exists ({}); the id is an idempotency key", run.id,
                                storage::to_string(run.status))
                 << std::endl;
-    if (auto hint = no_daemon_hint(journal, p, run.id); !hint.empty()) std::cerr << hint << std::endl;
+    if (auto hint = no_daemon_hint(*journal, p, run.id); !hint.empty()) std::cerr << hint << std::endl;
     return 0;
   });
 }
@@ -130,8 +130,8 @@ int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
       r.input = std::move(line.input);
     }
     lines = {};
-    storage::journal journal(p.db);
-    engine::engine eng(journal, options_for(p));
+    auto journal = storage::open_journal(p.db);
+    engine::engine eng(*journal, options_for(p));
     const auto runs = eng.submit_many(std::move(requests));
     // One line per run, printed as it is read: a batch is never all in memory twice.
     if (as_json) std::cout << "[\n";
@@ -139,7 +139,7 @@ int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
     for (std::size_t i = 0; i < runs.size(); ++i) {
       const auto& [id, created] = runs[i];
       if (as_json) {
-        auto listed = to_json(*journal.find_run(id));
+        auto listed = to_json(*journal->find_run(id));
         listed["created"] = created;
         std::cout << "  " << listed.dump(-1, ' ', false, json::error_handler_t::replace)
                   << (i + 1 < runs.size() ? ",\n" : "\n");
@@ -159,7 +159,7 @@ int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
                                existing.size() > shown ? fmt::format(" and {} more", existing.size() - shown) : "")
                 << std::endl;
     }
-    if (auto hint = no_daemon_hint_for_batch(journal, p); !hint.empty()) std::cerr << hint << std::endl;
+    if (auto hint = no_daemon_hint_for_batch(*journal, p); !hint.empty()) std::cerr << hint << std::endl;
     return 0;
   });
 }
@@ -187,15 +187,15 @@ int serve_command(const paths& p, const serve_args& args) {
       o.engine.workspace_root = root;
       engine::check_unswappable(root, "--workspace-root");
       // Refused now rather than at each run's first execution: the rules of --workspace hold for every run's folder in it.
-      storage::journal journal(p.db);
-      engine::checked_workspace(journal, p.home, o.engine.workspace_root / "RUN_ID", "RUN_ID");
+      auto journal = storage::open_journal(p.db);
+      engine::checked_workspace(*journal, p.home, o.engine.workspace_root / "RUN_ID", "RUN_ID");
       // What an older cairn kept in this home for runs of the root goes beside them, before any run is taken.
-      for (const auto& problem : engine::adopt_images_of_root(journal, p.home, root)) log_line("warning: " + problem);
+      for (const auto& problem : engine::adopt_images_of_root(*journal, p.home, root)) log_line("warning: " + problem);
     }
     {
       // What a cancel elsewhere or a crash left in this host's image folders.
-      storage::journal journal(p.db);
-      engine::engine cleanup(journal, o.engine);
+      auto journal = storage::open_journal(p.db);
+      engine::engine cleanup(*journal, o.engine);
       if (const auto released = cleanup.release_ended_runs())
         log_line(fmt::format("released the files of {} ended run{}", released, released == 1 ? "" : "s"));
     }
@@ -279,10 +279,10 @@ int signal_command(const paths& p, const std::string& run_id, const std::string&
       std::cerr << "cairn signal: " << e.what() << "; nothing was sent\n";
       return 2;
     }
-    storage::journal journal(p.db);
-    engine::engine eng(journal, options_for(p));
+    auto journal = storage::open_journal(p.db);
+    engine::engine eng(*journal, options_for(p));
     auto sig = eng.signal(run_id, name, payload);
-    auto run = journal.find_run(run_id);
+    auto run = journal->find_run(run_id);
     if (as_json) {
       std::cout << to_json(sig).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
       return 0;
@@ -294,15 +294,15 @@ int signal_command(const paths& p, const std::string& run_id, const std::string&
                                      : "it is delivered once, when the run waits for it")
               << std::endl;
     if (run->status == storage::run_status::waiting)
-      if (auto hint = no_daemon_hint(journal, p, run_id); !hint.empty()) std::cerr << hint << std::endl;
+      if (auto hint = no_daemon_hint(*journal, p, run_id); !hint.empty()) std::cerr << hint << std::endl;
     return 0;
   });
 }
 
 int cancel_command(const paths& p, const std::string& run_id, const std::string& reason, bool wait, bool as_json) {
   return guarded([&] {
-    storage::journal journal(p.db);
-    engine::engine eng(journal, options_for(p));
+    auto journal = storage::open_journal(p.db);
+    engine::engine eng(*journal, options_for(p));
     // Listening before the cancel: the run's end, announced by the process
     // that executes it, cannot come before we hear.
     std::optional<engine::wake_listening> listening;
@@ -313,7 +313,7 @@ int cancel_command(const paths& p, const std::string& run_id, const std::string&
       watching.emplace(run_id, ended);
     }
     auto outcome = eng.cancel(run_id, reason);
-    auto run = *journal.find_run(run_id);
+    auto run = *journal->find_run(run_id);
     if (outcome == engine::engine::cancel_outcome::requested) {
       if (!as_json)
         std::cout << fmt::format("cancel requested: run {} is executed by {}, which tells the agent and kills its "
@@ -325,11 +325,11 @@ int cancel_command(const paths& p, const std::string& run_id, const std::string&
              run.status != storage::run_status::failed) {
         // A host that dies announces nothing: its death is looked for once a second.
         ended.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(1));
-        run = *journal.find_run(run_id);
-        if (run.owner.empty() || engine::check_owner(journal, run.owner) == engine::owner_state::dead) {
+        run = *journal->find_run(run_id);
+        if (run.owner.empty() || engine::check_owner(*journal, run.owner) == engine::owner_state::dead) {
           if (run.status == storage::run_status::cancelled) break;
           eng.cancel(run_id, reason);  // its host died meanwhile: cancel it here
-          run = *journal.find_run(run_id);
+          run = *journal->find_run(run_id);
         }
       }
     }
@@ -339,7 +339,7 @@ int cancel_command(const paths& p, const std::string& run_id, const std::string&
     }
     std::cout << fmt::format("run {} {}", run_id,
                              run.status == storage::run_status::cancelled
-                                 ? "cancelled" + std::string(journal.children(run_id).empty() ? "" : ", and its unfinished children with it")
+                                 ? "cancelled" + std::string(journal->children(run_id).empty() ? "" : ", and its unfinished children with it")
                                  : fmt::format("ended {} before the cancel reached it", storage::to_string(run.status)))
               << std::endl;
     return 0;

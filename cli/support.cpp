@@ -189,8 +189,8 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
       if (tree.count(b.id) || tree.count(b.parent_id)) return false;
     return true;
   }, never);
-  storage::journal journal(p.db);
-  return *journal.find_run(root);
+  auto journal = storage::open_journal(p.db);
+  return *journal->find_run(root);
 }
 
 }  // namespace cairn::cli

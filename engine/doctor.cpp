@@ -25,18 +25,18 @@ runtime::doctor_check latency_check(const std::filesystem::path& db, const std::
     return std::chrono::duration<double, std::milli>(clock::now() - t).count();
   };
   try {
-    storage::journal j(db);
+    auto j = storage::open_journal(db);
     const std::string probe = "doctor:" + current_owner().str();
     double read = 1e9, write = 1e9;
     for (int i = 0; i < 3; ++i) {
       auto t = clock::now();
-      j.find_worker(probe);
+      j->find_worker(probe);
       read = std::min(read, ms_since(t));
       const auto now = storage::now_ms();
       t = clock::now();
-      j.register_worker({probe, current_owner().hostname, "", now, now, now, 0, 0});
+      j->register_worker({probe, current_owner().hostname, "", now, now, now, 0, 0});
       write = std::min(write, ms_since(t));
-      j.remove_worker(probe);
+      j->remove_worker(probe);
     }
     c.ok = true;
     c.detail = fmt::format("one read {:.2f} ms, one committed write {:.2f} ms", read, write);
@@ -67,11 +67,11 @@ std::vector<runtime::doctor_check> journal_checks(const std::filesystem::path& d
   runtime::doctor_check schema;
   schema.name = "journal schema";
   try {
-    storage::journal j(db, {.read_only = true});
+    auto j = storage::open_journal(db, {.read_only = true});
     reached.ok = true;
-    reached.detail = fmt::format("{}: {}, {}", shown, j.backend(), j.server_version());
+    reached.detail = fmt::format("{}: {}, {}", shown, j->backend(), j->server_version());
     schema.ok = true;
-    schema.detail = fmt::format("v{}, this cairn's", j.backend_schema_version());
+    schema.detail = fmt::format("v{}, this cairn's", j->schema_version());
   } catch (const storage::storage_error& e) {
     // Told apart by code where storage has one; an older schema is the
     // read-only open's errc::io naming it (journal.hpp's open).

@@ -119,7 +119,10 @@ int count_at(storage::journal& journal, const std::string& run_id, std::uint64_t
 }  // namespace
 
 ledger::ledger(const std::filesystem::path& db, storage::journal_options options)
-    : path_(db), journal_(db, options), committer_([this] { commit_loop(); }) {}
+    : ledger(storage::open_journal(db, options)) {}
+
+ledger::ledger(std::unique_ptr<storage::journal> journal)
+    : path_(journal->path()), journal_(std::move(journal)), committer_([this] { commit_loop(); }) {}
 
 ledger::~ledger() {
   {
@@ -191,7 +194,7 @@ void ledger::commit_group(std::vector<writer>& group) {
   runtime::crash_point("before_group_commit");
   std::vector<std::exception_ptr> errors;
   try {
-    errors = journal_.write_together(bodies, sync_later);
+    errors = journal_->write_together(bodies, sync_later);
   } catch (...) {
     errors.assign(group.size(), std::current_exception());  // the committer goes on; every writer hears why
   }

@@ -53,6 +53,8 @@ class ledger {
  public:
   // Opens a connection of its own to the journal at `db`.
   explicit ledger(const std::filesystem::path& db, storage::journal_options options = {});
+  // Commits through `journal` (any implementation: a test's in-memory one).
+  explicit ledger(std::unique_ptr<storage::journal> journal);
   // Commits what is queued, then stops the committer.
   ~ledger();
   ledger(const ledger&) = delete;
@@ -153,7 +155,7 @@ class ledger {
   void announce_end(const std::string& run_id, const std::string& parent_id);
 
   std::filesystem::path path_;
-  storage::journal journal_;  // touched only by whoever commits (committing_)
+  std::unique_ptr<storage::journal> journal_;  // touched only by whoever commits (committing_)
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<writer> queue_;

@@ -72,7 +72,7 @@ struct scheduler::pool {
     std::string error;
     try {
       if (!l.journal) {
-        l.journal = std::make_unique<storage::journal>(options.db, options.journal);
+        l.journal = storage::open_journal(options.db, options.journal);
         l.eng = std::make_unique<engine>(*l.journal, options.engine);
       }
       auto* observer = options.observer_for ? options.observer_for(id) : nullptr;
@@ -166,7 +166,7 @@ void scheduler::note(const std::string& line) const {
 }
 
 void scheduler::run(const std::function<bool(storage::journal&)>& done, const stop_flag& stop) {
-  storage::journal journal(options_.db, options_.journal);
+  auto journal = storage::open_journal(options_.db, options_.journal);
   const std::string me = current_owner().str();
   wake_registration any_run("", pool_->loop);
   wake_listening listening(options_.db);
@@ -194,7 +194,7 @@ void scheduler::run(const std::function<bool(storage::journal&)>& done, const st
     pool_->loop.take();
     clock::time_point until;
     try {
-      const auto next = look(journal, me, done);
+      const auto next = look(*journal, me, done);
       if (!next) break;
       until = *next;
       if (out_since) {

@@ -1,7 +1,10 @@
-// The journal: the durable record of runs, their steps and events, in one
-// SQLite database (WAL mode) or one PostgreSQL database, with one contract.
-// The schemas and their migrations are at the top of journal.cpp and
-// postgres_journal.cpp. SQLiteCpp stays inside storage/; callers see only these types.
+// The journal: the durable record of runs, their steps and events, behind
+// one interface of typed calls. Its implementations keep one contract and
+// pass one test suite (tests/storage): storage/sqlite/ (one SQLite database in
+// WAL mode), storage/postgres/ (one PostgreSQL database), and the in-memory
+// journal the engine's tests and simulator run on. open_journal picks one by
+// the path's form. SQLiteCpp and libpq stay inside storage/; callers see only
+// these types.
 //
 // Every JSON value is loaded within the bounds of what cairn writes
 // (protocol::max_depth levels, protocol::default_max_frame bytes), so copying
@@ -36,7 +39,6 @@
 namespace cairn::storage {
 
 using json = nlohmann::json;
-class postgres_journal;
 
 enum class errc {
   locked,          // another process holds the write lock past busy_timeout
@@ -191,22 +193,20 @@ struct journal_options {
 
 class journal {
  public:
-  // Opens (creating and migrating when writable) the journal at `path`: a
-  // SQLite file, or, when `path` is a URL "postgresql://..." (or
-  // "postgres://..."), a PostgreSQL database (libpq's URI syntax; read_only
-  // then never migrates and refuses writes). Throws storage_error with an
-  // actionable message.
-  explicit journal(const std::filesystem::path& path, journal_options options = {});
-  ~journal();
+  journal() = default;
+  virtual ~journal() = default;
   journal(const journal&) = delete;
   journal& operator=(const journal&) = delete;
 
-  const std::filesystem::path& path() const;
-  const journal_options& options() const;
-  // The schema version this cairn writes in a SQLite journal; and in this
-  // journal, whichever its backend (PostgreSQL's are counted apart).
-  static int schema_version();
-  int backend_schema_version() const;
+  virtual const std::filesystem::path& path() const = 0;
+  virtual const journal_options& options() const = 0;
+  // The schema version this cairn writes in this journal's backend (each
+  // backend counts its own).
+  virtual int schema_version() const = 0;
+  // "sqlite", "postgresql" or "memory"; and the server's or library's
+  // version ("PostgreSQL 15.18", "SQLite 3.40.1").
+  virtual std::string_view backend() const = 0;
+  virtual std::string server_version() = 0;
 
   // Group commit: makes every write of `writes` (each calls this object's
   // write methods) in ONE transaction with one sync, each in a savepoint of
@@ -223,22 +223,22 @@ class journal {
   // journal (which syncs it too) forgets it. For writes nobody is answered
   // about, whose loss a restart repairs (a run's claim on its way in). On
   // PostgreSQL it is synced like any other.
-  std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes,
-                                                 bool sync_later = false);
+  virtual std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes,
+                                                 bool sync_later = false) = 0;
 
   // Inserts a pending run (with its parent, initial owner and deadline). If a
   // run with this id exists, returns it unchanged and false: the id is the
   // idempotency key.
-  std::pair<run_record, bool> create_run(const new_run& run);
-  std::optional<run_record> find_run(std::string_view id);
+  virtual std::pair<run_record, bool> create_run(const new_run& run) = 0;
+  virtual std::optional<run_record> find_run(std::string_view id) = 0;
   // Newest first (creation time, then insertion order).
-  std::vector<run_record> list_runs();
+  virtual std::vector<run_record> list_runs() = 0;
   // The runs `parent_id` started as children, oldest first.
-  std::vector<run_record> children(std::string_view parent_id);
+  virtual std::vector<run_record> children(std::string_view parent_id) = 0;
   // The runs whose workspace is `folder`, lies inside it or holds it
   // (comparing whole '/'-separated names), found by the database: what a
   // new workspace must not nest with, without reading every run.
-  std::vector<run_record> runs_with_workspace_near(const std::string& folder);
+  virtual std::vector<run_record> runs_with_workspace_near(const std::string& folder) = 0;
 
   // Writes to a run id that does not exist throw storage_error(not_found),
   // except claim_run, which returns false.
@@ -256,41 +256,41 @@ class journal {
   // suspend_run, release_run and reset_attempts end the hold. Requests from
   // outside (enqueue_signal, request_cancel, cancel_idle_run) and writes
   // through a journal object that never claimed the run are not fenced.
-  bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner);
+  virtual bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) = 0;
   // Throws storage_error(fenced) if this journal object held the run and
   // another process has taken it over since; for work outside the journal
   // (releasing the workspace) that must not happen to a run lost meanwhile.
-  void confirm_held(std::string_view id);
+  virtual void confirm_held(std::string_view id) = 0;
   // Counts one more attempt and returns its number (1-based); records an event.
-  int begin_attempt(std::string_view id);
+  virtual int begin_attempt(std::string_view id) = 0;
   // Ends the run: completed with `output`; failed or cancelled with `error`
   // (required then); or stops it in_doubt with `error` (no finish time: it is
   // not over). Any other status is std::invalid_argument. Clears the owner and
   // the wait; records an event (run_completed, run_failed, run_cancelled or
   // run_in_doubt).
-  void finish_run(std::string_view id, run_status status, const json& output,
-                  const std::optional<protocol::error_info>& error);
+  virtual void finish_run(std::string_view id, run_status status, const json& output,
+                  const std::optional<protocol::error_info>& error) = 0;
   // Makes a failed (or orphaned) run pending again with a fresh set of attempts:
   // clears output, error, owner, finish time, wait and cancel request, keeps
   // the steps, records an event.
-  void reset_attempts(std::string_view id);
+  virtual void reset_attempts(std::string_view id) = 0;
   // Parks the run at step w.seq: status waiting with `w`, owner cleared, event
   // run_waiting {kind, key, seq, wake_at_ms} at w.seq (so a replay can find the
   // original wake time). An unknown kind, or a timer without wake_at_ms, is
   // std::invalid_argument; a finished run is storage_error(finished).
-  void suspend_run(std::string_view id, const wait_spec& w);
+  virtual void suspend_run(std::string_view id, const wait_spec& w) = 0;
   // Hands the run back (a host shutting down): status pending, owner and wait
   // cleared, event run_released {reason}. A finished run is storage_error(finished).
-  void release_run(std::string_view id, std::string_view reason);
+  virtual void release_run(std::string_view id, std::string_view reason) = 0;
 
   // Marks that someone asked to cancel the run; the engine acts on it. Records
   // cancel_requested the first time. True if the run is now marked (also when
   // it already was), false if it has finished.
-  bool request_cancel(std::string_view id, std::string_view reason = {});
+  virtual bool request_cancel(std::string_view id, std::string_view reason = {}) = 0;
   // Compare-and-set: cancels the run only if it is pending or waiting and has
   // no owner: status cancelled, error {message, "cancelled"}, finish time set,
   // wait cleared, event run_cancelled. Returns whether it did.
-  bool cancel_idle_run(std::string_view id, const std::string& message);
+  virtual bool cancel_idle_run(std::string_view id, const std::string& message) = 0;
 
   // Every run the scheduler may act on at `now_ms`, oldest first (creation
   // time, then insertion order): all pending and running runs (the caller
@@ -298,63 +298,63 @@ class journal {
   // come, the signal they wait for is queued, the child they wait for has
   // finished, cancellation was requested, or their deadline has passed.
   // Costs in proportion to the unfinished runs, not to the whole history.
-  std::vector<run_brief> schedulable(std::int64_t now_ms);
+  virtual std::vector<run_brief> schedulable(std::int64_t now_ms) = 0;
   // The earliest time after `after_ms` at which a waiting run can move
   // without anyone doing anything: its wake time (timer, timeout) or its
   // deadline. nullopt when no waiting run has one. Runs that are not waiting
   // need none: a pending one is schedulable now and a running one's owner
   // watches its deadline. Reads two indexes, not the runs.
-  std::optional<std::int64_t> next_due_ms(std::int64_t after_ms);
+  virtual std::optional<std::int64_t> next_due_ms(std::int64_t after_ms) = 0;
   // How many runs have each status; every status is present, zero included.
-  std::map<run_status, int> count_by_status();
+  virtual std::map<run_status, int> count_by_status() = 0;
 
   // Queues a signal for the run and returns it; event signal_queued {name,
   // signal_id}. storage_error(not_found) when there is no such run,
   // storage_error(finished) when it has finished, storage_error(limit_reached)
   // when the run already holds `max_signals` signals (delivered or not);
   // nothing is written then.
-  signal_record enqueue_signal(std::string_view run_id, std::string_view name, const json& payload,
-                               std::uint64_t max_signals = UINT64_MAX);
+  virtual signal_record enqueue_signal(std::string_view run_id, std::string_view name, const json& payload,
+                               std::uint64_t max_signals = UINT64_MAX) = 0;
   // The oldest undelivered signal of the run with this name.
-  std::optional<signal_record> pending_signal(std::string_view run_id, std::string_view name);
+  virtual std::optional<signal_record> pending_signal(std::string_view run_id, std::string_view name) = 0;
   // Whether pending_signal would find one (without loading its payload).
-  bool has_pending_signal(std::string_view run_id, std::string_view name);
+  virtual bool has_pending_signal(std::string_view run_id, std::string_view name) = 0;
   // In one transaction: marks the signal delivered at step.result.seq and
   // journals `step` (as append_step), event signal_delivered {name, signal_id}
   // at that seq. A signal already delivered, or a step already journaled, is
   // storage_error(conflict) and nothing is written: each signal reaches
   // exactly one step. No such signal is storage_error(not_found); a signal of
   // another run than step.run_id is std::invalid_argument.
-  void deliver_signal(std::int64_t signal_id, const step_record& step);
+  virtual void deliver_signal(std::int64_t signal_id, const step_record& step) = 0;
   // The run's signals, delivered or not, oldest first.
-  std::vector<signal_record> signals(std::string_view run_id);
+  virtual std::vector<signal_record> signals(std::string_view run_id) = 0;
 
   // Inserts the step row. Throws storage_error(conflict) if (run, seq) exists,
   // even with the same content: the database refuses any rewrite of a step.
   // Returns only after the transaction is durable per the sync mode.
-  void append_step(const step_record& step);
-  std::vector<step_record> steps(std::string_view run_id);
+  virtual void append_step(const step_record& step) = 0;
+  virtual std::vector<step_record> steps(std::string_view run_id) = 0;
   // The steps from from_seq up to (not including) end_seq, in order, as many
   // as fit in max_bytes (counted as bytes_of_run counts a step), but at least
   // one if there is one: a replay reads a history of any size in bounded chunks.
-  std::vector<step_record> steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq,
-                                      std::uint64_t max_bytes);
+  virtual std::vector<step_record> steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq,
+                                      std::uint64_t max_bytes) = 0;
 
-  void append_event(std::string_view run_id, std::string_view kind, const json& data,
-                    std::optional<std::uint64_t> seq = std::nullopt);
-  std::vector<event_record> events(std::string_view run_id);
+  virtual void append_event(std::string_view run_id, std::string_view kind, const json& data,
+                    std::optional<std::uint64_t> seq = std::nullopt) = 0;
+  virtual std::vector<event_record> events(std::string_view run_id) = 0;
   // The run's events at one seq, oldest first.
-  std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq);
-  std::uint64_t step_count(std::string_view run_id);
+  virtual std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq) = 0;
+  virtual std::uint64_t step_count(std::string_view run_id) = 0;
   // The bytes the run's steps and events occupy: each step's name, output
   // (its JSON text), error message and type; each event's kind and data.
-  std::uint64_t bytes_of_run(std::string_view run_id);
+  virtual std::uint64_t bytes_of_run(std::string_view run_id) = 0;
 
   // Gives a run created without a workspace (workspace "") its workspace
   // folder and the machine holding it ("" = shared storage), once: a fenced
   // write of the run's owner. A run whose workspace is already set is
   // storage_error(conflict) and nothing changes.
-  void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host);
+  virtual void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) = 0;
 
   // Workers and their leases. register_worker inserts the worker or replaces
   // its row (a restarted worker of the same id), and deletes the rows of
@@ -367,22 +367,19 @@ class journal {
   // remove_worker deletes the row (a worker shutting down, after handing its
   // runs back). workers() lists every row, oldest first, expired ones too.
   static constexpr std::int64_t forgotten_worker_ms = 3'600'000;
-  void register_worker(const worker_record& worker);
-  bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes);
-  void remove_worker(std::string_view worker_id);
-  std::vector<worker_record> workers();
-  std::optional<worker_record> find_worker(std::string_view worker_id);
-
-  // "sqlite" or "postgresql"; for a PostgreSQL journal, the server's version
-  // ("PostgreSQL 15.18"), for SQLite the library's ("SQLite 3.40.1").
-  std::string_view backend() const;
-  std::string server_version();
-
- private:
-  struct impl;
-  std::unique_ptr<impl> impl_;                // the SQLite journal, or null
-  std::unique_ptr<postgres_journal> pg_;      // the PostgreSQL journal (postgres_journal.hpp), or null
+  virtual void register_worker(const worker_record& worker) = 0;
+  virtual bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) = 0;
+  virtual void remove_worker(std::string_view worker_id) = 0;
+  virtual std::vector<worker_record> workers() = 0;
+  virtual std::optional<worker_record> find_worker(std::string_view worker_id) = 0;
 };
+
+// Opens (creating and migrating when writable) the journal at `path`: a
+// SQLite file, or, when `path` is a URL "postgresql://..." (or
+// "postgres://..."), a PostgreSQL database (libpq's URI syntax; read_only
+// then never migrates and refuses writes). Throws storage_error with an
+// actionable message.
+std::unique_ptr<journal> open_journal(const std::filesystem::path& path, journal_options options = {});
 
 // Whether `db` names a PostgreSQL database ("postgresql://..." or
 // "postgres://...") rather than a SQLite file.

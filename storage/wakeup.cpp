@@ -20,7 +20,7 @@
 #include <fmt/format.h>
 
 #include "storage/journal.hpp"
-#include "storage/postgres_journal.hpp"
+#include "storage/postgres/postgres_journal.hpp"
 
 namespace cairn::storage {
 namespace {
@@ -127,7 +127,7 @@ struct wake_listener::impl {
   int dir = -1, sock = -1, stop = -1;
   std::string name;
   callback on_wake;
-  std::unique_ptr<postgres_listener> postgres;  // for a PostgreSQL journal, instead of the socket
+  std::unique_ptr<postgres::postgres_listener> postgres;  // for a PostgreSQL journal, instead of the socket
   std::thread thread;
 
   void listen() {
@@ -157,7 +157,7 @@ struct wake_listener::impl {
 
 wake_listener::wake_listener(const std::filesystem::path& db, callback on_wake) : impl_(std::make_unique<impl>()) {
   if (is_postgres_url(db.string())) {
-    impl_->postgres = std::make_unique<postgres_listener>(db.string());
+    impl_->postgres = std::make_unique<postgres::postgres_listener>(db.string());
     impl_->stop = ::eventfd(0, EFD_CLOEXEC);
     if (impl_->stop < 0)
       throw storage_error(errc::io, fmt::format("cannot listen for wake-ups: eventfd: {}", std::strerror(errno)));

@@ -130,7 +130,7 @@ class chaos_home {
   }
 
   std::unique_ptr<storage::journal> journal() const {
-    return std::make_unique<storage::journal>(db_, storage::journal_options{.read_only = true});
+    return storage::open_journal(db_, storage::journal_options{.read_only = true});
   }
 
  private:

@@ -152,7 +152,7 @@ class cairn_home {
   }
 
   std::unique_ptr<storage::journal> journal() const {
-    return std::make_unique<storage::journal>(db_.empty() ? db().string() : db_,
+    return storage::open_journal(db_.empty() ? db().string() : db_,
                                               storage::journal_options{.read_only = true});
   }
 
@@ -1714,7 +1714,7 @@ TEST_CASE("a worker never takes a run whose workspace is on another machine") {
   const auto p = testing::test_prefix();
   h.submit(p + "first", plan_of({step("a")}), {"--sandbox", "none"});  // creates the journal
   {
-    storage::journal j(h.journal_path());
+    auto j = storage::open_journal(h.journal_path());
     storage::new_run elsewhere;
     elsewhere.id = p + "elsewhere";
     elsewhere.agent = WAIT_AGENT;
@@ -1722,7 +1722,7 @@ TEST_CASE("a worker never takes a run whose workspace is on another machine") {
     elsewhere.sandbox = "none";
     elsewhere.workspace = "/srv/other-machine/workspaces/" + elsewhere.id;
     elsewhere.workspace_host = "another-machine-" + p;
-    j.create_run(elsewhere);
+    j->create_run(elsewhere);
   }
   h.submit(p + "after", plan_of({step("a")}), {"--sandbox", "none"});
   daemon_process serve(h, "serve");

@@ -54,7 +54,7 @@ struct host : testing::engine_host {
     for (;;) {
       auto run = eng->execute(id, observer);
       if (run.status != run_status::waiting && run.status != run_status::pending) return run;
-      for (const auto& child : journal.children(id))
+      for (const auto& child : journal->children(id))
         if (child.status == run_status::pending || child.status == run_status::waiting) finish(child.id);
       REQUIRE(std::chrono::steady_clock::now() < until);
       std::this_thread::sleep_for(20ms);
@@ -80,7 +80,7 @@ struct host : testing::engine_host {
   }
 
   json journaled(const std::string& id, const std::string& name) {
-    for (const auto& s : journal.steps(id))
+    for (const auto& s : journal->steps(id))
       if (s.result.name == name) return s.result.output;
     FAIL("no step named " << name << " in the journal of " << id);
     return nullptr;
@@ -107,7 +107,7 @@ TEST_CASE("conformance: steps journaled before a crash are replayed, not run aga
   INFO(error_of(run));
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output == json{{"sum", 30}, {"attempt", 2}});
-  CHECK(h.journal.step_count("r") == 5);
+  CHECK(h.journal->step_count("r") == 5);
   for (const auto* once : {"s0", "s1", "s3", "s4"}) CHECK(h.logged("r", once) == 1);
   CHECK(h.logged("r", "s2") == 2);  // its body crashed before its result was sent
 }
@@ -134,7 +134,7 @@ TEST_CASE("conformance: a failing step is retried by the host with the backoff t
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output == json{{"value", "ok"}});
   CHECK(h.logged("flaky", "flaky") == 3);
-  auto retries = h.journal.events("flaky");
+  auto retries = h.journal->events("flaky");
   std::vector<std::int64_t> delays;
   for (const auto& e : retries)
     if (e.kind == "step_retry") delays.push_back(e.data.value("delay_ms", std::int64_t{-1}));
@@ -203,7 +203,7 @@ TEST_CASE("conformance: a child run's output is joined; a failed child raises th
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output["child"] == json{{"sum", 5}, {"attempt", 1}});
   CHECK(run.output["failed_type"] == "child_failed");
-  auto child = h.journal.find_run(run.output["child_run"].get<std::string>());
+  auto child = h.journal->find_run(run.output["child_run"].get<std::string>());
   REQUIRE(child);
   CHECK(child->status == run_status::completed);
 }
@@ -214,13 +214,13 @@ TEST_CASE("conformance: a cancel reaches a workflow between steps and the run en
   host h(60s);
   h.submit("c", agent.program.string(), {{"scenario", "cancel"}});
   auto done = std::async(std::launch::async, [db = h.dir / "cairn.db", o = h.options] {
-    storage::journal j(db);
-    engine::engine e(j, o);
+    auto j = storage::open_journal(db);
+    engine::engine e(*j, o);
     return e.execute("c");
   });
   const auto until = std::chrono::steady_clock::now() + 60s;
-  while (h.journal.step_count("c") < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
-  REQUIRE(h.journal.step_count("c") >= 2);
+  while (h.journal->step_count("c") < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  REQUIRE(h.journal->step_count("c") >= 2);
   h.eng->cancel("c", "enough ticks");
   REQUIRE(done.wait_for(60s) == std::future_status::ready);
   auto run = done.get();
@@ -250,7 +250,7 @@ TEST_CASE("conformance: a history larger than a frame is replayed in chunks afte
   INFO(error_of(run));
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output == json{{"verified", 5}, {"attempt", 2}});
-  CHECK(h.journal.bytes_of_run("hist") > 20'000'000);
+  CHECK(h.journal->bytes_of_run("hist") > 20'000'000);
 }
 
 TEST_CASE("conformance: an emitted event reaches the run's observer") {

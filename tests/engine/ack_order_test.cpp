@@ -34,12 +34,12 @@ bool dies_at(const std::string& point, int n, int& acknowledgements) {
   temp_dir home;
   std::vector<std::string> ids;
   {
-    storage::journal journal(home / "cairn.db");
-    engine::engine eng(journal, host_engine_options(home.path()));
+    auto journal = storage::open_journal(home / "cairn.db");
+    engine::engine eng(*journal, host_engine_options(home.path()));
     for (const auto& [id, input] : runs) {
       ids.push_back(id);
       eng.submit(durability_run(home.path(), id, input));
-      if (input.contains("signal")) journal.enqueue_signal(id, input["signal"].get<std::string>(), {{"n", 1}});
+      if (input.contains("signal")) journal->enqueue_signal(id, input["signal"].get<std::string>(), {{"n", 1}});
     }
   }
   const std::string spec = point + ":" + std::to_string(n);

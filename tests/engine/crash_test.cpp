@@ -63,8 +63,8 @@ int wait_status(pid_t pid) {
 bool killed(int status) { return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL; }
 
 std::vector<storage::step_record> journaled(const std::filesystem::path& home, const std::string& id) {
-  storage::journal j(testing::journal_of(home), {.read_only = true});
-  return j.steps(id);
+  auto j = storage::open_journal(testing::journal_of(home), {.read_only = true});
+  return j->steps(id);
 }
 
 struct checker {
@@ -115,8 +115,8 @@ struct checker {
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
     snapshot();
-    storage::journal j(testing::journal_of(home), {.read_only = true});
-    auto run = j.find_run(id);
+    auto j = storage::open_journal(testing::journal_of(home), {.read_only = true});
+    auto run = j->find_run(id);
     REQUIRE(run->status == storage::run_status::completed);
     REQUIRE(acked.size() == steps);
     for (const auto& [seq, output] : acked) REQUIRE(run->output["outputs"][seq] == output);
@@ -189,8 +189,8 @@ TEST_CASE("SIGKILL of the host from outside at arbitrary moments, then resume --
       for (;;) {
         REQUIRE(std::chrono::steady_clock::now() < deadline);
         try {
-          storage::journal j(testing::journal_of(home.path()), {.read_only = true});
-          if (j.find_run(c.id) && j.steps(c.id).size() >= static_cast<std::size_t>(k)) break;
+          auto j = storage::open_journal(testing::journal_of(home.path()), {.read_only = true});
+          if (j->find_run(c.id) && j->steps(c.id).size() >= static_cast<std::size_t>(k)) break;
         } catch (const storage::storage_error& e) {
           REQUIRE(e.code() == storage::errc::not_found);  // the host has not created it yet
         }

@@ -105,8 +105,8 @@ inline pid_t start_host(const fs::path& home, const std::vector<std::string>& id
     arm();
     auto options = host_engine_options(home);
     {
-      storage::journal journal(home / "cairn.db");
-      engine::engine eng(journal, options);
+      auto journal = storage::open_journal(home / "cairn.db");
+      engine::engine eng(*journal, options);
       prepare(eng);
     }
     engine::scheduler_options s;
@@ -245,12 +245,12 @@ inline std::string integrity(const fs::path& db) {
 
 // Which of `told` the journal lacks or holds differently, one line each ("" when none).
 inline std::string missing_from_journal(const fs::path& db, const std::vector<told>& told_agents) {
-  storage::journal journal(db);
+  auto journal = storage::open_journal(db);
   std::map<std::string, std::vector<storage::step_record>> steps;
   std::ostringstream missing;
   for (const auto& t : told_agents) {
     auto [it, fresh] = steps.try_emplace(t.run_id);
-    if (fresh) it->second = journal.steps(t.run_id);
+    if (fresh) it->second = journal->steps(t.run_id);
     const auto& rows = it->second;
     const auto* row = t.result.seq < rows.size() ? &rows[t.result.seq].result : nullptr;
     if (!row || row->seq != t.result.seq || row->name != t.result.name || row->kind != t.result.kind ||

@@ -29,8 +29,8 @@ struct recorder : engine::run_observer {
 
 struct harness {
   testing::temp_dir dir;
-  storage::journal journal{dir / "cairn.db"};
-  engine::engine eng{journal, options()};
+  std::unique_ptr<storage::journal> journal = storage::open_journal(dir / "cairn.db");
+  engine::engine eng{*journal, options()};
   recorder watch;
 
   engine::engine_options options() {
@@ -68,7 +68,7 @@ TEST_CASE("a multi-step run completes in bwrap and journals every step once") {
   auto run = h.run("ok", {{"steps", 6}});
   REQUIRE(run.status == storage::run_status::completed);
   CHECK(run.output["steps"] == 6);
-  auto steps = h.journal.steps("ok");
+  auto steps = h.journal->steps("ok");
   REQUIRE(steps.size() == 6);
   for (std::size_t i = 0; i < steps.size(); ++i) {
     CHECK(steps[i].result.seq == i);
@@ -95,7 +95,7 @@ TEST_CASE("submitting an existing id returns that run unchanged") {
   CHECK(run.input["steps"] == 2);
   CHECK(run.status == storage::run_status::completed);
   auto rerun = h.eng.execute("same");
-  CHECK(h.journal.steps("same").size() == 2);
+  CHECK(h.journal->steps("same").size() == 2);
   CHECK(rerun.attempts == 1);
 }
 
@@ -103,10 +103,10 @@ TEST_CASE("a failing step is retried with backoff inside the run and each failur
   harness h;
   auto run = h.run("retry", {{"steps", 4}, {"fail_first", {{"2", 2}}}});
   REQUIRE(run.status == storage::run_status::completed);
-  auto steps = h.journal.steps("retry");
+  auto steps = h.journal->steps("retry");
   CHECK(steps[2].result.attempt == 3);
   int retries = 0;
-  for (const auto& e : h.journal.events("retry"))
+  for (const auto& e : h.journal->events("retry"))
     if (e.kind == "step_retry") {
       CHECK(e.seq == 2u);
       ++retries;
@@ -121,7 +121,7 @@ TEST_CASE("a terminal step error fails the run without retries, with the step's 
   REQUIRE(run.error);
   CHECK_THAT(run.error->message, Catch::Contains("step 1 cannot succeed"));
   CHECK(run.attempts == 1);
-  auto steps = h.journal.steps("terminal");
+  auto steps = h.journal->steps("terminal");
   REQUIRE(steps.size() == 2);
   CHECK_FALSE(steps[1].result.ok);
   CHECK(steps[1].result.attempt == 1);
@@ -161,7 +161,7 @@ TEST_CASE("a sandbox that crashes every time fails the run after max attempts, n
   REQUIRE(run.status == storage::run_status::failed);
   CHECK_THAT(run.error->message, Catch::Contains("gave up after 2 crashed attempts"));
   CHECK_THAT(run.error->message, Catch::Contains("exited with code 7"));
-  CHECK(h.journal.steps(r.id).size() == 2);  // one per attempt, each kept
+  CHECK(h.journal->steps(r.id).size() == 2);  // one per attempt, each kept
 }
 
 TEST_CASE("replay that asks for a different step fails the run with a non-determinism error naming both") {
@@ -171,7 +171,7 @@ TEST_CASE("replay that asks for a different step fails the run with a non-determ
   CHECK(run.error->type == "nondeterminism");
   CHECK_THAT(run.error->message, Catch::Contains("'step 1'"));
   CHECK_THAT(run.error->message, Catch::Contains("'renamed 1'"));
-  CHECK(h.journal.steps("nondet").size() == 3);
+  CHECK(h.journal->steps("nondet").size() == 3);
 }
 
 TEST_CASE("a run owned by a live process is refused; one owned by a dead process is taken over") {
@@ -186,14 +186,14 @@ TEST_CASE("a run owned by a live process is refused; one owned by a dead process
   engine::owner_id live = engine::current_owner();
   live.pid = getppid();  // alive, but not us
   live.start_ticks = proc_start_ticks(live.pid);
-  REQUIRE(h.journal.claim_run("orphan", "", live.str()));
+  REQUIRE(h.journal->claim_run("orphan", "", live.str()));
   CHECK(engine::check_owner(live.str()) == engine::owner_state::alive);
   CHECK_THROWS_WITH(h.eng.execute("orphan"), Catch::Contains("is being executed by pid"));
   CHECK(h.eng.orphaned_runs().empty());
 
   engine::owner_id dead = live;
   dead.start_ticks += 1;  // same pid, another process: the original is gone
-  REQUIRE(h.journal.claim_run("orphan", live.str(), dead.str()));
+  REQUIRE(h.journal->claim_run("orphan", live.str(), dead.str()));
   auto orphans = h.eng.orphaned_runs();
   REQUIRE(orphans.size() == 1);
   CHECK(orphans[0].id == "orphan");
@@ -228,7 +228,7 @@ TEST_CASE("an unknown sandbox name is rejected before anything is written") {
   r.sandbox = "docker";
   r.workspace = h.dir / "ws";
   CHECK_THROWS_WITH(h.eng.submit(r), Catch::Contains("unknown sandbox 'docker'"));
-  CHECK_FALSE(h.journal.find_run("x"));
+  CHECK_FALSE(h.journal->find_run("x"));
 }
 
 // engine::submit_many: a batch of runs queued all together or not at all.
@@ -268,14 +268,14 @@ TEST_CASE("submit_many queues every run pending, in order, each in its own works
     INFO(i);
     CHECK(runs[i].created);
     if (i != 2) CHECK(runs[i].id == "b" + std::to_string(i));
-    const auto run = h.journal.find_run(runs[i].id);
+    const auto run = h.journal->find_run(runs[i].id);
     REQUIRE(run);
     CHECK(run->status == storage::run_status::pending);
     CHECK(run->input == json{{"i", i}});
     CHECK(run->workspace == (h.dir / "home" / "workspaces" / run->id).string());
   }
   CHECK(runs[2].id.rfind("run-", 0) == 0);
-  CHECK(h.journal.list_runs().size() == 5);
+  CHECK(h.journal->list_runs().size() == 5);
 }
 
 TEST_CASE("submit_many returns runs that exist unchanged and creates only the others") {
@@ -286,11 +286,11 @@ TEST_CASE("submit_many returns runs that exist unchanged and creates only the ot
   CHECK(runs[0].created);
   CHECK_FALSE(runs[1].created);
   CHECK(runs[1].id == "b1");
-  CHECK(h.journal.find_run("b1")->input == json{{"old", true}});
+  CHECK(h.journal->find_run("b1")->input == json{{"old", true}});
   CHECK(runs[2].created);
   const auto again = h.eng.submit_many(batch_of(3));
   for (const auto& run : again) CHECK_FALSE(run.created);
-  CHECK(h.journal.list_runs().size() == 3);
+  CHECK(h.journal->list_runs().size() == 3);
 }
 
 TEST_CASE("one bad request refuses the whole batch, names its place, and writes nothing") {
@@ -324,5 +324,5 @@ TEST_CASE("one bad request refuses the whole batch, names its place, and writes 
     CHECK(e.code() == engine::errc::bad_request);
     CHECK_THAT(e.what(), Catch::StartsWith("run 3 of the batch: ") && Catch::Contains(expected));
   }
-  CHECK(h.journal.list_runs().empty());
+  CHECK(h.journal->list_runs().empty());
 }

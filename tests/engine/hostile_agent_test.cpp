@@ -44,8 +44,8 @@ storage::run_record run_to_end(engine::engine& eng, const testing::temp_dir& dir
 
 TEST_CASE("hostile agents fail their run and leave the journal and other runs intact") {
   testing::temp_dir dir;
-  storage::journal journal(dir / "cairn.db");
-  engine::engine eng(journal, options_in(dir));
+  auto journal = storage::open_journal(dir / "cairn.db");
+  engine::engine eng(*journal, options_in(dir));
 
   const hostile_case cases[] = {
       {"garbage", "length prefix", 0},
@@ -69,7 +69,7 @@ TEST_CASE("hostile agents fail their run and leave the journal and other runs in
       REQUIRE(run.status == storage::run_status::failed);
       REQUIRE(run.error);
       CHECK_THAT(run.error->message, Catch::Contains(c.message));
-      CHECK(journal.steps(id).size() == c.steps_kept);
+      CHECK(journal->steps(id).size() == c.steps_kept);
 
       // The host goes on: a well-behaved run in the same journal completes.
       CHECK(run_to_end(eng, dir, std::string("good-after-") + c.mode, STEP_AGENT, {{"steps", 2}}).status ==
@@ -80,8 +80,8 @@ TEST_CASE("hostile agents fail their run and leave the journal and other runs in
 
 TEST_CASE("forged and foreign messages fail only their own run, journal nothing, and another run goes on meanwhile") {
   testing::temp_dir dir;
-  storage::journal journal(dir / "cairn.db");
-  engine::engine eng(journal, options_in(dir));
+  auto journal = storage::open_journal(dir / "cairn.db");
+  engine::engine eng(*journal, options_in(dir));
 
   const hostile_case cases[] = {
       {"forged_tool_step", "a step of kind tool: only the host records those", 0},
@@ -99,8 +99,8 @@ TEST_CASE("forged and foreign messages fail only their own run, journal nothing,
       std::promise<storage::run_record> good_outcome;
       std::thread neighbour([&] {
         try {
-          storage::journal own(dir / "cairn.db");
-          engine::engine other(own, options_in(dir));
+          auto own = storage::open_journal(dir / "cairn.db");
+          engine::engine other(*own, options_in(dir));
           good_outcome.set_value(
               run_to_end(other, dir, good_id, STEP_AGENT, {{"steps", good_steps}, {"sleep_ms", 50}}));
         } catch (...) {
@@ -109,13 +109,13 @@ TEST_CASE("forged and foreign messages fail only their own run, journal nothing,
       });
       auto good_outcome_ready = good_outcome.get_future();
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      while (journal.step_count(good_id) == 0 && std::chrono::steady_clock::now() < deadline)
+      while (journal->step_count(good_id) == 0 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
 
       const std::string id = std::string(c.mode) + ".1";
       // foreign_join joins the neighbour, which is no child of it.
       auto run = run_to_end(eng, dir, id, HOSTILE_AGENT, {{"join", good_id}});
-      const auto good_steps_meanwhile = journal.step_count(good_id);
+      const auto good_steps_meanwhile = journal->step_count(good_id);
 
       auto good = good_outcome_ready.get();
       neighbour.join();
@@ -123,23 +123,23 @@ TEST_CASE("forged and foreign messages fail only their own run, journal nothing,
       REQUIRE(run.error);
       CHECK_THAT(run.error->message, Catch::Contains(c.message));
       // Nothing of the hostile message was journaled: no step, no event at any seq.
-      CHECK(journal.steps(id).size() == c.steps_kept);
-      for (const auto& event : journal.events(id)) {
+      CHECK(journal->steps(id).size() == c.steps_kept);
+      for (const auto& event : journal->events(id)) {
         INFO(event.kind << " " << event.data.dump());
         CHECK_FALSE(event.seq);
       }
       CHECK(good_steps_meanwhile > 0);
       CHECK(good_steps_meanwhile < static_cast<std::uint64_t>(good_steps));  // it was still running
       CHECK(good.status == storage::run_status::completed);
-      CHECK(journal.steps(good_id).size() == static_cast<std::size_t>(good_steps));
+      CHECK(journal->steps(good_id).size() == static_cast<std::size_t>(good_steps));
     }
   }
 }
 
 TEST_CASE("a child run whose output is too deep for its parent's replay fails instead of completing") {
   testing::temp_dir dir;
-  storage::journal journal(dir / "cairn.db");
-  engine::engine eng(journal, options_in(dir));
+  auto journal = storage::open_journal(dir / "cairn.db");
+  engine::engine eng(*journal, options_in(dir));
   engine::run_request parent;
   parent.id = "deep_done";
   parent.agent = STEP_AGENT;
@@ -152,11 +152,11 @@ TEST_CASE("a child run whose output is too deep for its parent's replay fails in
   child.workspace = (dir / "home" / "workspaces" / child.id).string();
   child.policy = engine::to_json(engine::default_policy());
   child.parent_id = parent.id;
-  journal.create_run(child);
+  journal->create_run(child);
   auto run = eng.execute(child.id);
   REQUIRE(run.status == storage::run_status::failed);
   REQUIRE(run.error);
   CHECK_THAT(run.error->message, Catch::Contains("the run's output nests deeper than 125 levels"));
   CHECK(run.output.is_null());
-  CHECK(journal.steps(child.id).size() == 1);
+  CHECK(journal->steps(child.id).size() == 1);
 }

@@ -13,8 +13,8 @@ namespace {
 
 struct harness {
   testing::temp_dir dir;
-  storage::journal journal{dir / "cairn.db"};
-  engine::engine eng{journal, options()};
+  std::unique_ptr<storage::journal> journal = storage::open_journal(dir / "cairn.db");
+  engine::engine eng{*journal, options()};
 
   engine::engine_options options() {
     engine::engine_options o;
@@ -75,9 +75,9 @@ TEST_CASE("each limit of the policy ends the run with limit_exceeded, and the ne
       CHECK_THAT(run.error->message, Catch::Contains(b.message) && Catch::Contains(b.key));
       CHECK(run.attempts == 1);  // not retried: the same code would hit it again
       bool recorded = false;
-      for (const auto& e : h.journal.events(run.id)) recorded = recorded || e.kind == "limit_exceeded";
+      for (const auto& e : h.journal->events(run.id)) recorded = recorded || e.kind == "limit_exceeded";
       CHECK(recorded);
-      CHECK(h.journal.steps(run.id).size() == 1);  // "before" only
+      CHECK(h.journal->steps(run.id).size() == 1);  // "before" only
 
       auto next = h.run(std::string("after-") + b.name, json::object(), b.limits);
       CHECK(next.status == storage::run_status::completed);

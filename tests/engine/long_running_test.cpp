@@ -80,7 +80,7 @@ std::int64_t ms_since(steady::time_point t0) {
 
 struct fixture {
   testing::temp_dir dir;
-  storage::journal journal{dir / "cairn.db"};
+  std::unique_ptr<storage::journal> journal = storage::open_journal(dir / "cairn.db");
   engine::engine_options options;
   std::unique_ptr<engine::engine> eng;
   watcher watch;
@@ -89,7 +89,7 @@ struct fixture {
     options.home = dir / "home";
     if (fast_retry) options.retry_backoff = 10ms;
     options.suspend_after = suspend_after;
-    eng = std::make_unique<engine::engine>(journal, options);
+    eng = std::make_unique<engine::engine>(*journal, options);
   }
 
   void submit(const std::string& id, const json& input, const engine::policy& p = engine::default_policy(),
@@ -109,13 +109,13 @@ struct fixture {
     submit(id, input, p, max_attempts);
     return execute(id);
   }
-  storage::run_record record(const std::string& id) { return *journal.find_run(id); }
+  storage::run_record record(const std::string& id) { return *journal->find_run(id); }
 
   // Executes the run on another thread, with its own journal (one per thread) and engine.
   std::future<storage::run_record> execute_elsewhere(const std::string& id, engine::engine_options o) {
     return std::async(std::launch::async, [db = dir / "cairn.db", o, id] {
-      storage::journal j(db);
-      engine::engine e(j, o);
+      std::unique_ptr<storage::journal> j = storage::open_journal(db);
+      engine::engine e(*j, o);
       return e.execute(id);
     });
   }
@@ -153,7 +153,7 @@ struct fixture {
 
   std::vector<storage::event_record> events(const std::string& id, const std::string& kind) {
     std::vector<storage::event_record> out;
-    for (auto& e : journal.events(id))
+    for (auto& e : journal->events(id))
       if (e.kind == kind) out.push_back(std::move(e));
     return out;
   }
@@ -201,7 +201,7 @@ TEST_CASE("a short sleep is held with the sandbox alive and fires after its time
   CHECK(run.output == json({"a", "slept", "b"}));
   CHECK(run.attempts == 1);
   CHECK(f.events("nap", "run_waiting").empty());
-  auto steps = f.journal.steps("nap");
+  auto steps = f.journal->steps("nap");
   REQUIRE(steps.size() == 3);
   CHECK(steps[1].result.kind == protocol::step_kind::sleep);
   const auto until = steps[1].result.output.at("until_ms").get<std::int64_t>();
@@ -240,7 +240,7 @@ TEST_CASE("a long sleep suspends the run without a sandbox; the timer fires once
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output == json({"a", "slept", "b"}));
   CHECK(run.attempts == 2);
-  auto steps = f.journal.steps("long");
+  auto steps = f.journal->steps("long");
   REQUIRE(steps.size() == 3);
   CHECK(steps[1].result.kind == protocol::step_kind::sleep);
   CHECK(steps[1].result.output.at("until_ms") == wake);
@@ -262,7 +262,7 @@ TEST_CASE("a timer that came due while no host ran fires once, late, at the next
 
   run = f.execute("down");
   REQUIRE(run.status == run_status::completed);
-  auto steps = f.journal.steps("down");
+  auto steps = f.journal->steps("down");
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].result.output.at("until_ms") == wake);
   CHECK(steps[0].result.output.at("fired_at_ms").get<std::int64_t>() >= wake + 600);
@@ -282,7 +282,7 @@ TEST_CASE("a timer set in the past fires at once, says so, and changes nothing e
   REQUIRE(set.size() == 1);
   CHECK(set[0].data.at("in_past") == true);
   CHECK(set[0].data.at("until_ms") == at);
-  auto steps = f.journal.steps("past");
+  auto steps = f.journal->steps("past");
   REQUIRE(steps.size() == 3);
   CHECK(steps[1].result.output.at("until_ms") == at);
   CHECK(steps[1].result.ok);
@@ -310,12 +310,12 @@ TEST_CASE("a signal queued before the run waits is delivered when it waits, payl
   REQUIRE(run.status == run_status::completed);
   CHECK(run.attempts == 1);
   CHECK(run.output[1] == json({{"signal", payload}}));
-  auto steps = f.journal.steps("early");
+  auto steps = f.journal->steps("early");
   REQUIRE(steps.size() == 2);
   CHECK(steps[1].result.kind == protocol::step_kind::signal);
   CHECK(steps[1].result.output.at("timed_out") == false);
   CHECK(steps[1].result.output.at("payload") == payload);
-  auto signals = f.journal.signals("early");
+  auto signals = f.journal->signals("early");
   REQUIRE(signals.size() == 1);
   CHECK(signals[0].delivered_seq == std::optional<std::uint64_t>(1));
 }
@@ -331,7 +331,7 @@ TEST_CASE("a signal is delivered once: a second wait for the same name waits for
   CHECK(run.wait->key == "approval");
   CHECK(run.wait->seq == 1u);
   CHECK_FALSE(run.wait->wake_at_ms);
-  CHECK(f.journal.steps("twice").size() == 1);
+  CHECK(f.journal->steps("twice").size() == 1);
 
   // Nothing new to deliver: executing it again starts nothing.
   run = f.execute("twice");
@@ -342,7 +342,7 @@ TEST_CASE("a signal is delivered once: a second wait for the same name waits for
   run = f.execute("twice");
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output == json::array({json{{"signal", {{"n", 1}}}}, json{{"signal", {{"n", 2}}}}}));
-  auto signals = f.journal.signals("twice");
+  auto signals = f.journal->signals("twice");
   REQUIRE(signals.size() == 2);
   CHECK(signals[0].delivered_seq == std::optional<std::uint64_t>(0));
   CHECK(signals[1].delivered_seq == std::optional<std::uint64_t>(1));
@@ -362,7 +362,7 @@ TEST_CASE("a signal wait times out, held or suspended") {
   run = f.execute("late");
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output == json::array({json{{"timed_out", true}}, json{{"timed_out", true}}}));
-  auto steps = f.journal.steps("late");
+  auto steps = f.journal->steps("late");
   REQUIRE(steps.size() == 2);
   for (const auto& s : steps) {
     CHECK(s.result.kind == protocol::step_kind::signal);
@@ -376,14 +376,14 @@ TEST_CASE("a signal for an unknown or ended run is refused and writes nothing") 
   auto unknown = refusal_of([&] { f.eng->signal("nobody", "approval", {}); });
   CHECK(unknown.code == engine::errc::not_found);
   CHECK_THAT(unknown.message, Catch::Contains("nobody"));
-  CHECK_FALSE(f.journal.find_run("nobody"));
+  CHECK_FALSE(f.journal->find_run("nobody"));
 
   REQUIRE(f.run("over", plan({op_step("a")})).status == run_status::completed);
-  const auto events_before = f.journal.events("over").size();
+  const auto events_before = f.journal->events("over").size();
   auto ended_run = refusal_of([&] { f.eng->signal("over", "approval", {{"x", 1}}); });
   CHECK(ended_run.code == engine::errc::bad_request);
-  CHECK(f.journal.signals("over").empty());
-  CHECK(f.journal.events("over").size() == events_before);
+  CHECK(f.journal->signals("over").empty());
+  CHECK(f.journal->events("over").size() == events_before);
   CHECK(f.record("over").status == run_status::completed);
 }
 
@@ -405,13 +405,13 @@ TEST_CASE("a fan-out of four children runs them concurrently and joins their out
   json joined = json::array();
   for (int i = 0; i < 4; ++i) joined.push_back(json::array({"c" + std::to_string(i)}));
   CHECK(run.output == json::array({"fan.0", "fan.1", "fan.2", "fan.3", joined}));
-  auto children = f.journal.children("fan");
+  auto children = f.journal->children("fan");
   REQUIRE(children.size() == 4);
   std::int64_t last_start = 0, first_end = INT64_MAX;
   for (const auto& c : children) {
     CHECK(c.parent_id == "fan");
     CHECK(c.status == run_status::completed);
-    auto steps = f.journal.steps(c.id);
+    auto steps = f.journal->steps(c.id);
     REQUIRE(steps.size() == 1);
     last_start = std::max(last_start, steps[0].started_at_ms);
     first_end = std::min(first_end, steps[0].finished_at_ms);
@@ -434,7 +434,7 @@ TEST_CASE("a failed child's error reaches its parent: caught, or failing the par
   CHECK_THAT(caught.output[1].value("child_failed", ""),
              Catch::Contains("caught.0") && Catch::Contains("boom in the child"));
   CHECK(caught.output[2] == "after");
-  auto join = f.journal.steps("caught").at(1).result;
+  auto join = f.journal->steps("caught").at(1).result;
   CHECK(join.kind == protocol::step_kind::join);
   CHECK_FALSE(join.ok);
   CHECK(join.error.type == "child_failed");
@@ -453,11 +453,11 @@ TEST_CASE("a child agent that does not exist is a child_error and the run goes o
   REQUIRE(run.status == run_status::completed);
   CHECK_THAT(run.output[0].value("child_error", ""), Catch::Contains("no_such_agent"));
   CHECK(run.output[1] == "after");
-  auto step = f.journal.steps("orphan").at(0).result;
+  auto step = f.journal->steps("orphan").at(0).result;
   CHECK(step.kind == protocol::step_kind::child);
   CHECK_FALSE(step.ok);
   CHECK(step.error.type == "no_such_agent");
-  CHECK(f.journal.children("orphan").empty());
+  CHECK(f.journal->children("orphan").empty());
 }
 
 TEST_CASE("a child agent outside the parent's folder runs only when the policy lists it") {
@@ -467,8 +467,8 @@ TEST_CASE("a child agent outside the parent's folder runs only when the policy l
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output[0] == "paths.0");
   CHECK_THAT(run.output[1].value("child_error", ""), Catch::Contains("children.agents"));
-  CHECK(f.journal.steps("paths").at(1).result.error.type == "refused");
-  auto children = f.journal.children("paths");
+  CHECK(f.journal->steps("paths").at(1).result.error.type == "refused");
+  auto children = f.journal->children("paths");
   REQUIRE(children.size() == 1);
   CHECK(children[0].agent == std::filesystem::path(STEP_AGENT).lexically_normal().string());
 }
@@ -477,7 +477,7 @@ TEST_CASE("a cancelled child reaches its joining parent as child_cancelled") {
   fixture f;
   f.submit("waiter", plan({op_child(plan({op_signal("never")})), op_join_all(), op_step("after")}, true));
   running_scheduler sched(f);
-  REQUIRE(eventually([&] { return f.journal.find_run("waiter.0") && !f.events("waiter.0", "wait_started").empty(); }));
+  REQUIRE(eventually([&] { return f.journal->find_run("waiter.0") && !f.events("waiter.0", "wait_started").empty(); }));
   f.eng->cancel("waiter.0", "not this one");
   REQUIRE(eventually([&] { return ended(f.record("waiter").status); }));
   sched.stop();
@@ -486,7 +486,7 @@ TEST_CASE("a cancelled child reaches its joining parent as child_cancelled") {
   REQUIRE(run.status == run_status::completed);
   CHECK_THAT(run.output[1].value("child_failed", ""), Catch::Contains("was cancelled"));
   CHECK(run.output[2] == "after");
-  CHECK(f.journal.steps("waiter").at(1).result.error.type == "child_cancelled");
+  CHECK(f.journal->steps("waiter").at(1).result.error.type == "child_cancelled");
 }
 
 TEST_CASE("children.max refuses the next child; children left unfinished are cancelled when the parent ends") {
@@ -499,15 +499,15 @@ TEST_CASE("children.max refuses the next child; children left unfinished are can
   CHECK(run.output[1] == "capped.1");
   CHECK_THAT(run.output[2].value("child_error", ""), Catch::Contains("children.max"));
   CHECK(run.output[3] == "after");
-  CHECK(f.journal.steps("capped").at(2).result.error.type == "refused");
-  auto children = f.journal.children("capped");
+  CHECK(f.journal->steps("capped").at(2).result.error.type == "refused");
+  auto children = f.journal->children("capped");
   REQUIRE(children.size() == 2);
   for (const auto& c : children) {
     CHECK(c.status == run_status::cancelled);
     REQUIRE(c.error);
     CHECK_THAT(c.error->message, Catch::Contains("capped"));
   }
-  CHECK_FALSE(f.journal.find_run("capped.2"));
+  CHECK_FALSE(f.journal->find_run("capped.2"));
 }
 
 TEST_CASE("cancelling a parent cancels its unfinished children") {
@@ -516,7 +516,7 @@ TEST_CASE("cancelling a parent cancels its unfinished children") {
   f.submit("boss", plan({op_child(waits), op_child(waits), op_join_all()}));
   running_scheduler sched(f);
   REQUIRE(eventually([&] {
-    return f.record("boss").status == run_status::waiting && f.journal.children("boss").size() == 2 &&
+    return f.record("boss").status == run_status::waiting && f.journal->children("boss").size() == 2 &&
            !f.events("boss.0", "wait_started").empty() && !f.events("boss.1", "wait_started").empty();
   }));
   CHECK(f.eng->cancel("boss", "the user gave up") == engine::engine::cancel_outcome::cancelled);
@@ -530,7 +530,7 @@ TEST_CASE("cancelling a parent cancels its unfinished children") {
     REQUIRE(child.error);
     CHECK(child.error->type == "cancelled");
     CHECK_THAT(child.error->message, Catch::Contains("boss"));  // says why: its parent was cancelled
-    CHECK(f.journal.steps(id).size() == 1);                     // the signal never came
+    CHECK(f.journal->steps(id).size() == 1);                     // the signal never came
   }
 }
 
@@ -573,7 +573,7 @@ TEST_CASE("a run executing a held wait stops by itself when cancelled, well with
   CHECK(run.error->message == "stop it");
   CHECK(took < 9000);  // the default grace is 10 s: the agent was not killed
   CHECK(f.events("held", "cancel_sent").size() == 1);
-  CHECK(f.journal.steps("held").size() == 1);
+  CHECK(f.journal->steps("held").size() == 1);
   CHECK(run.attempts == 1);
 }
 
@@ -584,7 +584,7 @@ TEST_CASE("a run inside a long step is killed after the cancel grace period") {
   auto done = f.execute_elsewhere("stubborn", f.options);
   // Cancelled inside "s": begun (the agent logged it), not yet journaled.
   REQUIRE(eventually([&] {
-    return f.executing("stubborn", "slow s attempt 1") == 1 && f.journal.steps("stubborn").size() == 1;
+    return f.executing("stubborn", "slow s attempt 1") == 1 && f.journal->steps("stubborn").size() == 1;
   }));
   const auto t0 = steady::now();
   CHECK(f.eng->cancel("stubborn", "stop it") == engine::engine::cancel_outcome::requested);
@@ -596,7 +596,7 @@ TEST_CASE("a run inside a long step is killed after the cancel grace period") {
   CHECK(run.error->message == "stop it");
   CHECK(took >= 1000);  // it had its grace period
   CHECK(took < 30000);  // and was killed long before its step would have ended
-  CHECK(f.journal.steps("stubborn").size() == 1);
+  CHECK(f.journal->steps("stubborn").size() == 1);
   CHECK(f.executed("stubborn", "slow s attempt 1") == 1);
   CHECK(f.executed("stubborn", "step b") == 0);
 }
@@ -604,14 +604,14 @@ TEST_CASE("a run inside a long step is killed after the cancel grace period") {
 TEST_CASE("cancelling an ended or unknown run is refused and changes nothing") {
   fixture f;
   REQUIRE(f.run("finished", plan({op_step("a")})).status == run_status::completed);
-  const auto events_before = f.journal.events("finished").size();
+  const auto events_before = f.journal->events("finished").size();
   auto refused = refusal_of([&] { f.eng->cancel("finished", "too late"); });
   CHECK(refused.code == engine::errc::bad_request);
   CHECK_THAT(refused.message, Catch::Contains("already ended"));
   auto run = f.record("finished");
   CHECK(run.status == run_status::completed);
   CHECK_FALSE(run.cancel_requested_at_ms);
-  CHECK(f.journal.events("finished").size() == events_before);
+  CHECK(f.journal->events("finished").size() == events_before);
   CHECK(refusal_of([&] { f.eng->cancel("nobody", "x"); }).code == engine::errc::not_found);
 }
 
@@ -629,7 +629,7 @@ TEST_CASE("a step over its timeout is killed and retried, its new sandbox counte
   REQUIRE(retries.size() == 1);
   CHECK(retries[0].seq == 0u);
   CHECK(retries[0].data.at("error").at("type") == "timeout");
-  auto steps = f.journal.steps("slowpoke");
+  auto steps = f.journal->steps("slowpoke");
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].result.ok);
   CHECK(steps[0].result.attempt == 2);
@@ -646,7 +646,7 @@ TEST_CASE("a step out of attempts after a timeout is journaled failed with type 
     REQUIRE(run.status == run_status::failed);
     REQUIRE(run.error);
     CHECK_THAT(run.error->message, Catch::Contains("timed out"));
-    auto steps = f.journal.steps("timeout");
+    auto steps = f.journal->steps("timeout");
     REQUIRE(steps.size() == 1);
     CHECK_FALSE(steps[0].result.ok);
     CHECK(steps[0].result.error.type == "timeout");
@@ -657,7 +657,7 @@ TEST_CASE("a step out of attempts after a timeout is journaled failed with type 
     REQUIRE(run.status == run_status::completed);
     CHECK_THAT(run.output[0].value("step_failed", ""), Catch::Contains("timed out"));
     CHECK(run.output[1] == "after");
-    CHECK(f.journal.steps("timeout").at(0).result.error.type == "timeout");
+    CHECK(f.journal->steps("timeout").at(0).result.error.type == "timeout");
   }
 }
 
@@ -668,7 +668,7 @@ TEST_CASE("the policy's step timeout applies to a step that sets none") {
   auto run = f.run("policed", plan({op_slow("s", 60000)}), p);
   REQUIRE(run.status == run_status::failed);
   CHECK(ms_since(t0) < 30000);
-  auto step = f.journal.steps("policed").at(0).result;
+  auto step = f.journal->steps("policed").at(0).result;
   CHECK(step.error.type == "timeout");
   CHECK_THAT(step.error.message, Catch::Contains("1000 ms"));
 }
@@ -686,7 +686,7 @@ TEST_CASE("a run over timeouts.run_seconds fails with type timeout, held or susp
     CHECK(run.error->type == "timeout");
     CHECK_THAT(run.error->message, Catch::Contains("run_seconds"));
     CHECK(ms_since(t0) < 30000);  // at the deadline, long before the sleep's end
-    CHECK(f.journal.steps("deadline").empty());
+    CHECK(f.journal->steps("deadline").empty());
   }
   SECTION("suspended: executed after the deadline, it fails without a new attempt") {
     fixture f;
@@ -702,7 +702,7 @@ TEST_CASE("a run over timeouts.run_seconds fails with type timeout, held or susp
     CHECK(run.error->type == "timeout");
     CHECK(run.attempts == 1);
     CHECK(*run.finished_at_ms < f.events("deadline", "timer_set").at(0).data.at("until_ms").get<std::int64_t>());
-    CHECK(f.journal.steps("deadline").empty());
+    CHECK(f.journal->steps("deadline").empty());
     CHECK(f.executed("deadline", "step after") == 0);
   }
 }
@@ -760,7 +760,7 @@ TEST_CASE("a graceful stop lets the step in flight finish, hands the run back, a
   running_scheduler sched(f, 2);
   // The stop comes with "s" in flight: begun (the agent logged it), not yet journaled.
   REQUIRE(eventually([&] {
-    return f.executing("handed", "slow s attempt 1") == 1 && f.journal.steps("handed").size() == 1 &&
+    return f.executing("handed", "slow s attempt 1") == 1 && f.journal->steps("handed").size() == 1 &&
            !f.events("patient", "wait_started").empty();
   }));
   sched.stop();
@@ -780,7 +780,7 @@ TEST_CASE("a graceful stop lets the step in flight finish, hands the run back, a
   CHECK(run.status == run_status::pending);
   CHECK(run.owner.empty());
   CHECK(f.events("handed", "run_released").size() == 1);
-  auto steps = f.journal.steps("handed");
+  auto steps = f.journal->steps("handed");
   REQUIRE(steps.size() == 2);
   CHECK(steps[1].result.name == "s");
   CHECK(steps[1].result.ok);

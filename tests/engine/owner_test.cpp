@@ -90,8 +90,8 @@ bool eventually(F&& ready) {
 std::optional<cairn::storage::run_record> run_in(const std::filesystem::path& db, const std::string& id) {
   if (!std::filesystem::exists(db)) return std::nullopt;
   try {
-    cairn::storage::journal j(db, {.read_only = true});
-    return j.find_run(id);
+    auto j = cairn::storage::open_journal(db, {.read_only = true});
+    return j->find_run(id);
   } catch (const cairn::storage::storage_error&) {
     return std::nullopt;  // not created or migrated yet
   }
@@ -99,7 +99,7 @@ std::optional<cairn::storage::run_record> run_in(const std::filesystem::path& db
 
 std::size_t steps_in(const std::filesystem::path& db, const std::string& id) {
   if (!run_in(db, id)) return 0;
-  return cairn::storage::journal(db, {.read_only = true}).steps(id).size();
+  return cairn::storage::open_journal(db, {.read_only = true})->steps(id).size();
 }
 
 }  // namespace
@@ -132,15 +132,15 @@ TEST_CASE("a host stopped while its run is taken over writes nothing more to it 
   owner_id forged = *owner_id::parse(owner_a);
   forged.boot_id = "00000000-0000-0000-0000-000000000000";
   {
-    cairn::storage::journal j(db);
-    REQUIRE(j.claim_run("r", owner_a, forged.str()));
+    auto j = cairn::storage::open_journal(db);
+    REQUIRE(j->claim_run("r", owner_a, forged.str()));
   }
   std::thread b([&] { b_result = run_program(CAIRN_BIN, {"resume", "r"}, home.path(), env); });
   REQUIRE(eventually([&] {
     auto run = run_in(db, "r");
     return run && run->owner != forged.str() && run->attempts == 2;
   }));
-  const auto steps_at_takeover = cairn::storage::journal(db, {.read_only = true}).steps("r").size();
+  const auto steps_at_takeover = cairn::storage::open_journal(db, {.read_only = true})->steps("r").size();
   CHECK(steps_at_takeover == 1);
   REQUIRE(kill(pid_a, SIGCONT) == 0);
   b.join();
@@ -150,13 +150,13 @@ TEST_CASE("a host stopped while its run is taken over writes nothing more to it 
   CHECK(b_result.code == 0);
   // A's step 1 was refused: A said so and did not take the run again.
   CHECK_THAT(a_result.err, Catch::Contains("run r was taken over by"));
-  cairn::storage::journal j(db, {.read_only = true});
-  auto run = j.find_run("r");
+  auto j = cairn::storage::open_journal(db, {.read_only = true});
+  auto run = j->find_run("r");
   CHECK(run->status == cairn::storage::run_status::completed);
   CHECK(run->attempts == 2);
   // Every step after the takeover holds what B's agent (run attempt 2) computed.
   const auto log = cairn::testing::slurp(home / "workspaces" / "r" / "exec.log");
-  auto steps = j.steps("r");
+  auto steps = j->steps("r");
   REQUIRE(steps.size() == 4);
   for (std::size_t seq = steps_at_takeover; seq < steps.size(); ++seq) {
     INFO("step " << seq);
@@ -164,6 +164,6 @@ TEST_CASE("a host stopped while its run is taken over writes nothing more to it 
     CHECK(log.find(std::to_string(seq) + " " + nonce + " attempt 2") != std::string::npos);
   }
   int attempts_started = 0;
-  for (const auto& e : j.events("r")) attempts_started += e.kind == "attempt_started";
+  for (const auto& e : j->events("r")) attempts_started += e.kind == "attempt_started";
   CHECK(attempts_started == 2);
 }

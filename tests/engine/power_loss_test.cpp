@@ -56,15 +56,15 @@ struct report_check {
   fs::path home;
 
   std::string missing() {
-    storage::journal journal(home / "cairn.db");
+    auto journal = storage::open_journal(home / "cairn.db");
     std::ostringstream out;
     for (const auto& r : report_lines(home / "reported")) {
-      auto run = journal.find_run(r["run"].get<std::string>());
+      auto run = journal->find_run(r["run"].get<std::string>());
       if (!run) {
         out << "reported run " << r["run"] << " is not in the journal\n";
         continue;
       }
-      if (r.contains("signal") && journal.signals(run->id).empty())
+      if (r.contains("signal") && journal->signals(run->id).empty())
         out << "the signal queued for run " << run->id << " is not in the journal\n";
       if (r.contains("output") && (run->status != storage::run_status::completed || run->output != r["output"]))
         out << "run " << run->id << " was reported completed with " << r["output"] << " but the journal has it "
@@ -93,7 +93,7 @@ TEST_CASE("power cuts at random instants lose nothing that was acknowledged or r
   const auto images = home / "images";
   // The journal exists before the first cut, as on any machine that ran
   // cairn once: SQLite never syncs the folder of a database it creates.
-  { storage::journal created(db); }
+  { auto created = storage::open_journal(db); }
   observed_channels channels(home.path());
   std::vector<told> told_agents;
   report_check reports{home.path()};
@@ -155,10 +155,10 @@ TEST_CASE("power cuts at random instants lose nothing that was acknowledged or r
       torn += last_torn;
       check_after_cut();
     }
-    storage::journal journal(db);
+    auto journal = storage::open_journal(db);
     for (const auto& id : ids) {
-      const auto run = journal.find_run(id);
-      INFO("run " << id << ": " << (run->error ? run->error->message : "no error") << "\n" << history(journal, id)
+      const auto run = journal->find_run(id);
+      INFO("run " << id << ": " << (run->error ? run->error->message : "no error") << "\n" << history(*journal, id)
                   << "host log:\n"
                   << std::ifstream(home / "host.log").rdbuf());
       REQUIRE(run->status == storage::run_status::completed);
@@ -182,16 +182,16 @@ TEST_CASE("a claim committed without its own sync never checkpoints: a power cut
   temp_dir home;
   const auto db = home / "cairn.db";
   const auto images = home / "images";
-  { storage::journal created(db); }
+  { auto created = storage::open_journal(db); }
   const json big(std::string(6000, 'x'));  // two pages of output a step
   pid_t writer = ::fork();
   REQUIRE(writer >= 0);
   if (writer == 0) {
     try {
       storage::testing::install_power_loss_vfs(images);
-      storage::journal j(db);
-      j.create_run(storage::samples::a_run("r"));
-      auto step = [&](std::uint64_t seq) { j.append_step(storage::samples::ok_step("r", seq, big)); };
+      auto j = storage::open_journal(db);
+      j->create_run(storage::samples::a_run("r"));
+      auto step = [&](std::uint64_t seq) { j->append_step(storage::samples::ok_step("r", seq, big)); };
       // Synced steps until the WAL is just short of SQLite's threshold.
       const auto wal_pages = [&] { return (fs::file_size(db.string() + "-wal") - 32) / (4096 + 24); };
       std::uint64_t seq = 0;
@@ -203,7 +203,7 @@ TEST_CASE("a claim committed without its own sync never checkpoints: a power cut
         for (int i = 0; i < 60; ++i)
           w.append_event("claimed", "padding", json(std::to_string(i) + big.get<std::string>()), std::nullopt);
       };
-      j.write_together(std::span(&claim, 1), /*sync_later=*/true);
+      j->write_together(std::span(&claim, 1), /*sync_later=*/true);
       // A synced step after it; then the power goes, the journal still open.
       step(seq++);
       std::ofstream(home / "synced") << seq;
@@ -221,6 +221,6 @@ TEST_CASE("a claim committed without its own sync never checkpoints: a power cut
   REQUIRE(synced > 100);
   storage::testing::cut_power(images);
   REQUIRE(integrity(db) == "ok");
-  storage::journal after(db);
-  CHECK(after.steps("r").size() == synced);
+  auto after = storage::open_journal(db);
+  CHECK(after->steps("r").size() == synced);
 }

@@ -18,8 +18,8 @@ namespace {
 
 struct harness {
   testing::temp_dir dir;
-  storage::journal journal{dir / "cairn.db"};
-  engine::engine eng{journal, options()};
+  std::unique_ptr<storage::journal> journal = storage::open_journal(dir / "cairn.db");
+  engine::engine eng{*journal, options()};
 
   harness() { setenv("CAIRN_TEST_TOOL_LOG", (dir / "calls.log").c_str(), 1); }
   ~harness() { unsetenv("CAIRN_TEST_TOOL_LOG"); }
@@ -62,8 +62,8 @@ struct harness {
                                        dir.path(), o);
     INFO(killed.out << killed.err);
     REQUIRE(killed.code == 128 + SIGKILL);
-    REQUIRE(journal.steps(id).size() == 1);  // the step before the call
-    REQUIRE(journal.events_at(id, 1).size() == 1);  // its tool_started
+    REQUIRE(journal->steps(id).size() == 1);  // the step before the call
+    REQUIRE(journal->events_at(id, 1).size() == 1);  // its tool_started
   }
 
   storage::run_record run(const std::string& id, json input, engine::policy p = mailer_policy()) {
@@ -94,7 +94,7 @@ TEST_CASE("a granted tool runs on the host and its result is journaled before th
   auto run = h.run("t1", {{"calls", {call("mailer", {{"to", "ana@example.com"}})}}});
   REQUIRE(run.status == storage::run_status::completed);
   CHECK(run.output["results"][0] == json{{"sent", true}, {"key", "t1/1"}, {"seq", 1}});
-  auto steps = h.journal.steps("t1");
+  auto steps = h.journal->steps("t1");
   REQUIRE(steps.size() == 3);
   CHECK(steps[1].result.kind == protocol::step_kind::tool);
   CHECK(steps[1].result.name == "mailer");
@@ -122,7 +122,7 @@ TEST_CASE("a tool the policy does not grant is refused, journaled, and catchable
              Catch::Contains("'payroll' is not granted") && Catch::Contains("granted: mailer"));
   CHECK(run.output["results"][1]["error"] == "refused");
   CHECK_THAT(run.output["results"][1]["message"].get<std::string>(), Catch::Contains("'cc'"));
-  auto steps = h.journal.steps("t3");
+  auto steps = h.journal->steps("t3");
   CHECK_FALSE(steps[1].result.ok);
   CHECK(steps[1].result.error.type == "refused");
   CHECK(h.calls().empty());
@@ -141,7 +141,7 @@ TEST_CASE("a failing tool gives the agent a clear error and the run goes on") {
   CHECK(r[2]["error"] == "too_large");
   CHECK(r[3]["error"] == "failed");
   CHECK(r[4]["sent"] == true);
-  auto steps = h.journal.steps("t4");
+  auto steps = h.journal->steps("t4");
   for (int i = 1; i <= 4; ++i) CHECK(steps[i].result.error.type == r[i - 1]["error"]);
 }
 
@@ -180,7 +180,7 @@ TEST_CASE("settling with --retry calls the tool again, once") {
   auto done = h.eng.execute("t6");
   REQUIRE(done.status == storage::run_status::completed);
   CHECK(h.calls().size() == 1);
-  CHECK(h.journal.steps("t6")[1].result.attempt == 2);  // the second start of that call
+  CHECK(h.journal->steps("t6")[1].result.attempt == 2);  // the second start of that call
 }
 
 TEST_CASE("an idempotent call started but never recorded is simply made again with the same key") {

@@ -75,8 +75,8 @@ struct host {
   }
 
   storage::run_record run(const std::string& id) {
-    storage::journal j(testing::journal_of(home.path()), {.read_only = true});
-    return *j.find_run(id);
+    auto j = storage::open_journal(testing::journal_of(home.path()), {.read_only = true});
+    return *j->find_run(id);
   }
 
   std::string log() {

@@ -35,11 +35,11 @@ struct host : testing::engine_host {
   host() : engine_host(500ms) {}
 
   std::optional<json> event(const std::string& id, const std::string& kind) {
-    for (const auto& e : journal.events(id))
+    for (const auto& e : journal->events(id))
       if (e.kind == kind) return e.data;
     return std::nullopt;
   }
-  storage::run_record record(const std::string& id) { return *journal.find_run(id); }
+  storage::run_record record(const std::string& id) { return *journal->find_run(id); }
 
   // Runs the scheduler (`slots` at once) until every run in `ids` has ended or `limit` passed.
   void schedule(const std::vector<std::string>& ids, int slots, std::chrono::seconds limit) {
@@ -64,8 +64,8 @@ struct host : testing::engine_host {
   // Executes the run on another thread, with its own journal and engine.
   std::future<storage::run_record> execute_elsewhere(const std::string& id) {
     return std::async(std::launch::async, [db = dir / "cairn.db", o = options, id] {
-      storage::journal j(db);
-      engine::engine e(j, o);
+      auto j = storage::open_journal(db);
+      engine::engine e(*j, o);
       return e.execute(id);
     });
   }
@@ -118,7 +118,7 @@ TEST_CASE("the host counts a step's failed attempts: a liar's retries end at ret
   REQUIRE(run.status == run_status::completed);  // the host acknowledged the third failure as final
   CHECK(run.output == "acked");
   CHECK(h.count("liar", "step_retry") == 2);
-  auto steps = h.journal.steps("liar");
+  auto steps = h.journal->steps("liar");
   REQUIRE(steps.size() == 1);
   CHECK_FALSE(steps[0].result.ok);
   CHECK(steps[0].result.error.message == "again");
@@ -132,8 +132,8 @@ TEST_CASE("a retry_policy asking for more attempts than retry.step_attempts gets
   auto run = h.eng->execute("capped");
   REQUIRE(run.status == run_status::failed);
   CHECK(h.count("capped", "step_retry") == 1);
-  REQUIRE(h.journal.steps("capped").size() == 1);
-  CHECK(h.journal.steps("capped")[0].result.error.type == "timeout");
+  REQUIRE(h.journal->steps("capped").size() == 1);
+  CHECK(h.journal->steps("capped")[0].result.error.type == "timeout");
   CHECK(run.attempts == 3);  // two timeouts, then the failed step replayed
 }
 
@@ -151,7 +151,7 @@ TEST_CASE("a duration beyond 100 years from a raw agent is a protocol violation,
   CHECK_THAT(run.error->message, Catch::Contains("100 years"));
   CHECK(h.count("overflow", "timer_set") == 0);
   CHECK(h.count("overflow", "wait_started") == 0);
-  CHECK(h.journal.steps("overflow").empty());
+  CHECK(h.journal->steps("overflow").empty());
 }
 
 TEST_CASE("through the C++ SDK, milliseconds::max() waits as long as it can instead of not at all") {
@@ -229,11 +229,11 @@ TEST_CASE("children.max bounds the whole run tree and children.max_depth its dep
   SECTION("children.max=2, max_depth=3, two children each: three runs in all") {
     h.submit("root", ATTEMPTS_FANOUT_AGENT_PATH, {{"width", 2}}, {{"children", {{"max", 2}, {"max_depth", 3}}}});
     h.schedule({"root"}, 4, 90s);
-    CHECK(h.journal.list_runs().size() <= 3);
+    CHECK(h.journal->list_runs().size() <= 3);
     REQUIRE(h.record("root").status == run_status::completed);
     int refused = 0;
-    for (const auto& run : h.journal.list_runs())
-      for (const auto& s : h.journal.steps(run.id))
+    for (const auto& run : h.journal->list_runs())
+      for (const auto& s : h.journal->steps(run.id))
         if (s.result.kind == protocol::step_kind::child && !s.result.ok) {
           CHECK(s.result.error.type == "refused");
           CHECK_THAT(s.result.error.message, Catch::Contains("children.max"));
@@ -244,9 +244,9 @@ TEST_CASE("children.max bounds the whole run tree and children.max_depth its dep
   SECTION("children.max_depth=2, one child each: root, child, grandchild") {
     h.submit("root", ATTEMPTS_FANOUT_AGENT_PATH, {{"width", 1}}, {{"children", {{"max_depth", 2}}}});
     h.schedule({"root"}, 4, 90s);
-    REQUIRE(h.journal.list_runs().size() == 3);
+    REQUIRE(h.journal->list_runs().size() == 3);
     REQUIRE(h.record("root").status == run_status::completed);
-    auto last = h.journal.steps("root.0.0");
+    auto last = h.journal->steps("root.0.0");
     REQUIRE(last.size() >= 1);
     CHECK_FALSE(last[0].result.ok);
     CHECK(last[0].result.error.type == "refused");

@@ -15,7 +15,7 @@ namespace cairn::testing {
 
 struct engine_host {
   temp_dir dir;
-  storage::journal journal{dir / "cairn.db"};
+  std::unique_ptr<storage::journal> journal = storage::open_journal(dir / "cairn.db");
   engine::engine_options options;
   std::unique_ptr<engine::engine> eng;
 
@@ -24,7 +24,7 @@ struct engine_host {
     options.home = dir / "home";
     options.retry_backoff = std::chrono::milliseconds(10);
     options.suspend_after = suspend_after;
-    eng = std::make_unique<engine::engine>(journal, options);
+    eng = std::make_unique<engine::engine>(*journal, options);
   }
 
   void submit(const std::string& id, const std::string& agent, const nlohmann::json& input,
@@ -41,7 +41,7 @@ struct engine_host {
 
   int count(const std::string& id, const std::string& kind) {
     int n = 0;
-    for (const auto& e : journal.events(id)) n += e.kind == kind;
+    for (const auto& e : journal->events(id)) n += e.kind == kind;
     return n;
   }
 };

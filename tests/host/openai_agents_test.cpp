@@ -53,11 +53,11 @@ struct example_run {
                                 scratch, options);
   }
   std::optional<storage::run_record> record() const {
-    return storage::journal(home / "cairn.db", {.read_only = true}).find_run(id);
+    return storage::open_journal(home / "cairn.db", {.read_only = true})->find_run(id);
   }
   std::vector<std::string> step_names() const {
     std::vector<std::string> names;
-    for (const auto& s : storage::journal(home / "cairn.db", {.read_only = true}).steps(id))
+    for (const auto& s : storage::open_journal(home / "cairn.db", {.read_only = true})->steps(id))
       names.push_back(s.result.name);
     return names;
   }

@@ -146,10 +146,10 @@ TEST_CASE("run ids outside [A-Za-z0-9][A-Za-z0-9._-]{0,127} or ending in cairn's
   CHECK_FALSE(fs::exists("/somewhere"));
 
   // A NUL byte cannot pass through argv; engine::submit is the other door.
-  cairn::storage::journal journal(t.path() / "nul.db");
+  auto journal = cairn::storage::open_journal(t.path() / "nul.db");
   cairn::engine::engine_options options;
   options.home = home;
-  cairn::engine::engine eng(journal, options);
+  cairn::engine::engine eng(*journal, options);
   cairn::engine::run_request request;
   request.id = std::string("a\0b", 3);
   request.agent = STEP_AGENT;
@@ -160,7 +160,7 @@ TEST_CASE("run ids outside [A-Za-z0-9][A-Za-z0-9._-]{0,127} or ending in cairn's
   } catch (const cairn::engine::engine_error& e) {
     CHECK(e.code() == cairn::engine::errc::bad_request);
   }
-  CHECK(journal.list_runs().empty());
+  CHECK(journal->list_runs().empty());
 }
 
 TEST_CASE("a --workspace that holds CAIRN_HOME or lies in another run's workspace is refused") {

@@ -69,7 +69,7 @@ class cairn_home {
   }
 
   std::optional<storage::run_record> run(const std::string& id) const {
-    return storage::journal(path() / "cairn.db", {.read_only = true}).find_run(id);
+    return storage::open_journal(path() / "cairn.db", {.read_only = true})->find_run(id);
   }
 
   bool has_status(const std::string& id, run_status status) const {
@@ -78,7 +78,7 @@ class cairn_home {
   }
 
   std::unique_ptr<storage::journal> journal() const {
-    return std::make_unique<storage::journal>(path() / "cairn.db", storage::journal_options{.read_only = true});
+    return storage::open_journal(path() / "cairn.db", storage::journal_options{.read_only = true});
   }
 
   // The journal's bytes on disk: the database and its write-ahead log.
@@ -207,15 +207,15 @@ TEST_CASE("cairn signal refuses a payload nested deeper than a run can be handed
 
 TEST_CASE("the engine refuses a signal payload nested too deep before it is stored") {
   testing::temp_dir dir;
-  storage::journal journal(dir / "cairn.db");
+  auto journal = storage::open_journal(dir / "cairn.db");
   engine::engine_options options;
   options.home = dir / "home";
-  engine::engine eng(journal, options);
+  engine::engine eng(*journal, options);
   storage::new_run run;
   run.id = "r";
   run.agent = WAIT_AGENT;
   run.workspace = (dir / "ws").string();
-  journal.create_run(run);
+  journal->create_run(run);
   const json deep = json::parse(nested(200));
   try {
     eng.signal("r", "go", deep);
@@ -223,7 +223,7 @@ TEST_CASE("the engine refuses a signal payload nested too deep before it is stor
   } catch (const engine::engine_error& e) {
     CHECK(e.code() == engine::errc::bad_request);
   }
-  CHECK(journal.signals("r").empty());
+  CHECK(journal->signals("r").empty());
 }
 
 TEST_CASE("values another writer stored too deep fail only their runs while cairn serve stays up and restarts") {

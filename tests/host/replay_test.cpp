@@ -64,9 +64,9 @@ testing::cli_result kill_then_resume(const testing::temp_dir& dir, const json& i
   const bool parked = eventually([&] {
     if (first.wait_for(0s) == std::future_status::ready) return true;
     try {
-      storage::journal j(home / "cairn.db", {.read_only = true});
-      auto r = j.find_run("big");
-      if (!r || j.step_count("big") < steps) return false;
+      auto j = storage::open_journal(home / "cairn.db", {.read_only = true});
+      auto r = j->find_run("big");
+      if (!r || j->step_count("big") < steps) return false;
       if (auto owner = engine::owner_id::parse(r->owner)) host_pid = owner->pid;
       return host_pid.has_value();
     } catch (const storage::storage_error&) {
@@ -90,13 +90,13 @@ TEST_CASE("a history larger than the frame limit comes back exactly after a susp
   const json input = {{"blobs", 6}, {"blob_bytes", 4'000'000}, {"sleep_ms", 1000}};
   h.submit("big", REPLAY_AGENT_PATH, input);
   REQUIRE(h.eng->execute("big").status == run_status::waiting);
-  REQUIRE(h.journal.bytes_of_run("big") > 24'000'000);
+  REQUIRE(h.journal->bytes_of_run("big") > 24'000'000);
   auto run = h.finish("big");
   INFO((run.error ? run.error->message : std::string()));
   REQUIRE(run.status == run_status::completed);
   CHECK(run.output["blobs_verified"] == 6);
   CHECK(run.output["attempt"] == 2);  // the wake-up replayed all 12 steps and the sleep
-  CHECK(h.journal.step_count("big") == 14);
+  CHECK(h.journal->step_count("big") == 14);
 }
 
 TEST_CASE("cairn resume replays a history after the host was killed: larger than the frame limit, or 3,000 steps") {
@@ -113,7 +113,7 @@ TEST_CASE("cairn resume replays a history after the host was killed: larger than
   auto resumed = kill_then_resume(dir, h.input, h.steps);
   INFO(resumed.out << resumed.err);
   REQUIRE(resumed.code == 0);
-  auto run = storage::journal(dir / "home" / "cairn.db", {.read_only = true}).find_run("big");
+  auto run = storage::open_journal(dir / "home" / "cairn.db", {.read_only = true})->find_run("big");
   REQUIRE(run);
   CHECK(run->status == run_status::completed);
   CHECK(run->output[h.verified] == h.count);
@@ -128,7 +128,7 @@ TEST_CASE("an agent of protocol v1 is refused with both versions named, and noth
   CHECK(run.error->type == "protocol");
   CHECK_THAT(run.error->message, Catch::Contains("v1") && Catch::Contains("v2"));
   CHECK(run.attempts == 1);
-  CHECK(h.journal.step_count("v1") == 0);
+  CHECK(h.journal->step_count("v1") == 0);
   CHECK(h.count("v1", "step_retry") == 0);
 }
 
@@ -143,7 +143,7 @@ TEST_CASE("an agent asking for history out of order, past its end or twice fails
   CHECK(run.error->type == "protocol");
   CHECK_THAT(run.error->message, Catch::Contains("history from seq"));
   CHECK(run.attempts == 2);
-  CHECK(h.journal.step_count("pull") == 3);  // what the first sandbox journaled, unchanged
+  CHECK(h.journal->step_count("pull") == 3);  // what the first sandbox journaled, unchanged
 }
 
 TEST_CASE("the host decides a step's retries: delays from the agent's request, attempts capped by the policy") {
@@ -155,10 +155,10 @@ TEST_CASE("the host decides a step's retries: delays from the agent's request, a
     CHECK(run.output["attempts"] == 3);
     CHECK(run.output["waited_ms"] >= 150);  // the SDK waited the host's 50 + 100 ms
     std::vector<std::int64_t> delays;
-    for (const auto& e : h.journal.events("flaky"))
+    for (const auto& e : h.journal->events("flaky"))
       if (e.kind == "step_retry") delays.push_back(e.data["delay_ms"]);
     CHECK(delays == std::vector<std::int64_t>{50, 100});
-    CHECK(h.journal.steps("flaky").at(0).result.attempt == 3);
+    CHECK(h.journal->steps("flaky").at(0).result.attempt == 3);
   }
   SECTION("an agent asking for 50 attempts under retry.step_attempts 3 gets 3") {
     h.submit("greedy", REPLAY_RETRY_AGENT_PATH, {{"fail", 1000}, {"max_attempts", 50}},
@@ -166,7 +166,7 @@ TEST_CASE("the host decides a step's retries: delays from the agent's request, a
     auto run = h.finish("greedy");
     REQUIRE(run.status == run_status::failed);
     CHECK(h.count("greedy", "step_retry") == 2);
-    auto steps = h.journal.steps("greedy");
+    auto steps = h.journal->steps("greedy");
     REQUIRE(steps.size() == 1);
     CHECK_FALSE(steps[0].result.ok);
     CHECK(steps[0].result.attempt == 3);
@@ -178,6 +178,6 @@ TEST_CASE("the host decides a step's retries: delays from the agent's request, a
     REQUIRE(run.status == run_status::failed);
     CHECK_THAT(run.error->message, Catch::Contains("cannot succeed"));
     CHECK(h.count("doomed", "step_retry") == 0);
-    CHECK(h.journal.steps("doomed").at(0).result.attempt == 1);
+    CHECK(h.journal->steps("doomed").at(0).result.attempt == 1);
   }
 }

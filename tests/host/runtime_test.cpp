@@ -59,7 +59,7 @@ std::uint64_t allocated(const fs::path& file) {
 
 struct fixture {
   testing::temp_dir dir;
-  storage::journal journal{dir / "cairn.db"};
+  std::unique_ptr<storage::journal> journal = storage::open_journal(dir / "cairn.db");
   engine::engine_options options;
   std::unique_ptr<engine::engine> eng;
 
@@ -67,7 +67,7 @@ struct fixture {
     options.home = dir / "home";
     options.retry_backoff = 10ms;
     options.suspend_after = suspend_after;
-    eng = std::make_unique<engine::engine>(journal, options);
+    eng = std::make_unique<engine::engine>(*journal, options);
   }
 
   fs::path workspace(const std::string& id) { return dir / "ws" / id; }
@@ -94,7 +94,7 @@ struct fixture {
 
   std::vector<storage::event_record> events(const std::string& id, const std::string& kind) {
     std::vector<storage::event_record> out;
-    for (auto& e : journal.events(id))
+    for (auto& e : journal->events(id))
       if (e.kind == kind) out.push_back(std::move(e));
     return out;
   }

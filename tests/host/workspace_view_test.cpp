@@ -83,7 +83,7 @@ TEST_CASE("cairn workspace lists and prints a suspended run's files without waki
   CHECK(r.workspace({"../../../etc/passwd"}).code != 0);
 
   // Nothing was woken and nothing stays mounted.
-  CHECK(r.host.journal.find_run("viewed")->status == cairn::storage::run_status::waiting);
+  CHECK(r.host.journal->find_run("viewed")->status == cairn::storage::run_status::waiting);
   CHECK(r.host.count("viewed", "attempt_started") == attempts_before);
   CHECK(mounts().find("cairn-workspace-") == std::string::npos);
 
@@ -101,7 +101,7 @@ TEST_CASE("cairn workspace reads the files a release cut short left beside the f
   suspended_run r;
   r.host.eng->signal("viewed", "go", nullptr);
   REQUIRE(r.host.eng->execute("viewed").status == cairn::storage::run_status::completed);
-  const auto folder = r.host.journal.find_run("viewed")->workspace;
+  const auto folder = r.host.journal->find_run("viewed")->workspace;
   const auto whole = std::filesystem::path(folder).parent_path() / ".viewed.released";
   std::filesystem::rename(folder, whole);
   std::filesystem::create_directories(folder);

@@ -1,4 +1,5 @@
 #include "storage/journal.hpp"
+#include "storage/sqlite/sqlite_journal.hpp"
 #include "storage/payloads.hpp"
 
 #include <grp.h>
@@ -249,36 +250,36 @@ TEST_CASE("run status names round-trip") {
 
 TEST_CASE("a journal names its backend and the version of its database") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  CHECK(j.backend() == where_backend);
-  CHECK_THAT(j.server_version(), Catch::StartsWith(where_backend == "sqlite" ? "SQLite 3." : "PostgreSQL 1"));
-  CHECK(j.path() == where.path());
+  auto j = open_journal(where.path());
+  CHECK(j->backend() == where_backend);
+  CHECK_THAT(j->server_version(), Catch::StartsWith(where_backend == "sqlite" ? "SQLite 3." : "PostgreSQL 1"));
+  CHECK(j->path() == where.path());
 }
 
 TEST_CASE("runs_with_workspace_near finds the workspaces a folder would nest with, by whole names") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
+  auto j = open_journal(where.path());
   const std::map<std::string, std::string> workspaces = {
       {"same", "/w/a/b"}, {"inside", "/w/a/b/c"}, {"deeper", "/w/a/b/c/d"}, {"holds", "/w/a"},
       {"sibling", "/w/a/bc"}, {"other", "/w/x"}, {"prefix", "/w/a/b-2"}, {"none", ""}};
   for (const auto& [id, ws] : workspaces) {
     auto run = a_run(id);
     run.workspace = ws;
-    j.create_run(run);
+    j->create_run(run);
   }
   std::set<std::string> near;
-  for (const auto& r : j.runs_with_workspace_near("/w/a/b")) near.insert(r.id);
+  for (const auto& r : j->runs_with_workspace_near("/w/a/b")) near.insert(r.id);
   CHECK(near == std::set<std::string>{"same", "inside", "deeper", "holds"});
   near.clear();
-  for (const auto& r : j.runs_with_workspace_near("/elsewhere")) near.insert(r.id);
+  for (const auto& r : j->runs_with_workspace_near("/elsewhere")) near.insert(r.id);
   CHECK(near.empty());
 }
 
 TEST_CASE("create_run is idempotent: the id is the key") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
+  auto j = open_journal(where.path());
 
-  auto [first, created] = j.create_run(a_run("r1", {{"n", 1}}));
+  auto [first, created] = j->create_run(a_run("r1", {{"n", 1}}));
   CHECK(created);
   CHECK(first.id == "r1");
   CHECK(first.status == run_status::pending);
@@ -294,30 +295,30 @@ TEST_CASE("create_run is idempotent: the id is the key") {
   auto other = a_run("r1", {{"n", 2}});
   other.agent = "/somewhere/else";
   other.max_attempts = 9;
-  auto [second, created_again] = j.create_run(other);
+  auto [second, created_again] = j->create_run(other);
   CHECK_FALSE(created_again);
   CHECK(second.input == json{{"n", 1}});
   CHECK(second.agent == first.agent);
   CHECK(second.max_attempts == 4);
   CHECK(second.created_at_ms == first.created_at_ms);
-  CHECK(j.list_runs().size() == 1);
-  CHECK(j.find_run("r1")->input == json{{"n", 1}});
-  CHECK_FALSE(j.find_run("nope"));
+  CHECK(j->list_runs().size() == 1);
+  CHECK(j->find_run("r1")->input == json{{"n", 1}});
+  CHECK_FALSE(j->find_run("nope"));
 }
 
 TEST_CASE("list_runs is newest first") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  for (auto id : {"b", "c", "a"}) j.create_run(a_run(id));
+  auto j = open_journal(where.path());
+  for (auto id : {"b", "c", "a"}) j->create_run(a_run(id));
   std::vector<std::string> ids;
-  for (const auto& r : j.list_runs()) ids.push_back(r.id);
+  for (const auto& r : j->list_runs()) ids.push_back(r.id);
   CHECK(ids == std::vector<std::string>{"a", "c", "b"});
 }
 
 TEST_CASE("steps round-trip exactly, in seq order") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
 
   auto s0 = ok_step("r", 0, json::parse(R"({"text":"héllo ✓ \u0000 \"q\"","n":18446744073709551615,
                                           "neg":-9223372036854775808,"f":0.1,"e":1e-300,"list":[1,[2,{}],null,true],
@@ -330,21 +331,21 @@ TEST_CASE("steps round-trip exactly, in seq order") {
   auto s3 = ok_step("r", 3, "plain string");
 
   // Appended out of order; read back by seq.
-  for (const auto* s : {&s2, &s0, &s3, &s1}) j.append_step(*s);
-  auto steps = j.steps("r");
+  for (const auto* s : {&s2, &s0, &s3, &s1}) j->append_step(*s);
+  auto steps = j->steps("r");
   REQUIRE(steps.size() == 4);
   check_same_step(steps[0], s0);
   check_same_step(steps[1], s1);
   check_same_step(steps[2], s2);
   check_same_step(steps[3], s3);
   CHECK(steps[0].result.output.dump() == s0.result.output.dump());
-  CHECK(j.steps("other").empty());
+  CHECK(j->steps("other").empty());
 }
 
 TEST_CASE("a step of an unknown run is refused") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  auto err = error_from([&] { j.append_step(ok_step("ghost", 0, 1)); });
+  auto j = open_journal(where.path());
+  auto err = error_from([&] { j->append_step(ok_step("ghost", 0, 1)); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
   CHECK_THAT(err->what(), Catch::Contains("ghost"));
@@ -353,17 +354,17 @@ TEST_CASE("a step of an unknown run is refused") {
 TEST_CASE("steps are write-once") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
-  journal j(db);
-  j.create_run(a_run("r"));
+  auto j = open_journal(db);
+  j->create_run(a_run("r"));
   const auto original = ok_step("r", 0, {{"answer", 42}});
-  j.append_step(original);
+  j->append_step(original);
 
   SECTION("appending the same seq again is a conflict and keeps the original") {
-    auto err = error_from([&] { j.append_step(ok_step("r", 0, {{"answer", 43}})); });
+    auto err = error_from([&] { j->append_step(ok_step("r", 0, {{"answer", 43}})); });
     REQUIRE(err);
     CHECK(err->code() == errc::conflict);
     CHECK_THAT(err->what(), Catch::Contains("r/0") && Catch::Contains("already journaled"));
-    auto again = error_from([&] { j.append_step(original); });
+    auto again = error_from([&] { j->append_step(original); });
     REQUIRE(again);
     CHECK(again->code() == errc::conflict);
   }
@@ -382,45 +383,45 @@ TEST_CASE("steps are write-once") {
                       Catch::Contains("write-once"));
   }
 
-  auto steps = j.steps("r");
+  auto steps = j->steps("r");
   REQUIRE(steps.size() == 1);
   check_same_step(steps[0], original);
 }
 
 TEST_CASE("claim_run is a compare-and-set of the owner") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
 
-  CHECK_FALSE(j.claim_run("r", "someone-else", "host-a"));
-  CHECK(j.find_run("r")->status == run_status::pending);
+  CHECK_FALSE(j->claim_run("r", "someone-else", "host-a"));
+  CHECK(j->find_run("r")->status == run_status::pending);
 
-  CHECK(j.claim_run("r", "", "host-a"));
-  auto run = j.find_run("r");
+  CHECK(j->claim_run("r", "", "host-a"));
+  auto run = j->find_run("r");
   CHECK(run->status == run_status::running);
   CHECK(run->owner == "host-a");
 
-  CHECK_FALSE(j.claim_run("r", "", "host-b"));  // host-b read a stale owner
-  CHECK(j.find_run("r")->owner == "host-a");
-  CHECK(j.claim_run("r", "host-a", "host-b"));  // taking over from a dead host-a
-  CHECK(j.find_run("r")->owner == "host-b");
+  CHECK_FALSE(j->claim_run("r", "", "host-b"));  // host-b read a stale owner
+  CHECK(j->find_run("r")->owner == "host-a");
+  CHECK(j->claim_run("r", "host-a", "host-b"));  // taking over from a dead host-a
+  CHECK(j->find_run("r")->owner == "host-b");
 
-  j.finish_run("r", run_status::completed, "done", std::nullopt);
-  CHECK_FALSE(j.claim_run("r", "", "host-c"));
-  CHECK(j.find_run("r")->status == run_status::completed);
-  CHECK_FALSE(j.claim_run("missing", "", "host-c"));
+  j->finish_run("r", run_status::completed, "done", std::nullopt);
+  CHECK_FALSE(j->claim_run("r", "", "host-c"));
+  CHECK(j->find_run("r")->status == run_status::completed);
+  CHECK_FALSE(j->claim_run("missing", "", "host-c"));
 }
 
 TEST_CASE("begin_attempt counts attempts and records each") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  CHECK(j.begin_attempt("r") == 1);
-  CHECK(j.begin_attempt("r") == 2);
-  CHECK(j.begin_attempt("r") == 3);
-  CHECK(j.find_run("r")->attempts == 3);
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  CHECK(j->begin_attempt("r") == 1);
+  CHECK(j->begin_attempt("r") == 2);
+  CHECK(j->begin_attempt("r") == 3);
+  CHECK(j->find_run("r")->attempts == 3);
 
-  auto events = j.events("r");
+  auto events = j->events("r");
   REQUIRE(events.size() == 3);
   for (int i = 0; i < 3; ++i) {
     CHECK(events[i].kind == "attempt_started");
@@ -430,18 +431,18 @@ TEST_CASE("begin_attempt counts attempts and records each") {
   }
   CHECK(events[0].id < events[1].id);
 
-  auto err = error_from([&] { j.begin_attempt("missing"); });
+  auto err = error_from([&] { j->begin_attempt("missing"); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
 }
 
 TEST_CASE("events keep their order, seq and data") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.append_event("r", "step_retry", {{"delay_ms", 250}}, 7);
-  j.append_event("r", "note", json::array({1, "two"}));
-  auto events = j.events("r");
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->append_event("r", "step_retry", {{"delay_ms", 250}}, 7);
+  j->append_event("r", "note", json::array({1, "two"}));
+  auto events = j->events("r");
   REQUIRE(events.size() == 2);
   CHECK(events[0].kind == "step_retry");
   CHECK(events[0].seq == std::optional<std::uint64_t>(7));
@@ -450,31 +451,31 @@ TEST_CASE("events keep their order, seq and data") {
   CHECK(events[1].kind == "note");
   CHECK_FALSE(events[1].seq);
   CHECK(events[1].data == json::array({1, "two"}));
-  auto err = error_from([&] { j.append_event("missing", "x", {}); });
+  auto err = error_from([&] { j->append_event("missing", "x", {}); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
 }
 
 TEST_CASE("finish_run records the outcome and frees the run") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("ok"));
-  j.create_run(a_run("bad"));
-  j.claim_run("ok", "", "me");
-  j.claim_run("bad", "", "me");
+  auto j = open_journal(where.path());
+  j->create_run(a_run("ok"));
+  j->create_run(a_run("bad"));
+  j->claim_run("ok", "", "me");
+  j->claim_run("bad", "", "me");
 
-  j.finish_run("ok", run_status::completed, {{"summary", "fine"}}, std::nullopt);
-  auto ok = *j.find_run("ok");
+  j->finish_run("ok", run_status::completed, {{"summary", "fine"}}, std::nullopt);
+  auto ok = *j->find_run("ok");
   CHECK(ok.status == run_status::completed);
   CHECK(ok.output == json{{"summary", "fine"}});
   CHECK_FALSE(ok.error);
   CHECK(ok.owner.empty());
   REQUIRE(ok.finished_at_ms);
   CHECK(*ok.finished_at_ms >= ok.created_at_ms);
-  CHECK(event_kinds(j, "ok") == std::vector<std::string>{"run_completed"});
+  CHECK(event_kinds(*j, "ok") == std::vector<std::string>{"run_completed"});
 
-  j.finish_run("bad", run_status::failed, nullptr, protocol::error_info{"boom", "ValueError"});
-  auto bad = *j.find_run("bad");
+  j->finish_run("bad", run_status::failed, nullptr, protocol::error_info{"boom", "ValueError"});
+  auto bad = *j->find_run("bad");
   CHECK(bad.status == run_status::failed);
   REQUIRE(bad.error);
   CHECK(bad.error->message == "boom");
@@ -482,56 +483,56 @@ TEST_CASE("finish_run records the outcome and frees the run") {
   CHECK(bad.output.is_null());
   CHECK(bad.owner.empty());
   CHECK(bad.finished_at_ms);
-  auto events = j.events("bad");
+  auto events = j->events("bad");
   REQUIRE(events.size() == 1);
   CHECK(events[0].kind == "run_failed");
   CHECK(events[0].data["error"]["message"] == "boom");
 
-  auto err = error_from([&] { j.finish_run("missing", run_status::completed, 1, std::nullopt); });
+  auto err = error_from([&] { j->finish_run("missing", run_status::completed, 1, std::nullopt); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
-  CHECK_THROWS_AS(j.finish_run("ok", run_status::running, 1, std::nullopt), std::invalid_argument);
+  CHECK_THROWS_AS(j->finish_run("ok", run_status::running, 1, std::nullopt), std::invalid_argument);
 }
 
 TEST_CASE("reset_attempts makes a failed run pending again, keeping its steps") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.claim_run("r", "", "me");
-  j.begin_attempt("r");
-  j.begin_attempt("r");
-  j.append_step(ok_step("r", 0, "kept"));
-  j.finish_run("r", run_status::failed, nullptr, protocol::error_info{"boom", "error"});
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->claim_run("r", "", "me");
+  j->begin_attempt("r");
+  j->begin_attempt("r");
+  j->append_step(ok_step("r", 0, "kept"));
+  j->finish_run("r", run_status::failed, nullptr, protocol::error_info{"boom", "error"});
 
-  j.reset_attempts("r");
-  auto run = *j.find_run("r");
+  j->reset_attempts("r");
+  auto run = *j->find_run("r");
   CHECK(run.status == run_status::pending);
   CHECK(run.attempts == 0);
   CHECK_FALSE(run.error);
   CHECK_FALSE(run.finished_at_ms);
   CHECK(run.owner.empty());
-  CHECK(j.steps("r").size() == 1);
-  auto events = j.events("r");
+  CHECK(j->steps("r").size() == 1);
+  auto events = j->events("r");
   REQUIRE(events.back().kind == "run_reset");
   CHECK(events.back().data["attempts"] == 2);
   CHECK(events.back().data["status"] == "failed");
-  CHECK(j.claim_run("r", "", "me-again"));
-  CHECK(j.begin_attempt("r") == 1);
+  CHECK(j->claim_run("r", "", "me-again"));
+  CHECK(j->begin_attempt("r") == 1);
 
-  auto err = error_from([&] { j.reset_attempts("missing"); });
+  auto err = error_from([&] { j->reset_attempts("missing"); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
 }
 
 TEST_CASE("create_run records the parent, initial owner and deadline; children() lists them oldest first") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("parent"));
+  auto j = open_journal(where.path());
+  j->create_run(a_run("parent"));
   auto child = a_run("kid-b");
   child.parent_id = "parent";
   child.owner = "host-a";
   child.deadline_ms = 1'700'000'123'456;
-  auto [kid, created] = j.create_run(child);
+  auto [kid, created] = j->create_run(child);
   CHECK(created);
   CHECK(kid.parent_id == "parent");
   CHECK(kid.owner == "host-a");
@@ -541,30 +542,30 @@ TEST_CASE("create_run records the parent, initial owner and deadline; children()
   CHECK_FALSE(kid.cancel_requested_at_ms);
   auto second = a_run("kid-a");
   second.parent_id = "parent";
-  j.create_run(second);
-  j.create_run(a_run("unrelated"));
+  j->create_run(second);
+  j->create_run(a_run("unrelated"));
 
-  auto top = *j.find_run("parent");
+  auto top = *j->find_run("parent");
   CHECK(top.parent_id.empty());
   CHECK(top.owner.empty());
   CHECK_FALSE(top.deadline_ms);
-  CHECK(ids_of(j.children("parent")) == std::vector<std::string>{"kid-b", "kid-a"});
-  CHECK(j.children("kid-b").empty());
-  CHECK(j.children("nobody").empty());
+  CHECK(ids_of(j->children("parent")) == std::vector<std::string>{"kid-b", "kid-a"});
+  CHECK(j->children("kid-b").empty());
+  CHECK(j->children("nobody").empty());
   // The initial owner is an owner like any other: others cannot claim the run.
-  CHECK_FALSE(j.claim_run("kid-b", "", "host-b"));
-  CHECK(j.claim_run("kid-b", "host-a", "host-a"));
-  CHECK(j.find_run("kid-b")->status == run_status::running);
+  CHECK_FALSE(j->claim_run("kid-b", "", "host-b"));
+  CHECK(j->claim_run("kid-b", "host-a", "host-a"));
+  CHECK(j->find_run("kid-b")->status == run_status::running);
 }
 
 TEST_CASE("suspend_run parks the run, ownerless, with what it waits for") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  REQUIRE(j.claim_run("r", "", "host-a"));
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  REQUIRE(j->claim_run("r", "", "host-a"));
 
-  j.suspend_run("r", wait_for("signal", "approval", 4, 1'700'000'050'000));
-  auto run = *j.find_run("r");
+  j->suspend_run("r", wait_for("signal", "approval", 4, 1'700'000'050'000));
+  auto run = *j->find_run("r");
   CHECK(run.status == run_status::waiting);
   CHECK(run.owner.empty());
   REQUIRE(run.wait);
@@ -573,105 +574,105 @@ TEST_CASE("suspend_run parks the run, ownerless, with what it waits for") {
   CHECK(run.wait->seq == 4);
   CHECK(run.wait->wake_at_ms == std::optional<std::int64_t>(1'700'000'050'000));
   // The engine finds the original wake time at the step's seq when it replays.
-  auto at = j.events_at("r", 4);
+  auto at = j->events_at("r", 4);
   REQUIRE(at.size() == 1);
   CHECK(at[0].kind == "run_waiting");
   CHECK(at[0].data == json{{"kind", "signal"}, {"key", "approval"}, {"seq", 4}, {"wake_at_ms", 1'700'000'050'000}});
 
   // Any host may pick a waiting run up; once it runs, it waits for nothing.
-  CHECK(j.claim_run("r", "", "host-b"));
-  run = *j.find_run("r");
+  CHECK(j->claim_run("r", "", "host-b"));
+  run = *j->find_run("r");
   CHECK(run.status == run_status::running);
   CHECK(run.owner == "host-b");
   CHECK_FALSE(run.wait);
 
-  j.suspend_run("r", wait_for("child", "kid", 5));
-  CHECK(j.find_run("r")->wait->kind == "child");
-  CHECK_FALSE(j.find_run("r")->wait->wake_at_ms);
-  CHECK(j.events_at("r", 5)[0].data["wake_at_ms"].is_null());
+  j->suspend_run("r", wait_for("child", "kid", 5));
+  CHECK(j->find_run("r")->wait->kind == "child");
+  CHECK_FALSE(j->find_run("r")->wait->wake_at_ms);
+  CHECK(j->events_at("r", 5)[0].data["wake_at_ms"].is_null());
 
-  CHECK_THROWS_AS(j.suspend_run("r", wait_for("nap", "", 6, 1)), std::invalid_argument);
-  CHECK_THROWS_AS(j.suspend_run("r", wait_for("timer", "", 6)), std::invalid_argument);  // would never wake
-  CHECK(j.events_at("r", 6).empty());
-  auto missing = error_from([&] { j.suspend_run("missing", wait_for("timer", "", 0, 1)); });
+  CHECK_THROWS_AS(j->suspend_run("r", wait_for("nap", "", 6, 1)), std::invalid_argument);
+  CHECK_THROWS_AS(j->suspend_run("r", wait_for("timer", "", 6)), std::invalid_argument);  // would never wake
+  CHECK(j->events_at("r", 6).empty());
+  auto missing = error_from([&] { j->suspend_run("missing", wait_for("timer", "", 0, 1)); });
   REQUIRE(missing);
   CHECK(missing->code() == errc::not_found);
 
-  j.claim_run("r", "", "host-b");
-  j.finish_run("r", run_status::completed, "done", std::nullopt);
-  CHECK_FALSE(j.find_run("r")->wait);
-  auto finished = error_from([&] { j.suspend_run("r", wait_for("timer", "", 7, 1)); });
+  j->claim_run("r", "", "host-b");
+  j->finish_run("r", run_status::completed, "done", std::nullopt);
+  CHECK_FALSE(j->find_run("r")->wait);
+  auto finished = error_from([&] { j->suspend_run("r", wait_for("timer", "", 7, 1)); });
   REQUIRE(finished);
   CHECK(finished->code() == errc::finished);
-  CHECK(j.find_run("r")->status == run_status::completed);
-  CHECK(j.events_at("r", 7).empty());
+  CHECK(j->find_run("r")->status == run_status::completed);
+  CHECK(j->events_at("r", 7).empty());
 }
 
 TEST_CASE("a cancelled run is final: finish_run records it and claim_run refuses it") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.claim_run("r", "", "host-a");
-  j.suspend_run("r", wait_for("timer", "", 2, 1'700'000'000'000));
-  CHECK_THROWS_AS(j.finish_run("r", run_status::cancelled, nullptr, std::nullopt), std::invalid_argument);
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->claim_run("r", "", "host-a");
+  j->suspend_run("r", wait_for("timer", "", 2, 1'700'000'000'000));
+  CHECK_THROWS_AS(j->finish_run("r", run_status::cancelled, nullptr, std::nullopt), std::invalid_argument);
 
   // Ended while waiting (say its deadline passed): nothing is left to wake it.
-  j.finish_run("r", run_status::cancelled, nullptr, protocol::error_info{"stopped by alice", "cancelled"});
-  auto run = *j.find_run("r");
+  j->finish_run("r", run_status::cancelled, nullptr, protocol::error_info{"stopped by alice", "cancelled"});
+  auto run = *j->find_run("r");
   CHECK(run.status == run_status::cancelled);
   CHECK(run.error->message == "stopped by alice");
   CHECK(run.finished_at_ms);
   CHECK(run.owner.empty());
   CHECK_FALSE(run.wait);
-  auto events = j.events("r");
+  auto events = j->events("r");
   CHECK(events.back().kind == "run_cancelled");
   CHECK(events.back().data["error"]["message"] == "stopped by alice");
-  CHECK_FALSE(j.claim_run("r", "", "host-b"));
-  CHECK(j.find_run("r")->status == run_status::cancelled);
-  CHECK(j.schedulable(2'000'000'000'000).empty());
+  CHECK_FALSE(j->claim_run("r", "", "host-b"));
+  CHECK(j->find_run("r")->status == run_status::cancelled);
+  CHECK(j->schedulable(2'000'000'000'000).empty());
 }
 
 TEST_CASE("release_run hands a run back to be scheduled again") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.claim_run("r", "", "host-a");
-  j.release_run("r", "host shutting down");
-  auto run = *j.find_run("r");
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->claim_run("r", "", "host-a");
+  j->release_run("r", "host shutting down");
+  auto run = *j->find_run("r");
   CHECK(run.status == run_status::pending);
   CHECK(run.owner.empty());
-  CHECK(j.events("r").back().kind == "run_released");
-  CHECK(j.events("r").back().data == json{{"reason", "host shutting down"}});
-  CHECK(j.claim_run("r", "", "host-b"));
-  j.suspend_run("r", wait_for("timer", "", 0, 1));
-  j.release_run("r", "host shutting down");
-  CHECK(j.find_run("r")->status == run_status::pending);
-  CHECK_FALSE(j.find_run("r")->wait);
-  CHECK(j.claim_run("r", "", "host-b"));
+  CHECK(j->events("r").back().kind == "run_released");
+  CHECK(j->events("r").back().data == json{{"reason", "host shutting down"}});
+  CHECK(j->claim_run("r", "", "host-b"));
+  j->suspend_run("r", wait_for("timer", "", 0, 1));
+  j->release_run("r", "host shutting down");
+  CHECK(j->find_run("r")->status == run_status::pending);
+  CHECK_FALSE(j->find_run("r")->wait);
+  CHECK(j->claim_run("r", "", "host-b"));
 
-  j.finish_run("r", run_status::completed, 1, std::nullopt);
-  auto err = error_from([&] { j.release_run("r", "late"); });
+  j->finish_run("r", run_status::completed, 1, std::nullopt);
+  auto err = error_from([&] { j->release_run("r", "late"); });
   REQUIRE(err);
   CHECK(err->code() == errc::finished);
-  CHECK(j.find_run("r")->status == run_status::completed);
-  auto missing = error_from([&] { j.release_run("missing", "x"); });
+  CHECK(j->find_run("r")->status == run_status::completed);
+  auto missing = error_from([&] { j->release_run("missing", "x"); });
   REQUIRE(missing);
   CHECK(missing->code() == errc::not_found);
 }
 
 TEST_CASE("reset_attempts also forgets the wait and the cancel request") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.claim_run("r", "", "me");
-  j.suspend_run("r", wait_for("signal", "go", 1));
-  REQUIRE(j.request_cancel("r"));
-  j.reset_attempts("r");
-  auto run = *j.find_run("r");
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->claim_run("r", "", "me");
+  j->suspend_run("r", wait_for("signal", "go", 1));
+  REQUIRE(j->request_cancel("r"));
+  j->reset_attempts("r");
+  auto run = *j->find_run("r");
   CHECK(run.status == run_status::pending);
   CHECK_FALSE(run.wait);
   CHECK_FALSE(run.cancel_requested_at_ms);
-  auto briefs = j.schedulable(now_ms());
+  auto briefs = j->schedulable(now_ms());
   REQUIRE(briefs.size() == 1);
   CHECK(briefs[0].status == run_status::pending);
 }
@@ -679,50 +680,50 @@ TEST_CASE("reset_attempts also forgets the wait and the cancel request") {
 TEST_CASE("enqueue_signal refuses an unknown or finished run and writes nothing") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
-  journal j(db);
-  for (auto id : {"done", "bad", "stopped"}) j.create_run(a_run(id));
-  j.finish_run("done", run_status::completed, 1, std::nullopt);
-  j.finish_run("bad", run_status::failed, nullptr, protocol::error_info{"boom", "error"});
-  REQUIRE(j.cancel_idle_run("stopped", "no longer needed"));
+  auto j = open_journal(db);
+  for (auto id : {"done", "bad", "stopped"}) j->create_run(a_run(id));
+  j->finish_run("done", run_status::completed, 1, std::nullopt);
+  j->finish_run("bad", run_status::failed, nullptr, protocol::error_info{"boom", "error"});
+  REQUIRE(j->cancel_idle_run("stopped", "no longer needed"));
 
-  auto missing = error_from([&] { j.enqueue_signal("ghost", "approval", {{"ok", true}}); });
+  auto missing = error_from([&] { j->enqueue_signal("ghost", "approval", {{"ok", true}}); });
   REQUIRE(missing);
   CHECK(missing->code() == errc::not_found);
   CHECK_THAT(missing->what(), Catch::Contains("ghost"));
 
   for (auto [id, status] : {std::pair{"done", "completed"}, {"bad", "failed"}, {"stopped", "cancelled"}}) {
-    const auto events_before = j.events(id).size();
-    auto err = error_from([&, id = id] { j.enqueue_signal(id, "approval", {{"ok", true}}); });
+    const auto events_before = j->events(id).size();
+    auto err = error_from([&, id = id] { j->enqueue_signal(id, "approval", {{"ok", true}}); });
     REQUIRE(err);
     CHECK(err->code() == errc::finished);
     CHECK_THAT(err->what(), Catch::Contains(std::string("run ") + id + " already finished (" + status + ")") &&
                                 Catch::Contains("signal 'approval'"));
-    CHECK(j.signals(id).empty());
-    CHECK(j.events(id).size() == events_before);
+    CHECK(j->signals(id).empty());
+    CHECK(j->events(id).size() == events_before);
   }
   CHECK(rows_in(db, "signals") == 0);
 }
 
 TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives the oldest undelivered of a name") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.create_run(a_run("other"));
-  CHECK_FALSE(j.pending_signal("r", "a"));
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->create_run(a_run("other"));
+  CHECK_FALSE(j->pending_signal("r", "a"));
 
-  const auto a1 = j.enqueue_signal("r", "a", {{"n", 1}}).id;  // while pending
-  j.claim_run("r", "", "host");
-  const auto b1 = j.enqueue_signal("r", "b", {{"n", 2}}).id;  // while running
-  j.suspend_run("r", wait_for("signal", "a", 0));
-  const auto a2 = j.enqueue_signal("r", "a", {{"n", 3}}).id;  // while waiting
-  j.enqueue_signal("other", "a", {{"n", 4}});
+  const auto a1 = j->enqueue_signal("r", "a", {{"n", 1}}).id;  // while pending
+  j->claim_run("r", "", "host");
+  const auto b1 = j->enqueue_signal("r", "b", {{"n", 2}}).id;  // while running
+  j->suspend_run("r", wait_for("signal", "a", 0));
+  const auto a2 = j->enqueue_signal("r", "a", {{"n", 3}}).id;  // while waiting
+  j->enqueue_signal("other", "a", {{"n", 4}});
   CHECK(a1 < b1);
   CHECK(b1 < a2);
-  auto queued = j.events("r");
+  auto queued = j->events("r");
   CHECK(std::count_if(queued.begin(), queued.end(), [](const auto& e) { return e.kind == "signal_queued"; }) == 3);
   CHECK(queued.back().data == json{{"name", "a"}, {"signal_id", a2}});
 
-  auto first = j.pending_signal("r", "a");
+  auto first = j->pending_signal("r", "a");
   REQUIRE(first);
   CHECK(first->id == a1);
   CHECK(first->run_id == "r");
@@ -734,12 +735,12 @@ TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives th
 
   auto step = ok_step("r", 0, {{"n", 1}});
   step.result.kind = protocol::step_kind::signal;
-  j.deliver_signal(a1, step);
-  CHECK(j.pending_signal("r", "a")->id == a2);
-  CHECK(j.pending_signal("r", "b")->id == b1);
-  CHECK_FALSE(j.pending_signal("r", "c"));
+  j->deliver_signal(a1, step);
+  CHECK(j->pending_signal("r", "a")->id == a2);
+  CHECK(j->pending_signal("r", "b")->id == b1);
+  CHECK_FALSE(j->pending_signal("r", "c"));
 
-  auto all = j.signals("r");
+  auto all = j->signals("r");
   REQUIRE(all.size() == 3);
   CHECK(all[0].id == a1);
   CHECK(all[0].delivered_seq == std::optional<std::uint64_t>(0));
@@ -747,151 +748,151 @@ TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives th
   CHECK(all[1].id == b1);
   CHECK(all[2].id == a2);
   CHECK_FALSE(all[2].delivered_seq);
-  CHECK(j.signals("other").size() == 1);
+  CHECK(j->signals("other").size() == 1);
 }
 
 TEST_CASE("deliver_signal puts each signal into exactly one step, atomically") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.create_run(a_run("other"));
-  const auto go = j.enqueue_signal("r", "go", {{"approved", true}}).id;
-  const auto again = j.enqueue_signal("r", "go", {{"approved", false}}).id;
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->create_run(a_run("other"));
+  const auto go = j->enqueue_signal("r", "go", {{"approved", true}}).id;
+  const auto again = j->enqueue_signal("r", "go", {{"approved", false}}).id;
 
   auto step = ok_step("r", 3, {{"approved", true}});
   step.result.name = "go";
   step.result.kind = protocol::step_kind::signal;
-  j.deliver_signal(go, step);
-  auto steps = j.steps("r");
+  j->deliver_signal(go, step);
+  auto steps = j->steps("r");
   REQUIRE(steps.size() == 1);
   check_same_step(steps[0], step);
-  CHECK(j.signals("r")[0].delivered_seq == std::optional<std::uint64_t>(3));
-  auto at = j.events_at("r", 3);
+  CHECK(j->signals("r")[0].delivered_seq == std::optional<std::uint64_t>(3));
+  auto at = j->events_at("r", 3);
   REQUIRE(at.size() == 1);
   CHECK(at[0].kind == "signal_delivered");
   CHECK(at[0].data == json{{"name", "go"}, {"signal_id", go}});
-  const auto events_before = j.events("r").size();
+  const auto events_before = j->events("r").size();
 
   SECTION("the same signal again, into another step: conflict, no second step") {
     auto later = step;
     later.result.seq = 4;
-    auto err = error_from([&] { j.deliver_signal(go, later); });
+    auto err = error_from([&] { j->deliver_signal(go, later); });
     REQUIRE(err);
     CHECK(err->code() == errc::conflict);
     CHECK_THAT(err->what(), Catch::Contains("already delivered at step 3"));
-    CHECK(j.steps("r").size() == 1);
-    CHECK(j.signals("r")[0].delivered_seq == std::optional<std::uint64_t>(3));
+    CHECK(j->steps("r").size() == 1);
+    CHECK(j->signals("r")[0].delivered_seq == std::optional<std::uint64_t>(3));
   }
   SECTION("another signal into the journaled step: conflict, and that signal stays queued") {
-    auto err = error_from([&] { j.deliver_signal(again, step); });
+    auto err = error_from([&] { j->deliver_signal(again, step); });
     REQUIRE(err);
     CHECK(err->code() == errc::conflict);
-    CHECK_FALSE(j.signals("r")[1].delivered_seq);
-    CHECK(j.pending_signal("r", "go")->id == again);
+    CHECK_FALSE(j->signals("r")[1].delivered_seq);
+    CHECK(j->pending_signal("r", "go")->id == again);
   }
   SECTION("an unknown signal, or one of another run") {
-    auto err = error_from([&] { j.deliver_signal(again + 100, ok_step("r", 4, 1)); });
+    auto err = error_from([&] { j->deliver_signal(again + 100, ok_step("r", 4, 1)); });
     REQUIRE(err);
     CHECK(err->code() == errc::not_found);
-    const auto theirs = j.enqueue_signal("other", "go", 1).id;
-    CHECK_THROWS_AS(j.deliver_signal(theirs, ok_step("r", 4, 1)), std::invalid_argument);
-    CHECK_FALSE(j.signals("other")[0].delivered_seq);
+    const auto theirs = j->enqueue_signal("other", "go", 1).id;
+    CHECK_THROWS_AS(j->deliver_signal(theirs, ok_step("r", 4, 1)), std::invalid_argument);
+    CHECK_FALSE(j->signals("other")[0].delivered_seq);
   }
-  CHECK(j.steps("r").size() == 1);
-  CHECK(j.events("r").size() == events_before);
+  CHECK(j->steps("r").size() == 1);
+  CHECK(j->events("r").size() == events_before);
 }
 
 TEST_CASE("steps of every kind round-trip") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
   using kind = protocol::step_kind;
   const std::vector<kind> kinds{kind::step,  kind::now,    kind::random, kind::tool,
                                 kind::sleep, kind::signal, kind::child,  kind::join};
   for (std::size_t i = 0; i < kinds.size(); ++i) {
     auto s = ok_step("r", i, static_cast<int>(i));
     s.result.kind = kinds[i];
-    j.append_step(s);
+    j->append_step(s);
   }
-  auto steps = j.steps("r");
+  auto steps = j->steps("r");
   REQUIRE(steps.size() == kinds.size());
   for (std::size_t i = 0; i < kinds.size(); ++i) CHECK(steps[i].result.kind == kinds[i]);
 }
 
 TEST_CASE("request_cancel marks an unfinished run once and reports a finished one") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.claim_run("r", "", "host");
-  CHECK(j.request_cancel("r"));
-  auto marked = j.find_run("r")->cancel_requested_at_ms;
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->claim_run("r", "", "host");
+  CHECK(j->request_cancel("r"));
+  auto marked = j->find_run("r")->cancel_requested_at_ms;
   REQUIRE(marked);
-  CHECK(j.find_run("r")->status == run_status::running);  // the engine stops it; this only asks
-  CHECK(j.request_cancel("r"));
-  CHECK(j.find_run("r")->cancel_requested_at_ms == marked);
-  CHECK(event_kinds(j, "r") == std::vector<std::string>{"cancel_requested"});
+  CHECK(j->find_run("r")->status == run_status::running);  // the engine stops it; this only asks
+  CHECK(j->request_cancel("r"));
+  CHECK(j->find_run("r")->cancel_requested_at_ms == marked);
+  CHECK(event_kinds(*j, "r") == std::vector<std::string>{"cancel_requested"});
 
-  j.create_run(a_run("done"));
-  j.finish_run("done", run_status::completed, 1, std::nullopt);
-  CHECK_FALSE(j.request_cancel("done"));
-  CHECK_FALSE(j.find_run("done")->cancel_requested_at_ms);
-  CHECK(event_kinds(j, "done") == std::vector<std::string>{"run_completed"});
+  j->create_run(a_run("done"));
+  j->finish_run("done", run_status::completed, 1, std::nullopt);
+  CHECK_FALSE(j->request_cancel("done"));
+  CHECK_FALSE(j->find_run("done")->cancel_requested_at_ms);
+  CHECK(event_kinds(*j, "done") == std::vector<std::string>{"run_completed"});
 
-  j.create_run(a_run("doubt"));
-  j.finish_run("doubt", run_status::in_doubt, nullptr, protocol::error_info{"maybe sent", "in_doubt"});
-  CHECK(j.request_cancel("doubt"));  // in_doubt has not finished
+  j->create_run(a_run("doubt"));
+  j->finish_run("doubt", run_status::in_doubt, nullptr, protocol::error_info{"maybe sent", "in_doubt"});
+  CHECK(j->request_cancel("doubt"));  // in_doubt has not finished
 
-  auto err = error_from([&] { j.request_cancel("missing"); });
+  auto err = error_from([&] { j->request_cancel("missing"); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
 }
 
 TEST_CASE("cancel_idle_run cancels only a pending or waiting run that nobody owns") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("running"));
-  j.claim_run("running", "", "host");
+  auto j = open_journal(where.path());
+  j->create_run(a_run("running"));
+  j->claim_run("running", "", "host");
   auto owned = a_run("owned-pending");
   owned.owner = "host";
-  j.create_run(owned);
-  j.create_run(a_run("waiting"));
-  j.claim_run("waiting", "", "host");
-  j.suspend_run("waiting", wait_for("signal", "go", 2));
-  j.create_run(a_run("pending"));
-  j.create_run(a_run("done"));
-  j.finish_run("done", run_status::completed, 1, std::nullopt);
+  j->create_run(owned);
+  j->create_run(a_run("waiting"));
+  j->claim_run("waiting", "", "host");
+  j->suspend_run("waiting", wait_for("signal", "go", 2));
+  j->create_run(a_run("pending"));
+  j->create_run(a_run("done"));
+  j->finish_run("done", run_status::completed, 1, std::nullopt);
 
-  CHECK_FALSE(j.cancel_idle_run("running", "stop"));
-  CHECK(j.find_run("running")->status == run_status::running);
-  CHECK_FALSE(j.cancel_idle_run("owned-pending", "stop"));
-  CHECK(j.find_run("owned-pending")->status == run_status::pending);
-  CHECK_FALSE(j.cancel_idle_run("done", "stop"));
-  CHECK(j.find_run("done")->status == run_status::completed);
-  CHECK(j.events("running").empty());
+  CHECK_FALSE(j->cancel_idle_run("running", "stop"));
+  CHECK(j->find_run("running")->status == run_status::running);
+  CHECK_FALSE(j->cancel_idle_run("owned-pending", "stop"));
+  CHECK(j->find_run("owned-pending")->status == run_status::pending);
+  CHECK_FALSE(j->cancel_idle_run("done", "stop"));
+  CHECK(j->find_run("done")->status == run_status::completed);
+  CHECK(j->events("running").empty());
 
-  CHECK(j.cancel_idle_run("waiting", "stopped by alice"));
-  auto run = *j.find_run("waiting");
+  CHECK(j->cancel_idle_run("waiting", "stopped by alice"));
+  auto run = *j->find_run("waiting");
   CHECK(run.status == run_status::cancelled);
   REQUIRE(run.error);
   CHECK(run.error->message == "stopped by alice");
   CHECK(run.error->type == "cancelled");
   CHECK(run.finished_at_ms);
   CHECK_FALSE(run.wait);
-  CHECK(j.events("waiting").back().kind == "run_cancelled");
-  CHECK_FALSE(j.claim_run("waiting", "", "host"));
+  CHECK(j->events("waiting").back().kind == "run_cancelled");
+  CHECK_FALSE(j->claim_run("waiting", "", "host"));
 
-  CHECK(j.cancel_idle_run("pending", "stop"));
-  CHECK(j.find_run("pending")->status == run_status::cancelled);
-  CHECK_FALSE(j.cancel_idle_run("pending", "stop"));  // once
+  CHECK(j->cancel_idle_run("pending", "stop"));
+  CHECK(j->find_run("pending")->status == run_status::cancelled);
+  CHECK_FALSE(j->cancel_idle_run("pending", "stop"));  // once
 
-  auto err = error_from([&] { j.cancel_idle_run("missing", "stop"); });
+  auto err = error_from([&] { j->cancel_idle_run("missing", "stop"); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
 }
 
 TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs that can move") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
+  auto j = open_journal(where.path());
   const std::int64_t now = 1'000'000;
   std::vector<std::string> expected;  // in creation order
   auto create = [&](const std::string& id, bool schedulable, std::string parent = "",
@@ -899,26 +900,26 @@ TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs 
     auto r = a_run(id);
     r.parent_id = std::move(parent);
     r.deadline_ms = deadline;
-    j.create_run(r);
+    j->create_run(r);
     if (schedulable) expected.push_back(id);
   };
   auto waits = [&](const std::string& id, bool schedulable, wait_spec w) {
     create(id, schedulable);
-    j.suspend_run(id, w);
+    j->suspend_run(id, w);
   };
 
   create("pending", true);
   create("running", true);
-  j.claim_run("running", "", "host-a");
+  j->claim_run("running", "", "host-a");
   waits("timer-due", true, wait_for("timer", "", 1, now));
   waits("timer-later", false, wait_for("timer", "", 1, now + 1));
   waits("signal-queued", true, wait_for("signal", "go", 1));
-  j.enqueue_signal("signal-queued", "go", 1);
+  j->enqueue_signal("signal-queued", "go", 1);
   waits("signal-other-name", false, wait_for("signal", "go", 1));
-  j.enqueue_signal("signal-other-name", "stop", 1);
+  j->enqueue_signal("signal-other-name", "stop", 1);
   create("signal-used", false);
-  j.deliver_signal(j.enqueue_signal("signal-used", "go", 1).id, ok_step("signal-used", 0, 1));
-  j.suspend_run("signal-used", wait_for("signal", "go", 1));  // the one "go" was already delivered at step 0
+  j->deliver_signal(j->enqueue_signal("signal-used", "go", 1).id, ok_step("signal-used", 0, 1));
+  j->suspend_run("signal-used", wait_for("signal", "go", 1));  // the one "go" was already delivered at step 0
   waits("signal-timed-out", true, wait_for("signal", "go", 1, now - 1));
   waits("signal-not-yet", false, wait_for("signal", "go", 1, now + 1));
   for (auto [kid_status, parent_moves] : {std::pair{run_status::completed, true}, {run_status::failed, true},
@@ -928,25 +929,25 @@ TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs 
     const std::string kid = "kid-" + std::string(to_string(kid_status));
     create(parent, parent_moves);
     create(kid, kid_status == run_status::running, parent);
-    if (kid_status == run_status::running) j.claim_run(kid, "", "host-b");
-    else if (kid_status == run_status::cancelled) j.cancel_idle_run(kid, "stop");
-    else if (kid_status == run_status::completed) j.finish_run(kid, kid_status, 1, std::nullopt);
-    else j.finish_run(kid, kid_status, nullptr, protocol::error_info{"x", "error"});
-    j.suspend_run(parent, wait_for("child", kid, 1));
+    if (kid_status == run_status::running) j->claim_run(kid, "", "host-b");
+    else if (kid_status == run_status::cancelled) j->cancel_idle_run(kid, "stop");
+    else if (kid_status == run_status::completed) j->finish_run(kid, kid_status, 1, std::nullopt);
+    else j->finish_run(kid, kid_status, nullptr, protocol::error_info{"x", "error"});
+    j->suspend_run(parent, wait_for("child", kid, 1));
   }
   waits("cancel-requested", true, wait_for("timer", "", 1, now + 1));
-  j.request_cancel("cancel-requested");
+  j->request_cancel("cancel-requested");
   create("deadline-passed", true, "", now);
-  j.suspend_run("deadline-passed", wait_for("signal", "go", 1));
+  j->suspend_run("deadline-passed", wait_for("signal", "go", 1));
   create("deadline-later", false, "", now + 1);
-  j.suspend_run("deadline-later", wait_for("signal", "go", 1));
+  j->suspend_run("deadline-later", wait_for("signal", "go", 1));
   for (auto id : {"completed", "failed", "cancelled", "in-doubt"}) create(id, false);
-  j.finish_run("completed", run_status::completed, 1, std::nullopt);
-  j.finish_run("failed", run_status::failed, nullptr, protocol::error_info{"x", "error"});
-  j.cancel_idle_run("cancelled", "stop");
-  j.finish_run("in-doubt", run_status::in_doubt, nullptr, protocol::error_info{"x", "in_doubt"});
+  j->finish_run("completed", run_status::completed, 1, std::nullopt);
+  j->finish_run("failed", run_status::failed, nullptr, protocol::error_info{"x", "error"});
+  j->cancel_idle_run("cancelled", "stop");
+  j->finish_run("in-doubt", run_status::in_doubt, nullptr, protocol::error_info{"x", "in_doubt"});
 
-  auto briefs = j.schedulable(now);
+  auto briefs = j->schedulable(now);
   std::vector<std::string> ids;
   for (const auto& b : briefs) ids.push_back(b.id);
   CHECK(ids == expected);
@@ -967,7 +968,7 @@ TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs 
 
   // A millisecond later the later timer, timeout and deadline have come too.
   ids.clear();
-  for (const auto& b : j.schedulable(now + 1)) ids.push_back(b.id);
+  for (const auto& b : j->schedulable(now + 1)) ids.push_back(b.id);
   for (auto id : {"timer-later", "signal-not-yet", "deadline-later"})
     CHECK(std::find(ids.begin(), ids.end(), id) != ids.end());
   CHECK(std::find(ids.begin(), ids.end(), "signal-other-name") == ids.end());
@@ -976,14 +977,14 @@ TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs 
 
 TEST_CASE("count_by_status counts every status, zero included") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  for (auto id : {"a", "b", "c", "d", "e"}) j.create_run(a_run(id));
-  j.claim_run("b", "", "host");
-  j.claim_run("c", "", "host");
-  j.suspend_run("c", wait_for("timer", "", 0, 1));
-  j.finish_run("d", run_status::completed, 1, std::nullopt);
-  j.cancel_idle_run("e", "stop");
-  auto counts = j.count_by_status();
+  auto j = open_journal(where.path());
+  for (auto id : {"a", "b", "c", "d", "e"}) j->create_run(a_run(id));
+  j->claim_run("b", "", "host");
+  j->claim_run("c", "", "host");
+  j->suspend_run("c", wait_for("timer", "", 0, 1));
+  j->finish_run("d", run_status::completed, 1, std::nullopt);
+  j->cancel_idle_run("e", "stop");
+  auto counts = j->count_by_status();
   CHECK(counts == std::map<run_status, int>{{run_status::pending, 1},  {run_status::running, 1},
                                             {run_status::waiting, 1},  {run_status::completed, 1},
                                             {run_status::failed, 0},   {run_status::cancelled, 1},
@@ -995,47 +996,47 @@ TEST_CASE("everything survives closing and reopening") {
   const auto db = dir / "nested" / "deeper" / "cairn.db";  // parent folders are created
   const auto step = ok_step("r", 0, {{"k", "v"}});
   {
-    journal j(db, {.sync = sync_mode::normal});
-    j.create_run(a_run("r"));
-    j.claim_run("r", "", "me");
-    j.begin_attempt("r");
-    j.append_step(step);
-    j.finish_run("r", run_status::completed, {{"out", true}}, std::nullopt);
+    auto j = open_journal(db, {.sync = sync_mode::normal});
+    j->create_run(a_run("r"));
+    j->claim_run("r", "", "me");
+    j->begin_attempt("r");
+    j->append_step(step);
+    j->finish_run("r", run_status::completed, {{"out", true}}, std::nullopt);
   }
   for (bool read_only : {false, true}) {
-    journal j(db, {.read_only = read_only});
-    CHECK(j.path() == db);
-    auto run = j.find_run("r");
+    auto j = open_journal(db, {.read_only = read_only});
+    CHECK(j->path() == db);
+    auto run = j->find_run("r");
     REQUIRE(run);
     CHECK(run->status == run_status::completed);
     CHECK(run->output == json{{"out", true}});
     CHECK(run->attempts == 1);
-    auto steps = j.steps("r");
+    auto steps = j->steps("r");
     REQUIRE(steps.size() == 1);
     check_same_step(steps[0], step);
-    CHECK(event_kinds(j, "r") == std::vector<std::string>{"attempt_started", "run_completed"});
+    CHECK(event_kinds(*j, "r") == std::vector<std::string>{"attempt_started", "run_completed"});
   }
 }
 
 TEST_CASE("the journal is in WAL mode at the current schema version") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
-  journal j(db);
+  auto j = open_journal(db);
   SQLite::Database raw(db.string(), SQLite::OPEN_READONLY);
   CHECK(raw.execAndGet("PRAGMA journal_mode").getString() == "wal");
-  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == journal::schema_version());
-  CHECK(journal::schema_version() >= 1);
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == sqlite::schema_version());
+  CHECK(sqlite::schema_version() >= 1);
 }
 
 TEST_CASE("a journal from a newer cairn is refused, not touched") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
-  { journal j(db); j.create_run(a_run("r")); }
-  const int newer = journal::schema_version() + 1;
+  { auto j = open_journal(db); j->create_run(a_run("r")); }
+  const int newer = sqlite::schema_version() + 1;
   { SQLite::Database raw(db.string(), SQLite::OPEN_READWRITE); raw.exec("PRAGMA user_version = " + std::to_string(newer)); }
 
   for (bool read_only : {false, true}) {
-    auto err = error_from([&] { journal j(db, {.read_only = read_only}); });
+    auto err = error_from([&] { auto j = open_journal(db, {.read_only = read_only}); });
     REQUIRE(err);
     CHECK(err->code() == errc::schema_too_new);
     CHECK_THAT(err->what(), Catch::Contains("newer") && Catch::Contains(db.string()));
@@ -1048,7 +1049,7 @@ TEST_CASE("a file that is not a journal is reported as corrupt") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
   std::ofstream(db) << std::string(4096, 'x');
-  auto err = error_from([&] { journal j(db); });
+  auto err = error_from([&] { auto j = open_journal(db); });
   REQUIRE(err);
   CHECK(err->code() == errc::corrupt);
   CHECK_THAT(err->what(), Catch::Contains(db.string()));
@@ -1058,20 +1059,20 @@ TEST_CASE("read-only mode inspects and never creates or writes") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
 
-  auto missing = error_from([&] { journal j(db, {.read_only = true}); });
+  auto missing = error_from([&] { auto j = open_journal(db, {.read_only = true}); });
   REQUIRE(missing);
   CHECK(missing->code() == errc::not_found);
   CHECK_THAT(missing->what(), Catch::Contains("no journal at " + db.string()) &&
                                   Catch::Contains("nothing has run yet"));
   CHECK_FALSE(fs::exists(db));
 
-  { journal j(db); j.create_run(a_run("r")); }
-  journal reader(db, {.read_only = true});
-  CHECK(reader.list_runs().size() == 1);
-  auto err = error_from([&] { reader.append_event("r", "x", {}); });
+  { auto j = open_journal(db); j->create_run(a_run("r")); }
+  auto reader = open_journal(db, {.read_only = true});
+  CHECK(reader->list_runs().size() == 1);
+  auto err = error_from([&] { reader->append_event("r", "x", {}); });
   REQUIRE(err);
   CHECK(err->code() == errc::read_only);
-  CHECK(reader.events("r").empty());
+  CHECK(reader->events("r").empty());
 }
 
 TEST_CASE("a journal this user cannot write gives read_only and stays intact") {
@@ -1084,9 +1085,9 @@ TEST_CASE("a journal this user cannot write gives read_only and stays intact") {
   const auto ro_file = open_dir / "cairn.db";
   const auto step = ok_step("r", 0, {{"precious", true}});
   for (const auto& p : {db, ro_file}) {
-    journal j(p);
-    j.create_run(a_run("r"));
-    j.append_step(step);
+    auto j = open_journal(p);
+    j->create_run(a_run("r"));
+    j->append_step(step);
   }
   fs::permissions(db, fs::perms(0444));
   fs::permissions(ro_file, fs::perms(0444));
@@ -1097,7 +1098,7 @@ TEST_CASE("a journal this user cannot write gives read_only and stays intact") {
     std::string failures;
     auto expect_read_only = [&](const fs::path& p, const char* what) {
       // Opening alone must fail: `cairn doctor` checks writability by opening.
-      auto err = error_from([&] { journal j(p); });
+      auto err = error_from([&] { auto j = open_journal(p); });
       if (!err) failures += std::string(what) + ": opened for writing\n";
       else if (err->code() != errc::read_only || std::string(err->what()).find("read-only") == std::string::npos)
         failures += std::string(what) + ": wrong error: " + err->what() + "\n";
@@ -1108,8 +1109,8 @@ TEST_CASE("a journal this user cannot write gives read_only and stays intact") {
     expect_read_only(locked_dir / "sub" / "new.db", "new folder in a read-only folder");
     try {
       // No -wal/-shm exist and none can be created: inspection still works.
-      journal reader(db, {.read_only = true});
-      if (reader.steps("r").size() != 1) failures += "read-only inspection: step missing\n";
+      auto reader = open_journal(db, {.read_only = true});
+      if (reader->steps("r").size() != 1) failures += "read-only inspection: step missing\n";
     } catch (const std::exception& e) {
       failures += std::string("read-only inspection failed: ") + e.what() + "\n";
     }
@@ -1122,11 +1123,11 @@ TEST_CASE("a journal this user cannot write gives read_only and stays intact") {
   fs::permissions(locked_dir, fs::perms(0755));
   for (const auto& p : {db, ro_file}) {
     fs::permissions(p, fs::perms(0644));
-    journal j(p);
-    auto steps = j.steps("r");
+    auto j = open_journal(p);
+    auto steps = j->steps("r");
     REQUIRE(steps.size() == 1);
     check_same_step(steps[0], step);
-    CHECK(j.events("r").empty());
+    CHECK(j->events("r").empty());
   }
   CHECK_FALSE(fs::exists(locked_dir / "new.db"));
   CHECK_FALSE(fs::exists(locked_dir / "sub"));
@@ -1135,16 +1136,16 @@ TEST_CASE("a journal this user cannot write gives read_only and stays intact") {
 TEST_CASE("a locked journal says so, and nothing is half-written") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
-  { journal j(db); j.create_run(a_run("r")); }
+  { auto j = open_journal(db); j->create_run(a_run("r")); }
 
   SECTION("held by another connection of this process") {
-    journal j(db, {.busy_timeout = 100ms});
+    auto j = open_journal(db, {.busy_timeout = 100ms});
     SQLite::Database holder(db.string(), SQLite::OPEN_READWRITE);
     holder.exec("BEGIN EXCLUSIVE");
     holder.exec("INSERT INTO events (run_id, kind, data, at_ms) VALUES ('r', 'holder', '{}', 0)");
 
     auto start = std::chrono::steady_clock::now();
-    auto err = error_from([&] { j.append_step(ok_step("r", 0, 1)); });
+    auto err = error_from([&] { j->append_step(ok_step("r", 0, 1)); });
     auto waited = std::chrono::steady_clock::now() - start;
     REQUIRE(err);
     CHECK(err->code() == errc::locked);
@@ -1152,17 +1153,17 @@ TEST_CASE("a locked journal says so, and nothing is half-written") {
                                 Catch::Contains("pid " + std::to_string(getpid())));
     CHECK(waited >= 90ms);  // busy_timeout is honoured, not the 5 s default
     CHECK(waited < 3s);
-    auto attempt = error_from([&] { j.begin_attempt("r"); });
+    auto attempt = error_from([&] { j->begin_attempt("r"); });
     REQUIRE(attempt);
     CHECK(attempt->code() == errc::locked);
 
     holder.exec("ROLLBACK");
-    CHECK(j.steps("r").empty());
-    CHECK(j.events("r").empty());
-    CHECK(j.find_run("r")->attempts == 0);
-    j.append_step(ok_step("r", 0, 1));
-    CHECK(j.begin_attempt("r") == 1);
-    CHECK(j.steps("r").size() == 1);
+    CHECK(j->steps("r").empty());
+    CHECK(j->events("r").empty());
+    CHECK(j->find_run("r")->attempts == 0);
+    j->append_step(ok_step("r", 0, 1));
+    CHECK(j->begin_attempt("r") == 1);
+    CHECK(j->steps("r").size() == 1);
   }
 
   SECTION("held by another process, named by its pid") {
@@ -1171,18 +1172,18 @@ TEST_CASE("a locked journal says so, and nothing is half-written") {
     {
       lock_holder_process holder(db);
       holder_pid = holder.pid();
-      journal j(db, {.busy_timeout = 100ms});
-      err = error_from([&] { j.append_step(ok_step("r", 0, 1)); });
+      auto j = open_journal(db, {.busy_timeout = 100ms});
+      err = error_from([&] { j->append_step(ok_step("r", 0, 1)); });
     }
     REQUIRE(err);
     CHECK(err->code() == errc::locked);
     CHECK_THAT(err->what(), Catch::Contains("locked by another process (pid " + std::to_string(holder_pid) + ")"));
 
-    journal j(db);
-    CHECK(j.steps("r").empty());
-    CHECK(j.events("r").empty());
-    j.append_step(ok_step("r", 0, 1));
-    CHECK(j.steps("r").size() == 1);
+    auto j = open_journal(db);
+    CHECK(j->steps("r").empty());
+    CHECK(j->events("r").empty());
+    j->append_step(ok_step("r", 0, 1));
+    CHECK(j->steps("r").size() == 1);
   }
 }
 
@@ -1198,30 +1199,30 @@ TEST_CASE("a full disk loses nothing that was committed") {
   const std::string chunk(4000, 'z');
   const auto big = ok_step("r", 5, std::string(64 * 1024, 'y'));
   {
-    journal j(db);
-    j.create_run(a_run("r"));
+    auto j = open_journal(db);
+    j->create_run(a_run("r"));
     for (std::uint64_t seq = 0; seq < 5; ++seq) {
       committed.push_back(ok_step("r", seq, {{"chunk", chunk}, {"seq", seq}}));
-      j.append_step(committed.back());
+      j->append_step(committed.back());
     }
     {
       std::ofstream fill(filler, std::ios::binary);
       const std::string block(4096, '\0');
       while (fill.write(block.data(), block.size()) && fill.flush()) {}
     }
-    auto err = error_from([&] { j.append_step(big); });
+    auto err = error_from([&] { j->append_step(big); });
     REQUIRE(err);
     CHECK(err->code() == errc::disk_full);
     CHECK_THAT(err->what(), Catch::Contains("disk full") && Catch::Contains(db.string()) &&
                                 Catch::Contains("cairn resume r"));
-    auto steps = j.steps("r");
+    auto steps = j->steps("r");
     CHECK(steps.size() == committed.size());
 
     fs::remove(filler);
-    j.append_step(ok_step("r", 5, "after freeing space"));  // the same journal recovers
+    j->append_step(ok_step("r", 5, "after freeing space"));  // the same journal recovers
   }
-  journal j(db);
-  auto steps = j.steps("r");
+  auto j = open_journal(db);
+  auto steps = j->steps("r");
   REQUIRE(steps.size() == committed.size() + 1);
   for (std::size_t i = 0; i < committed.size(); ++i) check_same_step(steps[i], committed[i]);
   CHECK(steps.back().result.output == "after freeing space");
@@ -1229,35 +1230,36 @@ TEST_CASE("a full disk loses nothing that was committed") {
 
 TEST_CASE("a journal that lost its run to another is fenced: none of its writes reach the journal") {
   ON_EACH_BACKEND(where);
-  journal a(where.path()), b(where.path());
-  a.create_run(a_run("r"));
-  a.create_run(a_run("other"));
-  const auto queued = a.enqueue_signal("r", "go", 1).id;
-  REQUIRE(a.claim_run("r", "", "host-a"));
-  CHECK(a.find_run("r")->epoch == 1);
-  CHECK(a.begin_attempt("r") == 1);
-  a.append_step(ok_step("r", 0, "a0"));
-  a.append_event("r", "by_a", json::object(), 0);
+  auto a = open_journal(where.path());
+  auto b = open_journal(where.path());
+  a->create_run(a_run("r"));
+  a->create_run(a_run("other"));
+  const auto queued = a->enqueue_signal("r", "go", 1).id;
+  REQUIRE(a->claim_run("r", "", "host-a"));
+  CHECK(a->find_run("r")->epoch == 1);
+  CHECK(a->begin_attempt("r") == 1);
+  a->append_step(ok_step("r", 0, "a0"));
+  a->append_event("r", "by_a", json::object(), 0);
 
   // host-a is judged dead (or forced out); host-b takes the run over.
-  REQUIRE(b.claim_run("r", "host-a", "host-b"));
-  CHECK(b.find_run("r")->epoch == 2);
-  const auto events_before = b.events("r");
+  REQUIRE(b->claim_run("r", "host-a", "host-b"));
+  CHECK(b->find_run("r")->epoch == 2);
+  const auto events_before = b->events("r");
 
   new_run child = a_run("r.1");
   child.parent_id = "r";
   const std::vector<std::pair<std::string, std::function<void()>>> writes = {
-      {"append_step", [&] { a.append_step(ok_step("r", 1, "a1")); }},
-      {"append_event", [&] { a.append_event("r", "by_a", json::object(), 1); }},
-      {"begin_attempt", [&] { a.begin_attempt("r"); }},
-      {"deliver_signal", [&] { a.deliver_signal(queued, ok_step("r", 1, "a-signal")); }},
-      {"create_run of a child", [&] { a.create_run(child); }},
-      {"suspend_run", [&] { a.suspend_run("r", {"timer", "", 1, now_ms() + 60'000}); }},
-      {"release_run", [&] { a.release_run("r", "a shuts down"); }},
-      {"reset_attempts", [&] { a.reset_attempts("r"); }},
-      {"finish_run", [&] { a.finish_run("r", run_status::completed, "a-done", std::nullopt); }},
-      {"append_step again", [&] { a.append_step(ok_step("r", 1, "a1")); }},
-      {"confirm_held", [&] { a.confirm_held("r"); }},
+      {"append_step", [&] { a->append_step(ok_step("r", 1, "a1")); }},
+      {"append_event", [&] { a->append_event("r", "by_a", json::object(), 1); }},
+      {"begin_attempt", [&] { a->begin_attempt("r"); }},
+      {"deliver_signal", [&] { a->deliver_signal(queued, ok_step("r", 1, "a-signal")); }},
+      {"create_run of a child", [&] { a->create_run(child); }},
+      {"suspend_run", [&] { a->suspend_run("r", {"timer", "", 1, now_ms() + 60'000}); }},
+      {"release_run", [&] { a->release_run("r", "a shuts down"); }},
+      {"reset_attempts", [&] { a->reset_attempts("r"); }},
+      {"finish_run", [&] { a->finish_run("r", run_status::completed, "a-done", std::nullopt); }},
+      {"append_step again", [&] { a->append_step(ok_step("r", 1, "a1")); }},
+      {"confirm_held", [&] { a->confirm_held("r"); }},
   };
   int refused = 0;
   for (const auto& [name, write] : writes) {
@@ -1271,55 +1273,56 @@ TEST_CASE("a journal that lost its run to another is fenced: none of its writes 
   CHECK(refused == 11);
 
   // Nothing of host-a's is in the journal after the takeover.
-  auto run = b.find_run("r");
+  auto run = b->find_run("r");
   CHECK(run->owner == "host-b");
   CHECK(run->status == run_status::running);
   CHECK(run->epoch == 2);
   CHECK(run->attempts == 1);
   CHECK_FALSE(run->wait);
-  REQUIRE(b.steps("r").size() == 1);
-  CHECK(b.steps("r")[0].result.output == "a0");
-  CHECK(b.events("r").size() == events_before.size());
-  CHECK_FALSE(b.find_run("r.1"));
-  CHECK_FALSE(b.signals("r")[0].delivered_seq);
+  REQUIRE(b->steps("r").size() == 1);
+  CHECK(b->steps("r")[0].result.output == "a0");
+  CHECK(b->events("r").size() == events_before.size());
+  CHECK_FALSE(b->find_run("r.1"));
+  CHECK_FALSE(b->signals("r")[0].delivered_seq);
 
   // The new owner writes as usual, to the end; a run host-a never claimed is not fenced.
-  CHECK(b.begin_attempt("r") == 2);
-  b.append_step(ok_step("r", 1, "b1"));
-  b.deliver_signal(queued, ok_step("r", 2, "b-signal"));
-  b.finish_run("r", run_status::completed, "b-done", std::nullopt);
-  CHECK(b.find_run("r")->output == "b-done");
-  a.append_event("other", "by_a", json::object());
-  CHECK(a.events("other").size() == 1);
+  CHECK(b->begin_attempt("r") == 2);
+  b->append_step(ok_step("r", 1, "b1"));
+  b->deliver_signal(queued, ok_step("r", 2, "b-signal"));
+  b->finish_run("r", run_status::completed, "b-done", std::nullopt);
+  CHECK(b->find_run("r")->output == "b-done");
+  a->append_event("other", "by_a", json::object());
+  CHECK(a->events("other").size() == 1);
 }
 
 TEST_CASE("two journal objects of one process with the same owner are told apart by the epoch") {
   ON_EACH_BACKEND(where);
-  journal first(where.path()), second(where.path());
-  first.create_run(a_run("r"));
-  REQUIRE(first.claim_run("r", "", "host-a"));
-  first.append_step(ok_step("r", 0, "first"));
-  REQUIRE(second.claim_run("r", "host-a", "host-a"));  // another worker thread of the same process
-  auto err = error_from([&] { first.append_step(ok_step("r", 1, "first")); });
+  auto first = open_journal(where.path());
+  auto second = open_journal(where.path());
+  first->create_run(a_run("r"));
+  REQUIRE(first->claim_run("r", "", "host-a"));
+  first->append_step(ok_step("r", 0, "first"));
+  REQUIRE(second->claim_run("r", "host-a", "host-a"));  // another worker thread of the same process
+  auto err = error_from([&] { first->append_step(ok_step("r", 1, "first")); });
   REQUIRE(err);
   CHECK(err->code() == errc::fenced);
-  second.append_step(ok_step("r", 1, "second"));
-  second.release_run("r", "shutting down");
+  second->append_step(ok_step("r", 1, "second"));
+  second->release_run("r", "shutting down");
   // Released, the run is claimed afresh and the new claim holds.
-  REQUIRE(first.claim_run("r", "", "host-a"));
-  CHECK(first.find_run("r")->epoch == 3);
-  first.finish_run("r", run_status::completed, "first", std::nullopt);
-  CHECK(first.steps("r").size() == 2);
+  REQUIRE(first->claim_run("r", "", "host-a"));
+  CHECK(first->find_run("r")->epoch == 3);
+  first->finish_run("r", run_status::completed, "first", std::nullopt);
+  CHECK(first->steps("r").size() == 2);
 }
 
 TEST_CASE("a value stored past the bounds makes only its run unreadable, and says which value") {
   temp_dir dir;
   const auto db = dir / "cairn.db";
-  journal j(db);
-  j.create_run(a_run("victim"));
-  j.create_run(a_run("deep-input"));
-  j.create_run(a_run("bystander"));
-  j.append_step(ok_step("bystander", 0, {{"ok", true}}));
+  auto j = open_journal(db);
+  j->create_run(a_run("victim"));
+  j->create_run(a_run("deep-input"));
+  j->create_run(a_run("bystander"));
+  j->append_step(ok_step("bystander", 0, {{"ok", true}}));
   const std::string deep = std::string(60'000, '[') + std::string(60'000, ']');
   {
     // As an older cairn, or another program, could have written them.
@@ -1331,54 +1334,54 @@ TEST_CASE("a value stored past the bounds makes only its run unreadable, and say
     input.bind(1, deep);
     input.exec();
   }
-  CHECK(j.has_pending_signal("victim", "go"));
-  for (auto read : std::vector<std::function<void()>>{[&] { j.pending_signal("victim", "go"); },
-                                                      [&] { j.signals("victim"); }}) {
+  CHECK(j->has_pending_signal("victim", "go"));
+  for (auto read : std::vector<std::function<void()>>{[&] { j->pending_signal("victim", "go"); },
+                                                      [&] { j->signals("victim"); }}) {
     auto err = error_from(read);
     REQUIRE(err);
     CHECK(err->code() == errc::unreadable);
     CHECK_THAT(err->what(), Catch::Contains("payload of signal") && Catch::Contains("of run victim") &&
                                 Catch::Contains("nests deeper than 128 levels"));
   }
-  auto run = j.find_run("deep-input");
+  auto run = j->find_run("deep-input");
   REQUIRE(run);
   CHECK(run->input.is_null());
   CHECK_THAT(run->unreadable, Catch::Contains("the input of run deep-input nests deeper than 128 levels"));
-  CHECK(j.list_runs().size() == 3);
-  CHECK(j.find_run("bystander")->unreadable.empty());
-  CHECK(j.steps("bystander").size() == 1);
+  CHECK(j->list_runs().size() == 3);
+  CHECK(j->find_run("bystander")->unreadable.empty());
+  CHECK(j->steps("bystander").size() == 1);
 }
 
 TEST_CASE("enqueue_signal refuses a run that holds max_signals signals, delivered ones included") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  const auto first = j.enqueue_signal("r", "go", 1, 2);
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  const auto first = j->enqueue_signal("r", "go", 1, 2);
   CHECK(first.run_id == "r");
   CHECK(first.payload == 1);
-  CHECK(j.signals("r")[0].sent_at_ms == first.sent_at_ms);
+  CHECK(j->signals("r")[0].sent_at_ms == first.sent_at_ms);
   auto step = ok_step("r", 0, 1);
   step.result.kind = protocol::step_kind::signal;
-  j.deliver_signal(first.id, step);
-  j.enqueue_signal("r", "go", 2, 2);
-  auto err = error_from([&] { j.enqueue_signal("r", "go", 3, 2); });
+  j->deliver_signal(first.id, step);
+  j->enqueue_signal("r", "go", 2, 2);
+  auto err = error_from([&] { j->enqueue_signal("r", "go", 3, 2); });
   REQUIRE(err);
   CHECK(err->code() == errc::limit_reached);
-  CHECK(j.signals("r").size() == 2);
+  CHECK(j->signals("r").size() == 2);
 }
 
 TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other runs'") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.create_run(a_run("other"));
-  const auto before = j.bytes_of_run("r");
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->create_run(a_run("other"));
+  const auto before = j->bytes_of_run("r");
   auto step = ok_step("r", 0, std::string(10'000, 'x'));
-  j.append_step(step);
+  j->append_step(step);
   const json data = {{"text", std::string(5'000, 'y')}};
-  j.append_event("r", "note", data);
-  j.append_step(ok_step("other", 0, std::string(50'000, 'z')));
-  const auto after = j.bytes_of_run("r");
+  j->append_event("r", "note", data);
+  j->append_step(ok_step("other", 0, std::string(50'000, 'z')));
+  const auto after = j->bytes_of_run("r");
   // The step's name and output text; the event's kind and data text, its
   // long string stored once by content (digest and body).
   const auto split = split_payloads(data);
@@ -1389,9 +1392,9 @@ TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other 
 
 TEST_CASE("a long string journaled in many events is stored once, and every event reads back as written") {
   ON_EACH_BACKEND(where);
-  journal j(where.path());
-  j.create_run(a_run("r"));
-  j.create_run(a_run("other"));
+  auto j = open_journal(where.path());
+  j->create_run(a_run("r"));
+  j->create_run(a_run("other"));
   const std::string conversation(100'000, 'c');
   // A string that looks like a reference, as an agent could send one: it stays a string.
   const std::string forged = std::string(1, '\0') + "sha256:" + std::string(64, '0');
@@ -1400,16 +1403,16 @@ TEST_CASE("a long string journaled in many events is stored once, and every even
     sent.push_back({{"messages", json::array({{{"role", "user"}, {"content", conversation}},
                                               {{"role", "tool"}, {"content", "call " + std::to_string(i)}}})},
                     {"forged", forged}});
-  const auto before = j.bytes_of_run("r");
-  for (const auto& data : sent) j.append_event("r", "tool_started", data, 0);
-  j.append_event("other", "tool_started", sent[0], 0);
+  const auto before = j->bytes_of_run("r");
+  for (const auto& data : sent) j->append_event("r", "tool_started", data, 0);
+  j->append_event("other", "tool_started", sent[0], 0);
   // Ten requests of 100 KB each: the conversation once, and ten small manifests.
-  CHECK(j.bytes_of_run("r") - before < 100'000 + 10 * 400);
+  CHECK(j->bytes_of_run("r") - before < 100'000 + 10 * 400);
   std::vector<json> read;
-  for (const auto& e : j.events("r"))
+  for (const auto& e : j->events("r"))
     if (e.kind == "tool_started") read.push_back(e.data);
   CHECK(read == sent);
-  CHECK(j.events("other").back().data == sent[0]);  // each run holds its own copy
+  CHECK(j->events("other").back().data == sent[0]);  // each run holds its own copy
 }
 
 namespace {
@@ -1431,9 +1434,9 @@ TEST_CASE("one group commit makes the writes of many runs durable, and a refused
   ON_EACH_BACKEND(where);
   const auto db = where.path();
   {
-    journal j(db);
-    for (const auto* id : {"a", "b", "c"}) j.create_run(a_run(id));
-    j.append_step(ok_step("b", 0, "first"));
+    auto j = open_journal(db);
+    for (const auto* id : {"a", "b", "c"}) j->create_run(a_run(id));
+    j->append_step(ok_step("b", 0, "first"));
     std::vector<write_fn> writes{
         [](journal& w) { w.append_step(ok_step("a", 0, "a0")); },
         [](journal& w) { w.append_step(ok_step("b", 0, "rewritten")); },  // write-once: refused
@@ -1446,7 +1449,7 @@ TEST_CASE("one group commit makes the writes of many runs durable, and a refused
           w.append_step(ok_step("ghost", 0, 1));  // no such run: this write's event goes too
         },
     };
-    auto errors = j.write_together(writes);
+    auto errors = j->write_together(writes);
     CHECK_FALSE(errors[0]);
     REQUIRE(error_at(errors, 1));
     CHECK(error_at(errors, 1)->code() == errc::conflict);
@@ -1454,24 +1457,25 @@ TEST_CASE("one group commit makes the writes of many runs durable, and a refused
     REQUIRE(error_at(errors, 3));
     CHECK(error_at(errors, 3)->code() == errc::not_found);
   }
-  journal j(db);  // what another process finds
-  REQUIRE(j.steps("a").size() == 1);
-  CHECK(j.steps("a")[0].result.output == "a0");
-  REQUIRE(j.steps("b").size() == 1);
-  CHECK(j.steps("b")[0].result.output == "first");
-  CHECK(j.steps("c").size() == 1);
-  CHECK(j.events_at("c", 0).size() == 1);
-  for (const auto& e : j.events("a")) CHECK(e.kind != "half");
+  auto j = open_journal(db);  // what another process finds
+  REQUIRE(j->steps("a").size() == 1);
+  CHECK(j->steps("a")[0].result.output == "a0");
+  REQUIRE(j->steps("b").size() == 1);
+  CHECK(j->steps("b")[0].result.output == "first");
+  CHECK(j->steps("c").size() == 1);
+  CHECK(j->events_at("c", 0).size() == 1);
+  for (const auto& e : j->events("a")) CHECK(e.kind != "half");
 }
 
 TEST_CASE("in a group commit, a run taken over is refused alone, and claims count once committed") {
   ON_EACH_BACKEND(where);
   const auto db = where.path();
-  journal mine(db), theirs(db);
-  for (const auto* id : {"kept", "lost", "new"}) mine.create_run(a_run(id));
-  REQUIRE(mine.claim_run("kept", "", "me"));
-  REQUIRE(mine.claim_run("lost", "", "me"));
-  REQUIRE(theirs.claim_run("lost", "me", "them"));
+  auto mine = open_journal(db);
+  auto theirs = open_journal(db);
+  for (const auto* id : {"kept", "lost", "new"}) mine->create_run(a_run(id));
+  REQUIRE(mine->claim_run("kept", "", "me"));
+  REQUIRE(mine->claim_run("lost", "", "me"));
+  REQUIRE(theirs->claim_run("lost", "me", "them"));
   std::vector<write_fn> writes{
       [](journal& w) { w.append_step(ok_step("kept", 0, 1)); },
       [](journal& w) { w.append_step(ok_step("lost", 0, 1)); },
@@ -1480,16 +1484,16 @@ TEST_CASE("in a group commit, a run taken over is refused alone, and claims coun
         w.append_step(ok_step("new", 0, 1));
       },
   };
-  auto errors = mine.write_together(writes);
+  auto errors = mine->write_together(writes);
   CHECK_FALSE(errors[0]);
   REQUIRE(error_at(errors, 1));
   CHECK(error_at(errors, 1)->code() == errc::fenced);
   CHECK_FALSE(errors[2]);
-  CHECK(theirs.steps("lost").empty());
-  CHECK(theirs.steps("kept").size() == 1);
+  CHECK(theirs->steps("lost").empty());
+  CHECK(theirs->steps("kept").size() == 1);
   // The claim made inside the group fences later writes like any other.
-  REQUIRE(theirs.claim_run("new", "me", "them"));
-  auto err = error_from([&] { mine.append_step(ok_step("new", 1, 2)); });
+  REQUIRE(theirs->claim_run("new", "me", "them"));
+  auto err = error_from([&] { mine->append_step(ok_step("new", 1, 2)); });
   REQUIRE(err);
   CHECK(err->code() == errc::fenced);
 }
@@ -1497,18 +1501,19 @@ TEST_CASE("in a group commit, a run taken over is refused alone, and claims coun
 TEST_CASE("in a group commit, a write sees the claim made before it in the same transaction") {
   ON_EACH_BACKEND(where);
   const auto db = where.path();
-  journal mine(db), theirs(db);
-  for (const auto* id : {"back", "undone"}) mine.create_run(a_run(id));
+  auto mine = open_journal(db);
+  auto theirs = open_journal(db);
+  for (const auto* id : {"back", "undone"}) mine->create_run(a_run(id));
   auto without_workspace = a_run("again");
   without_workspace.workspace = "";
-  mine.create_run(without_workspace);
+  mine->create_run(without_workspace);
   // "back": held by this object at epoch 1, taken over, handed back;
   // "again": held at epoch 1 and claimed once more by the same owner.
-  REQUIRE(mine.claim_run("back", "", "me"));
-  REQUIRE(theirs.claim_run("back", "me", "them"));
-  theirs.release_run("back", "handed back");
-  REQUIRE(mine.claim_run("again", "", "me"));
-  REQUIRE(mine.claim_run("undone", "", "me"));
+  REQUIRE(mine->claim_run("back", "", "me"));
+  REQUIRE(theirs->claim_run("back", "me", "them"));
+  theirs->release_run("back", "handed back");
+  REQUIRE(mine->claim_run("again", "", "me"));
+  REQUIRE(mine->claim_run("undone", "", "me"));
   int back_attempt = 0, again_attempt = 0;
   std::vector<write_fn> writes{
       [&](journal& w) {
@@ -1527,21 +1532,21 @@ TEST_CASE("in a group commit, a write sees the claim made before it in the same 
       },
       [](journal& w) { w.append_step(ok_step("undone", 0, "at the first claim's epoch")); },
   };
-  auto errors = mine.write_together(writes);
+  auto errors = mine->write_together(writes);
   CHECK_FALSE(errors[0]);
   CHECK_FALSE(errors[1]);
   CHECK(errors[2]);
   CHECK_FALSE(errors[3]);
   CHECK(back_attempt == 1);
   CHECK(again_attempt == 1);
-  CHECK(theirs.find_run("again")->workspace == "/tmp/again-ws");
-  CHECK(theirs.find_run("back")->epoch == 3);
-  CHECK(theirs.find_run("undone")->epoch == 1);
-  CHECK(theirs.steps("undone").size() == 1);
+  CHECK(theirs->find_run("again")->workspace == "/tmp/again-ws");
+  CHECK(theirs->find_run("back")->epoch == 3);
+  CHECK(theirs->find_run("undone")->epoch == 1);
+  CHECK(theirs->steps("undone").size() == 1);
   // Committed, the new claims fence as any other.
-  mine.append_step(ok_step("back", 0, 1));
-  REQUIRE(theirs.claim_run("again", "me", "them"));
-  auto err = error_from([&] { mine.append_step(ok_step("again", 0, 2)); });
+  mine->append_step(ok_step("back", 0, 1));
+  REQUIRE(theirs->claim_run("again", "me", "them"));
+  auto err = error_from([&] { mine->append_step(ok_step("again", 0, 2)); });
   REQUIRE(err);
   CHECK(err->code() == errc::fenced);
 }
@@ -1555,10 +1560,10 @@ TEST_CASE("a group commit on a full disk keeps nothing of any write and tells ev
   const auto db = mnt / "cairn.db";
   const auto filler = mnt / "filler";
   constexpr int runs = 64;
-  journal j(db);
+  auto j = open_journal(db);
   for (int i = 0; i < runs; ++i) {
-    j.create_run(a_run("r" + std::to_string(i)));
-    j.append_step(ok_step("r" + std::to_string(i), 0, "acknowledged"));
+    j->create_run(a_run("r" + std::to_string(i)));
+    j->append_step(ok_step("r" + std::to_string(i), 0, "acknowledged"));
   }
   {
     std::ofstream fill(filler, std::ios::binary);
@@ -1568,20 +1573,20 @@ TEST_CASE("a group commit on a full disk keeps nothing of any write and tells ev
   std::vector<write_fn> writes;
   for (int i = 0; i < runs; ++i)
     writes.push_back([i](journal& w) { w.append_step(ok_step("r" + std::to_string(i), 1, std::string(8192, 'x'))); });
-  auto errors = j.write_together(writes);
+  auto errors = j->write_together(writes);
   for (int i = 0; i < runs; ++i) {
     auto err = error_at(errors, i);
     REQUIRE(err);
     CHECK(err->code() == errc::disk_full);
   }
   fs::remove(filler);
-  journal after(db);
+  auto after = open_journal(db);
   for (int i = 0; i < runs; ++i) {
-    auto steps = after.steps("r" + std::to_string(i));
+    auto steps = after->steps("r" + std::to_string(i));
     REQUIRE(steps.size() == 1);  // the acknowledged step, and nothing of the failed batch
     CHECK(steps[0].result.output == "acknowledged");
   }
   // The same journal object goes on once there is room again.
-  j.append_step(ok_step("r0", 1, "after freeing space"));
-  CHECK(after.steps("r0").size() == 2);
+  j->append_step(ok_step("r0", 1, "after freeing space"));
+  CHECK(after->steps("r0").size() == 2);
 }

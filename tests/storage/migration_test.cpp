@@ -12,6 +12,7 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 
 #include "storage/journal.hpp"
+#include "storage/sqlite/sqlite_journal.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -58,35 +59,35 @@ TEST_CASE("a version 1 journal is migrated in place: runs, steps and events kept
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
     raw.exec(schema_v1);
   }
-  storage::journal j(dir / "cairn.db");
-  auto run = j.find_run("old");
+  auto j = storage::open_journal(dir / "cairn.db");
+  auto run = j->find_run("old");
   REQUIRE(run);
   CHECK(run->status == storage::run_status::completed);
   CHECK(run->input == json{{"q", 1}});
   CHECK(run->output == "answer");
   CHECK(run->policy == json::object());
-  REQUIRE(j.steps("old").size() == 1);
-  CHECK(j.steps("old")[0].result.output == json{1, 2});
-  CHECK(j.events("old").size() == 1);
+  REQUIRE(j->steps("old").size() == 1);
+  CHECK(j->steps("old")[0].result.output == json{1, 2});
+  CHECK(j->events("old").size() == 1);
 
   // The new status is accepted, and the old guarantees still hold.
   storage::new_run fresh;
   fresh.id = "new";
   fresh.agent = "/bin/agent";
   fresh.policy = {{"network", "none"}};
-  j.create_run(fresh);
-  CHECK(j.find_run("new")->policy == json{{"network", "none"}});
-  j.finish_run("new", storage::run_status::in_doubt, nullptr, protocol::error_info{"maybe sent", "in_doubt"});
-  auto doubt = j.find_run("new");
+  j->create_run(fresh);
+  CHECK(j->find_run("new")->policy == json{{"network", "none"}});
+  j->finish_run("new", storage::run_status::in_doubt, nullptr, protocol::error_info{"maybe sent", "in_doubt"});
+  auto doubt = j->find_run("new");
   CHECK(doubt->status == storage::run_status::in_doubt);
   CHECK_FALSE(doubt->finished_at_ms);
   storage::step_record again;
   again.run_id = "old";
   again.result.seq = 0;
   again.result.name = "plan";
-  CHECK_THROWS_AS(j.append_step(again), storage::storage_error);
+  CHECK_THROWS_AS(j->append_step(again), storage::storage_error);
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READONLY);
-  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::journal::schema_version());
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::sqlite::schema_version());
   SQLite::Statement fk(raw, "PRAGMA foreign_key_check");
   CHECK_FALSE(fk.executeStep());
 }
@@ -141,14 +142,14 @@ TEST_CASE("a version 2 journal is migrated in place: runs, steps and events kept
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
     raw.exec(schema_v2);
   }
-  storage::journal j(dir / "cairn.db");
-  auto done = j.find_run("done");
+  auto j = storage::open_journal(dir / "cairn.db");
+  auto done = j->find_run("done");
   REQUIRE(done);
   CHECK(done->status == storage::run_status::completed);
   CHECK(done->output == "answer");
   CHECK(done->policy == json{{"network", "none"}});
   CHECK(done->finished_at_ms == std::optional<std::int64_t>(2000));
-  auto busy = j.find_run("busy");
+  auto busy = j->find_run("busy");
   REQUIRE(busy);
   CHECK(busy->status == storage::run_status::running);
   CHECK(busy->owner == "host-1:4121");
@@ -160,36 +161,36 @@ TEST_CASE("a version 2 journal is migrated in place: runs, steps and events kept
   CHECK_FALSE(busy->cancel_requested_at_ms);
   CHECK_FALSE(busy->deadline_ms);
 
-  auto steps = j.steps("busy");
+  auto steps = j->steps("busy");
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].result.kind == protocol::step_kind::now);
   CHECK(steps[0].result.output == 1700000000000);
   CHECK_FALSE(steps[1].result.ok);
   CHECK(steps[1].result.error.type == "timeout");
   CHECK(steps[1].result.attempt == 2);
-  CHECK(j.steps("done").size() == 1);
-  auto retry = j.events_at("busy", 1);
+  CHECK(j->steps("done").size() == 1);
+  auto retry = j->events_at("busy", 1);
   REQUIRE(retry.size() == 1);
   CHECK(retry[0].data == json{{"delay_ms", 250}});
-  CHECK(j.events("done").size() == 1);
+  CHECK(j->events("done").size() == 1);
 
   // A migrated run can wait for a signal and be found by the scheduler once it comes.
-  j.suspend_run("busy", {"signal", "approval", 2, std::nullopt});
-  CHECK(j.schedulable(storage::now_ms()).empty());
-  j.enqueue_signal("busy", "approval", {{"ok", true}});
-  auto ready = j.schedulable(storage::now_ms());
+  j->suspend_run("busy", {"signal", "approval", 2, std::nullopt});
+  CHECK(j->schedulable(storage::now_ms()).empty());
+  j->enqueue_signal("busy", "approval", {{"ok", true}});
+  auto ready = j->schedulable(storage::now_ms());
   REQUIRE(ready.size() == 1);
   CHECK(ready[0].id == "busy");
   try {
-    j.enqueue_signal("done", "approval", 1);
+    j->enqueue_signal("done", "approval", 1);
     FAIL("a finished run accepted a signal");
   } catch (const storage::storage_error& e) {
     CHECK(e.code() == storage::errc::finished);
   }
-  CHECK(j.signals("done").empty());
+  CHECK(j->signals("done").empty());
 
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
-  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::journal::schema_version());
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::sqlite::schema_version());
   SQLite::Statement fk(raw, "PRAGMA foreign_key_check");
   CHECK_FALSE(fk.executeStep());
   CHECK_THROWS_WITH(raw.exec("UPDATE steps SET output = '1'"), Catch::Contains("write-once"));
@@ -198,72 +199,72 @@ TEST_CASE("a version 2 journal is migrated in place: runs, steps and events kept
 TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0 and claims fence from there") {
   testing::temp_dir dir;
   {
-    storage::journal current(dir / "cairn.db");
+    auto current = storage::open_journal(dir / "cairn.db");
     storage::new_run r;
     r.id = "busy";
     r.agent = "/bin/agent";
     r.sandbox = "none";
     r.owner = "host-1:1b4e28ba-2fa1-11d2-883f-0016d3cca427:4121:987654";
-    current.create_run(r);
+    current->create_run(r);
     storage::step_record step;
     step.run_id = "busy";
     step.result.name = "plan";
     step.result.output = json{1};
-    current.append_step(step);
+    current->append_step(step);
     // Schema 3 is schema 6 without runs.epoch, the payloads table and schema 6's additions.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
     raw.exec("DROP TABLE payloads; ALTER TABLE runs DROP COLUMN epoch; DROP TABLE workers; DROP INDEX runs_by_owner; "
              "ALTER TABLE runs DROP COLUMN workspace_host; PRAGMA user_version = 3");
   }
-  storage::journal a(dir / "cairn.db");
-  auto busy = a.find_run("busy");
+  auto a = storage::open_journal(dir / "cairn.db");
+  auto busy = a->find_run("busy");
   REQUIRE(busy);
   CHECK(busy->epoch == 0);
   CHECK(busy->owner == "host-1:1b4e28ba-2fa1-11d2-883f-0016d3cca427:4121:987654");
-  CHECK(a.steps("busy").size() == 1);
+  CHECK(a->steps("busy").size() == 1);
 
-  REQUIRE(a.claim_run("busy", busy->owner, "host-2:a:1:1"));
-  CHECK(a.find_run("busy")->epoch == 1);
-  storage::journal b(dir / "cairn.db");
-  REQUIRE(b.claim_run("busy", "host-2:a:1:1", "host-3:b:2:2"));
+  REQUIRE(a->claim_run("busy", busy->owner, "host-2:a:1:1"));
+  CHECK(a->find_run("busy")->epoch == 1);
+  auto b = storage::open_journal(dir / "cairn.db");
+  REQUIRE(b->claim_run("busy", "host-2:a:1:1", "host-3:b:2:2"));
   try {
-    a.append_event("busy", "late", json::object());
+    a->append_event("busy", "late", json::object());
     FAIL("a journal that lost the run wrote to it");
   } catch (const storage::storage_error& e) {
     CHECK(e.code() == storage::errc::fenced);
   }
-  b.append_event("busy", "on_time", json::object());
-  CHECK(b.events("busy").size() == 1);
+  b->append_event("busy", "on_time", json::object());
+  CHECK(b->events("busy").size() == 1);
 
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READONLY);
   CHECK(raw.execAndGet("PRAGMA user_version").getInt() == 6);
-  CHECK(storage::journal::schema_version() == 6);
+  CHECK(storage::sqlite::schema_version() == 6);
 }
 
 TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspace on shared storage, no worker yet") {
   testing::temp_dir dir;
   {
-    storage::journal current(dir / "cairn.db");
+    auto current = storage::open_journal(dir / "cairn.db");
     storage::new_run r;
     r.id = "old";
     r.agent = "/bin/agent";
     r.sandbox = "none";
     r.workspace = "/ws/old";
     r.owner = "host-1:a:1:1";
-    current.create_run(r);
+    current->create_run(r);
     // Schema 5 is schema 6 without the workers table, its index and runs.workspace_host.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
     raw.exec("DROP TABLE workers; DROP INDEX runs_by_owner; ALTER TABLE runs DROP COLUMN workspace_host; "
              "PRAGMA user_version = 5");
   }
-  storage::journal j(dir / "cairn.db");
-  auto old = j.find_run("old");
+  auto j = storage::open_journal(dir / "cairn.db");
+  auto old = j->find_run("old");
   REQUIRE(old);
   CHECK(old->workspace == "/ws/old");
   CHECK(old->workspace_host.empty());
-  CHECK(j.workers().empty());
-  j.register_worker({"host-1:a:1:1", "host-1", "", 1, 1, storage::now_ms() + 60'000, 0, 0});
-  CHECK(j.find_worker("host-1:a:1:1")->runs == 1);
+  CHECK(j->workers().empty());
+  j->register_worker({"host-1:a:1:1", "host-1", "", 1, 1, storage::now_ms() + 60'000, 0, 0});
+  CHECK(j->find_worker("host-1:a:1:1")->runs == 1);
 }
 
 TEST_CASE("processes opening a new journal at the same instant all open it (two workers starting together)") {
@@ -285,8 +286,8 @@ TEST_CASE("processes opening a new journal at the same instant all open it (two 
         char c;
         (void)!read(barrier[0], &c, 1);
         try {
-          cairn::storage::journal j(path);
-          j.create_run({.id = "r" + std::to_string(i), .agent = "/bin/true"});
+          auto j = cairn::storage::open_journal(path);
+          j->create_run({.id = "r" + std::to_string(i), .agent = "/bin/true"});
           _exit(0);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "child %d: %s\n", i, e.what());
@@ -302,6 +303,6 @@ TEST_CASE("processes opening a new journal at the same instant all open it (two 
       REQUIRE(waitpid(pid, &status, 0) == pid);
       CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
     }
-    CHECK(cairn::storage::journal(path).list_runs().size() == 4);
+    CHECK(cairn::storage::open_journal(path)->list_runs().size() == 4);
   }
 }

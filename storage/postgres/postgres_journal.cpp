@@ -1,4 +1,4 @@
-#include "storage/postgres_journal.hpp"
+#include "storage/postgres/postgres_journal.hpp"
 
 #include <libpq-fe.h>
 #include <poll.h>
@@ -15,241 +15,69 @@
 #include <fmt/format.h>
 
 #include "storage/payloads.hpp"
+#include "storage/postgres/libpq.hpp"
+#include "storage/postgres/schema.hpp"
 #include "storage/records.hpp"
 #include "storage/wakeup.hpp"
 
-namespace cairn::storage {
+namespace cairn::storage::postgres {
 namespace fs = std::filesystem;
 using namespace detail;
 
 namespace {
 
-// The journal's format on PostgreSQL: SQLite's latest schema (journal.cpp),
-// same tables, columns and meanings, with the types PostgreSQL spells
-// (BIGINT for SQLite's 64-bit INTEGER), plus runs.row_order standing in for
-// SQLite's rowid (insertion order breaks ties within a millisecond).
-// cairn_schema holds the version: migration {v, sql} brings the version
-// before it to v, all in one transaction under an advisory lock, so workers
-// starting at once migrate once. Version 6 matches SQLite's v6 (workers and
-// workspace_host); a fresh database goes there in one step.
-constexpr const char* schema_v6 = R"sql(
-CREATE TABLE runs (
-  id                     TEXT PRIMARY KEY,
-  agent                  TEXT NOT NULL,
-  input                  TEXT NOT NULL,
-  status                 TEXT NOT NULL CHECK (status IN ('pending', 'running', 'waiting', 'completed', 'failed',
-                                                         'cancelled', 'in_doubt')),
-  output                 TEXT,                      -- when completed
-  error_message          TEXT,                      -- when failed, cancelled or in_doubt
-  error_type             TEXT,
-  attempts               INTEGER NOT NULL DEFAULT 0,
-  max_attempts           INTEGER NOT NULL,
-  owner                  TEXT NOT NULL DEFAULT '',  -- engine/owner.hpp; '' when no process has it
-  sandbox                TEXT NOT NULL,
-  workspace              TEXT NOT NULL,
-  created_at_ms          BIGINT NOT NULL,
-  updated_at_ms          BIGINT NOT NULL,
-  finished_at_ms         BIGINT,
-  policy                 TEXT NOT NULL DEFAULT '{}',
-  parent_id              TEXT,
-  wait_kind              TEXT CHECK (wait_kind IN ('timer', 'signal', 'child')),
-  wait_key               TEXT,
-  wait_seq               BIGINT,
-  wake_at_ms             BIGINT,
-  cancel_requested_at_ms BIGINT,
-  deadline_ms            BIGINT,
-  epoch                  BIGINT NOT NULL DEFAULT 0,
-  workspace_host         TEXT NOT NULL DEFAULT '',  -- the machine holding the workspace; '' = shared storage
-  row_order              BIGINT GENERATED ALWAYS AS IDENTITY
-);
-CREATE INDEX runs_by_parent ON runs (parent_id);
-CREATE INDEX runs_by_wake ON runs (status, wake_at_ms);
-CREATE INDEX runs_waiting ON runs (wait_kind, wait_key, id, wake_at_ms, deadline_ms, cancel_requested_at_ms)
-  WHERE status = 'waiting';
-CREATE INDEX runs_by_owner ON runs (owner) WHERE owner <> '';
+class postgres_journal final : public journal {
+ public:
+  postgres_journal(const fs::path& url, const journal_options& options);
+  ~postgres_journal() override;
 
-CREATE TABLE steps (
-  run_id         TEXT NOT NULL REFERENCES runs (id),
-  seq            BIGINT NOT NULL,
-  name           TEXT NOT NULL,
-  kind           TEXT NOT NULL,
-  status         TEXT NOT NULL CHECK (status IN ('ok', 'error')),
-  output         TEXT,
-  error_message  TEXT,
-  error_type     TEXT,
-  attempt        INTEGER NOT NULL,
-  duration_us    BIGINT NOT NULL,
-  started_at_ms  BIGINT NOT NULL,
-  finished_at_ms BIGINT NOT NULL,
-  PRIMARY KEY (run_id, seq)
-);
--- Steps are write-once for every client: the key refuses a second insert
--- (ON CONFLICT DO UPDATE included, which fires the UPDATE trigger).
-CREATE FUNCTION cairn_steps_are_write_once() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  RAISE EXCEPTION 'steps are write-once: a journaled step cannot be changed (%)', TG_OP
-    USING ERRCODE = 'integrity_constraint_violation';
-END $$;
-CREATE TRIGGER steps_no_update BEFORE UPDATE OR DELETE ON steps
-  FOR EACH ROW EXECUTE FUNCTION cairn_steps_are_write_once();
-CREATE TRIGGER steps_no_truncate BEFORE TRUNCATE ON steps
-  FOR EACH STATEMENT EXECUTE FUNCTION cairn_steps_are_write_once();
+  const std::filesystem::path& path() const override;
+  const journal_options& options() const override;
+  int schema_version() const override;
+  std::string_view backend() const override { return "postgresql"; }
+  std::string server_version() override;
+  std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes, bool sync_later) override;
+  std::pair<run_record, bool> create_run(const new_run& run) override;
+  std::optional<run_record> find_run(std::string_view id) override;
+  std::vector<run_record> list_runs() override;
+  std::vector<run_record> children(std::string_view parent_id) override;
+  std::vector<run_record> runs_with_workspace_near(const std::string& folder) override;
+  bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) override;
+  void confirm_held(std::string_view id) override;
+  int begin_attempt(std::string_view id) override;
+  void finish_run(std::string_view id, run_status status, const json& output, const std::optional<protocol::error_info>& error) override;
+  void reset_attempts(std::string_view id) override;
+  void suspend_run(std::string_view id, const wait_spec& w) override;
+  void release_run(std::string_view id, std::string_view reason) override;
+  bool request_cancel(std::string_view id, std::string_view reason) override;
+  bool cancel_idle_run(std::string_view id, const std::string& message) override;
+  std::vector<run_brief> schedulable(std::int64_t now_ms) override;
+  std::optional<std::int64_t> next_due_ms(std::int64_t after_ms) override;
+  std::map<run_status, int> count_by_status() override;
+  signal_record enqueue_signal(std::string_view run_id, std::string_view name, const json& payload, std::uint64_t max_signals) override;
+  std::optional<signal_record> pending_signal(std::string_view run_id, std::string_view name) override;
+  bool has_pending_signal(std::string_view run_id, std::string_view name) override;
+  void deliver_signal(std::int64_t signal_id, const step_record& step) override;
+  std::vector<signal_record> signals(std::string_view run_id) override;
+  void append_step(const step_record& step) override;
+  std::vector<step_record> steps(std::string_view run_id) override;
+  std::vector<step_record> steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq, std::uint64_t max_bytes) override;
+  void append_event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::uint64_t> seq) override;
+  std::vector<event_record> events(std::string_view run_id) override;
+  std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq) override;
+  std::uint64_t step_count(std::string_view run_id) override;
+  std::uint64_t bytes_of_run(std::string_view run_id) override;
+  void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) override;
+  void register_worker(const worker_record& worker) override;
+  bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) override;
+  void remove_worker(std::string_view worker_id) override;
+  std::vector<worker_record> workers() override;
+  std::optional<worker_record> find_worker(std::string_view worker_id) override;
 
-CREATE TABLE events (
-  id     BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-  run_id TEXT NOT NULL REFERENCES runs (id),
-  seq    BIGINT,
-  kind   TEXT NOT NULL,
-  data   TEXT NOT NULL,
-  at_ms  BIGINT NOT NULL
-);
-CREATE INDEX events_by_run ON events (run_id, id);
-CREATE INDEX events_by_seq ON events (run_id, seq);
-
-CREATE TABLE signals (
-  id              BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-  run_id          TEXT NOT NULL REFERENCES runs (id),
-  name            TEXT NOT NULL,
-  payload         TEXT NOT NULL,
-  sent_at_ms      BIGINT NOT NULL,
-  delivered_seq   BIGINT,
-  delivered_at_ms BIGINT
-);
-CREATE INDEX signals_undelivered ON signals (run_id, name, id) WHERE delivered_seq IS NULL;
-CREATE INDEX signals_by_run ON signals (run_id, id);
-
-CREATE TABLE payloads (
-  run_id TEXT NOT NULL REFERENCES runs (id),
-  digest TEXT NOT NULL,
-  body   BYTEA NOT NULL,  -- the string's bytes, which may hold NUL
-  PRIMARY KEY (run_id, digest)
-);
-
-CREATE TABLE workers (
-  id                  TEXT PRIMARY KEY,
-  host                TEXT NOT NULL,
-  workspace_root      TEXT NOT NULL,
-  started_at_ms       BIGINT,
-  renewed_at_ms       BIGINT,
-  lease_expires_at_ms BIGINT,
-  fenced_writes       BIGINT
-);
-)sql";
-
-// v7: the fence as a statement that fails, so that it travels in a group
-// commit's pipeline and a stale epoch rolls the group back before COMMIT.
-constexpr const char* schema_v7 = R"sql(
-CREATE FUNCTION cairn_fence(run TEXT, expected_owner TEXT, expected_epoch BIGINT) RETURNS BOOLEAN
-LANGUAGE plpgsql AS $$
-DECLARE
-  held RECORD;
-BEGIN
-  SELECT owner, epoch INTO held FROM runs WHERE id = run FOR SHARE;
-  IF NOT FOUND OR held.owner IS DISTINCT FROM expected_owner OR held.epoch IS DISTINCT FROM expected_epoch THEN
-    RAISE EXCEPTION 'run % is no longer held at epoch % by %', run, expected_epoch, expected_owner
-      USING ERRCODE = 'CF001';
-  END IF;
-  RETURN TRUE;
-END $$;
-)sql";
-
-struct migration {
-  int version;
-  const char* sql;
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
 };
-constexpr migration migrations[] = {{6, schema_v6}, {7, schema_v7}};
-constexpr int latest_version = migrations[std::size(migrations) - 1].version;
-
-// pg_advisory_xact_lock's key for migrations: "cairn" in ASCII.
-constexpr const char* migration_lock = "SELECT pg_advisory_xact_lock(426248516206)";
-
-// A failed libpq call or statement, before it becomes a storage_error.
-struct pg_failure : std::runtime_error {
-  pg_failure(std::string message, std::string sqlstate, bool lost, bool ambiguous, bool repeatable)
-      : std::runtime_error(std::move(message)),
-        sqlstate(std::move(sqlstate)),
-        lost(lost),
-        ambiguous(ambiguous),
-        repeatable(repeatable) {}
-  std::string sqlstate;  // "" when the server sent none
-  bool lost;             // the connection is gone
-  bool ambiguous;        // lost while a commit was under way: it may or may not have happened
-  bool repeatable;       // lost before anything was written: the call may run again
-};
-
-struct result {
-  std::unique_ptr<PGresult, decltype(&PQclear)> r{nullptr, &PQclear};
-  int rows() const { return PQntuples(r.get()); }
-  std::int64_t affected() const {
-    const char* n = PQcmdTuples(r.get());
-    return *n ? std::stoll(n) : 0;
-  }
-};
-
-// Row `row` of a result, as records.hpp reads rows.
-struct pg_row {
-  const result& res;
-  int row = 0;
-  bool null(int i) const { return PQgetisnull(res.r.get(), row, i) == 1; }
-  std::string text(int i) const {
-    return {PQgetvalue(res.r.get(), row, i), static_cast<std::size_t>(PQgetlength(res.r.get(), row, i))};
-  }
-  std::int64_t int64(int i) const { return std::stoll(PQgetvalue(res.r.get(), row, i)); }
-};
-
-// A BYTEA parameter: sent in binary, so its bytes go as they are.
-struct bytes {
-  const std::string& data;
-};
-
-// One statement parameter in libpq's terms; nullopt is NULL.
-struct param {
-  std::optional<std::string> value;
-  bool binary = false;
-};
-param to_param(std::string_view v) { return {std::string(v)}; }
-param to_param(const std::string& v) { return {v}; }
-param to_param(const char* v) { return {std::string(v)}; }
-param to_param(std::int64_t v) { return {std::to_string(v)}; }
-param to_param(int v) { return {std::to_string(v)}; }
-param to_param(const bytes& v) { return {v.data, true}; }
-template <class T>
-param to_param(const std::optional<T>& v) {
-  if (!v) return {};
-  return to_param(*v);
-}
-
-// BYTEA in PostgreSQL's text output ("\x" and two hex digits a byte).
-std::string from_hex_bytea(std::string_view text) {
-  auto digit = [](char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
-  std::string out;
-  if (text.substr(0, 2) != "\\x") return std::string(text);
-  for (std::size_t i = 2; i + 1 < text.size(); i += 2)
-    out.push_back(static_cast<char>(digit(text[i]) * 16 + digit(text[i + 1])));
-  return out;
-}
-
-std::string trimmed(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
-// libpq's connection to `url`, with defaults the URL may override: a server
-// that does not answer fails the call in 10 s instead of never, and the
-// server's views name the client. The server's notices (a WARNING as it
-// shuts down) are not printed: what matters reaches the caller as an error.
-PGconn* connect_to(const std::string& url) {
-  const char* keywords[] = {"connect_timeout", "application_name", "dbname", nullptr};
-  const char* values[] = {"10", "cairn", url.c_str(), nullptr};
-  PGconn* conn = PQconnectdbParams(keywords, values, 1);
-  if (conn) PQsetNoticeProcessor(conn, [](void*, const char*) {}, nullptr);
-  return conn;
-}
-
-bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
-
-// A statement that writes nothing: lost before its answer, it may run again.
-bool writes_nothing(std::string_view sql) { return starts_with(sql, "SELECT") || starts_with(sql, "BEGIN"); }
 
 }  // namespace
 
@@ -574,18 +402,18 @@ struct postgres_journal::impl {
 
   void migrate() {
     int version = stored_version();
-    if (version > latest_version) throw schema_too_new_error(name, version, latest_version);
-    if (version == latest_version) return;
+    if (version > latest_version()) throw schema_too_new_error(name, version, latest_version());
+    if (version == latest_version()) return;
     txn tx(*this);
     run(migration_lock);
     // Read again under the lock: another worker may have migrated meanwhile.
     version = stored_version();
-    if (version > latest_version) throw schema_too_new_error(name, version, latest_version);
+    if (version > latest_version()) throw schema_too_new_error(name, version, latest_version());
     if (version == 0) run("CREATE TABLE cairn_schema (version INT NOT NULL)");
-    for (const auto& m : migrations)
+    for (const auto& m : migrations())
       if (m.version > version) run(m.sql);
     run("DELETE FROM cairn_schema");
-    exec("INSERT INTO cairn_schema (version) VALUES ($1)", latest_version);
+    exec("INSERT INTO cairn_schema (version) VALUES ($1)", latest_version());
     tx.commit();
   }
 
@@ -593,11 +421,11 @@ struct postgres_journal::impl {
     const int version = stored_version();
     if (version == 0)
       throw storage_error(errc::not_found, fmt::format("no cairn journal in {} (nothing has run yet?)", name));
-    if (version > latest_version) throw schema_too_new_error(name, version, latest_version);
-    if (version < latest_version)
+    if (version > latest_version()) throw schema_too_new_error(name, version, latest_version());
+    if (version < latest_version())
       throw storage_error(errc::io, fmt::format("journal {} has schema version {}, older than this cairn's ({}); "
                                                 "any writing command (`cairn run`, `cairn resume`) upgrades it",
-                                                name, version, latest_version));
+                                                name, version, latest_version()));
   }
 
   // The runs this object claimed; in a group commit (`grouped`) what a
@@ -798,7 +626,7 @@ constexpr const char* worker_select =
     "(SELECT count(*) FROM runs WHERE owner = workers.id) FROM workers ";
 }  // namespace
 
-postgres_journal::postgres_journal(const fs::path& url, journal_options options)
+postgres_journal::postgres_journal(const fs::path& url, const journal_options& options)
     : impl_(std::make_unique<impl>(url, options)) {}
 
 postgres_journal::~postgres_journal() = default;
@@ -807,13 +635,14 @@ const fs::path& postgres_journal::path() const { return impl_->path; }
 
 const journal_options& postgres_journal::options() const { return impl_->options; }
 
-int postgres_journal::schema_version() { return latest_version; }
+int postgres_journal::schema_version() const { return latest_version(); }
 
-std::vector<std::exception_ptr> postgres_journal::write_together(
-    journal& self, std::span<const std::function<void(journal&)>> writes) {
+// sync_later: PostgreSQL syncs every commit (journal.hpp).
+std::vector<std::exception_ptr> postgres_journal::write_together(std::span<const std::function<void(journal&)>> writes,
+                                                                 bool /*sync_later*/) {
   auto& j = *impl_;
-  if (auto done = j.optimistic_group(self, writes)) return *std::move(done);
-  return group_commit(self, writes,
+  if (auto done = j.optimistic_group(*this, writes)) return *std::move(done);
+  return group_commit(*this, writes,
                       {.run = [&j](const char* sql) { j.guard({}, [&] { j.run(sql); }); },
                        .in_transaction = [&j] { return PQstatus(j.conn) == CONNECTION_OK && j.in_transaction(); },
                        .begin = impl::begin_statement,
@@ -1314,48 +1143,10 @@ std::string postgres_journal::server_version() {
   });
 }
 
-}  // namespace cairn::storage
-
-namespace cairn::storage {
-
-postgres_listener::postgres_listener(const std::string& url) : url_(url) {
-  if (!connect())
-    throw storage_error(errc::io, fmt::format("cannot listen for wake-ups on {} ({}); is the server running? check --db",
-                                              without_password(url), conn_ ? trimmed(PQerrorMessage(conn_)) : "out of memory"));
+std::unique_ptr<journal> open_journal(const fs::path& url, const journal_options& options) {
+  return std::make_unique<postgres_journal>(url, options);
 }
 
-postgres_listener::~postgres_listener() { PQfinish(conn_); }
+int schema_version() { return latest_version(); }
 
-bool postgres_listener::connect() {
-  if (conn_) PQreset(conn_);
-  else conn_ = connect_to(url_);
-  if (PQstatus(conn_) != CONNECTION_OK) return false;
-  std::unique_ptr<PGresult, decltype(&PQclear)> r(PQexec(conn_, fmt::format("LISTEN {}", wake_channel).c_str()),
-                                                  &PQclear);
-  return PQresultStatus(r.get()) == PGRES_COMMAND_OK && PQsetnonblocking(conn_, 1) == 0;
-}
-
-void postgres_listener::listen(int stop_fd, const std::function<void(const std::string&, change)>& on_wake) {
-  bool connected = true;
-  for (;;) {
-    std::array<pollfd, 2> fds{pollfd{stop_fd, POLLIN, 0}, pollfd{connected ? PQsocket(conn_) : -1, POLLIN, 0}};
-    // Lost: look again in a second, for as long as it takes.
-    if (::poll(fds.data(), fds.size(), connected ? -1 : 1000) < 0 && errno != EINTR) return;
-    if (fds[0].revents) return;
-    if (!connected) {
-      if ((connected = connect())) on_wake(std::string(), change::submitted);
-      continue;
-    }
-    if (!fds[1].revents) continue;
-    if (PQconsumeInput(conn_) == 0 || PQstatus(conn_) != CONNECTION_OK) {
-      connected = false;
-      continue;
-    }
-    while (PGnotify* n = PQnotifies(conn_)) {
-      if (auto hint = parse_wakeup(n->extra)) on_wake(hint->first, hint->second);
-      PQfreemem(n);
-    }
-  }
-}
-
-}  // namespace cairn::storage
+}  // namespace cairn::storage::postgres
