@@ -250,15 +250,17 @@ TEST_CASE("run status names round-trip") {
 
 TEST_CASE("a journal names its backend and the version of its database") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   CHECK(j->backend() == where_backend);
-  CHECK_THAT(j->server_version(), Catch::StartsWith(where_backend == "sqlite" ? "SQLite 3." : "PostgreSQL 1"));
+  const std::map<std::string, std::string> version_of = {
+      {"sqlite", "SQLite 3."}, {"postgresql", "PostgreSQL 1"}, {"memory", "in-memory journal"}};
+  CHECK_THAT(j->server_version(), Catch::StartsWith(version_of.at(where_backend)));
   CHECK(j->path() == where.path());
 }
 
 TEST_CASE("runs_with_workspace_near finds the workspaces a folder would nest with, by whole names") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   const std::map<std::string, std::string> workspaces = {
       {"same", "/w/a/b"}, {"inside", "/w/a/b/c"}, {"deeper", "/w/a/b/c/d"}, {"holds", "/w/a"},
       {"sibling", "/w/a/bc"}, {"other", "/w/x"}, {"prefix", "/w/a/b-2"}, {"none", ""}};
@@ -277,7 +279,7 @@ TEST_CASE("runs_with_workspace_near finds the workspaces a folder would nest wit
 
 TEST_CASE("create_run is idempotent: the id is the key") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
 
   auto [first, created] = j->create_run(a_run("r1", {{"n", 1}}));
   CHECK(created);
@@ -308,7 +310,7 @@ TEST_CASE("create_run is idempotent: the id is the key") {
 
 TEST_CASE("list_runs is newest first") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   for (auto id : {"b", "c", "a"}) j->create_run(a_run(id));
   std::vector<std::string> ids;
   for (const auto& r : j->list_runs()) ids.push_back(r.id);
@@ -317,7 +319,7 @@ TEST_CASE("list_runs is newest first") {
 
 TEST_CASE("steps round-trip exactly, in seq order") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
 
   auto s0 = ok_step("r", 0, json::parse(R"({"text":"héllo ✓ \u0000 \"q\"","n":18446744073709551615,
@@ -344,7 +346,7 @@ TEST_CASE("steps round-trip exactly, in seq order") {
 
 TEST_CASE("a step of an unknown run is refused") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   auto err = error_from([&] { j->append_step(ok_step("ghost", 0, 1)); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
@@ -390,7 +392,7 @@ TEST_CASE("steps are write-once") {
 
 TEST_CASE("claim_run is a compare-and-set of the owner") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
 
   CHECK_FALSE(j->claim_run("r", "someone-else", "host-a"));
@@ -414,7 +416,7 @@ TEST_CASE("claim_run is a compare-and-set of the owner") {
 
 TEST_CASE("begin_attempt counts attempts and records each") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   CHECK(j->begin_attempt("r") == 1);
   CHECK(j->begin_attempt("r") == 2);
@@ -438,7 +440,7 @@ TEST_CASE("begin_attempt counts attempts and records each") {
 
 TEST_CASE("events keep their order, seq and data") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->append_event("r", "step_retry", {{"delay_ms", 250}}, 7);
   j->append_event("r", "note", json::array({1, "two"}));
@@ -458,7 +460,7 @@ TEST_CASE("events keep their order, seq and data") {
 
 TEST_CASE("finish_run records the outcome and frees the run") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("ok"));
   j->create_run(a_run("bad"));
   j->claim_run("ok", "", "me");
@@ -496,7 +498,7 @@ TEST_CASE("finish_run records the outcome and frees the run") {
 
 TEST_CASE("reset_attempts makes a failed run pending again, keeping its steps") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->claim_run("r", "", "me");
   j->begin_attempt("r");
@@ -526,7 +528,7 @@ TEST_CASE("reset_attempts makes a failed run pending again, keeping its steps") 
 
 TEST_CASE("create_run records the parent, initial owner and deadline; children() lists them oldest first") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("parent"));
   auto child = a_run("kid-b");
   child.parent_id = "parent";
@@ -560,7 +562,7 @@ TEST_CASE("create_run records the parent, initial owner and deadline; children()
 
 TEST_CASE("suspend_run parks the run, ownerless, with what it waits for") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   REQUIRE(j->claim_run("r", "", "host-a"));
 
@@ -610,7 +612,7 @@ TEST_CASE("suspend_run parks the run, ownerless, with what it waits for") {
 
 TEST_CASE("a cancelled run is final: finish_run records it and claim_run refuses it") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->claim_run("r", "", "host-a");
   j->suspend_run("r", wait_for("timer", "", 2, 1'700'000'000'000));
@@ -634,7 +636,7 @@ TEST_CASE("a cancelled run is final: finish_run records it and claim_run refuses
 
 TEST_CASE("release_run hands a run back to be scheduled again") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->claim_run("r", "", "host-a");
   j->release_run("r", "host shutting down");
@@ -662,7 +664,7 @@ TEST_CASE("release_run hands a run back to be scheduled again") {
 
 TEST_CASE("reset_attempts also forgets the wait and the cancel request") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->claim_run("r", "", "me");
   j->suspend_run("r", wait_for("signal", "go", 1));
@@ -706,7 +708,7 @@ TEST_CASE("enqueue_signal refuses an unknown or finished run and writes nothing"
 
 TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives the oldest undelivered of a name") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->create_run(a_run("other"));
   CHECK_FALSE(j->pending_signal("r", "a"));
@@ -753,7 +755,7 @@ TEST_CASE("enqueue_signal queues for any unfinished run; pending_signal gives th
 
 TEST_CASE("deliver_signal puts each signal into exactly one step, atomically") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->create_run(a_run("other"));
   const auto go = j->enqueue_signal("r", "go", {{"approved", true}}).id;
@@ -804,7 +806,7 @@ TEST_CASE("deliver_signal puts each signal into exactly one step, atomically") {
 
 TEST_CASE("steps of every kind round-trip") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   using kind = protocol::step_kind;
   const std::vector<kind> kinds{kind::step,  kind::now,    kind::random, kind::tool,
@@ -821,7 +823,7 @@ TEST_CASE("steps of every kind round-trip") {
 
 TEST_CASE("request_cancel marks an unfinished run once and reports a finished one") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->claim_run("r", "", "host");
   CHECK(j->request_cancel("r"));
@@ -849,7 +851,7 @@ TEST_CASE("request_cancel marks an unfinished run once and reports a finished on
 
 TEST_CASE("cancel_idle_run cancels only a pending or waiting run that nobody owns") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("running"));
   j->claim_run("running", "", "host");
   auto owned = a_run("owned-pending");
@@ -892,7 +894,7 @@ TEST_CASE("cancel_idle_run cancels only a pending or waiting run that nobody own
 
 TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs that can move") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   const std::int64_t now = 1'000'000;
   std::vector<std::string> expected;  // in creation order
   auto create = [&](const std::string& id, bool schedulable, std::string parent = "",
@@ -977,7 +979,7 @@ TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs 
 
 TEST_CASE("count_by_status counts every status, zero included") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   for (auto id : {"a", "b", "c", "d", "e"}) j->create_run(a_run(id));
   j->claim_run("b", "", "host");
   j->claim_run("c", "", "host");
@@ -1230,8 +1232,8 @@ TEST_CASE("a full disk loses nothing that was committed") {
 
 TEST_CASE("a journal that lost its run to another is fenced: none of its writes reach the journal") {
   ON_EACH_BACKEND(where);
-  auto a = open_journal(where.path());
-  auto b = open_journal(where.path());
+  auto a = where.open();
+  auto b = where.open();
   a->create_run(a_run("r"));
   a->create_run(a_run("other"));
   const auto queued = a->enqueue_signal("r", "go", 1).id;
@@ -1297,8 +1299,8 @@ TEST_CASE("a journal that lost its run to another is fenced: none of its writes 
 
 TEST_CASE("two journal objects of one process with the same owner are told apart by the epoch") {
   ON_EACH_BACKEND(where);
-  auto first = open_journal(where.path());
-  auto second = open_journal(where.path());
+  auto first = where.open();
+  auto second = where.open();
   first->create_run(a_run("r"));
   REQUIRE(first->claim_run("r", "", "host-a"));
   first->append_step(ok_step("r", 0, "first"));
@@ -1354,7 +1356,7 @@ TEST_CASE("a value stored past the bounds makes only its run unreadable, and say
 
 TEST_CASE("enqueue_signal refuses a run that holds max_signals signals, delivered ones included") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   const auto first = j->enqueue_signal("r", "go", 1, 2);
   CHECK(first.run_id == "r");
@@ -1372,7 +1374,7 @@ TEST_CASE("enqueue_signal refuses a run that holds max_signals signals, delivere
 
 TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other runs'") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->create_run(a_run("other"));
   const auto before = j->bytes_of_run("r");
@@ -1392,7 +1394,7 @@ TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other 
 
 TEST_CASE("a long string journaled in many events is stored once, and every event reads back as written") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   j->create_run(a_run("r"));
   j->create_run(a_run("other"));
   const std::string conversation(100'000, 'c');
@@ -1432,9 +1434,8 @@ std::optional<storage_error> error_at(const std::vector<std::exception_ptr>& err
 
 TEST_CASE("one group commit makes the writes of many runs durable, and a refused write fails alone") {
   ON_EACH_BACKEND(where);
-  const auto db = where.path();
   {
-    auto j = open_journal(db);
+    auto j = where.open();
     for (const auto* id : {"a", "b", "c"}) j->create_run(a_run(id));
     j->append_step(ok_step("b", 0, "first"));
     std::vector<write_fn> writes{
@@ -1457,7 +1458,7 @@ TEST_CASE("one group commit makes the writes of many runs durable, and a refused
     REQUIRE(error_at(errors, 3));
     CHECK(error_at(errors, 3)->code() == errc::not_found);
   }
-  auto j = open_journal(db);  // what another process finds
+  auto j = where.open();  // what another process finds
   REQUIRE(j->steps("a").size() == 1);
   CHECK(j->steps("a")[0].result.output == "a0");
   REQUIRE(j->steps("b").size() == 1);
@@ -1469,9 +1470,8 @@ TEST_CASE("one group commit makes the writes of many runs durable, and a refused
 
 TEST_CASE("in a group commit, a run taken over is refused alone, and claims count once committed") {
   ON_EACH_BACKEND(where);
-  const auto db = where.path();
-  auto mine = open_journal(db);
-  auto theirs = open_journal(db);
+  auto mine = where.open();
+  auto theirs = where.open();
   for (const auto* id : {"kept", "lost", "new"}) mine->create_run(a_run(id));
   REQUIRE(mine->claim_run("kept", "", "me"));
   REQUIRE(mine->claim_run("lost", "", "me"));
@@ -1500,9 +1500,8 @@ TEST_CASE("in a group commit, a run taken over is refused alone, and claims coun
 
 TEST_CASE("in a group commit, a write sees the claim made before it in the same transaction") {
   ON_EACH_BACKEND(where);
-  const auto db = where.path();
-  auto mine = open_journal(db);
-  auto theirs = open_journal(db);
+  auto mine = where.open();
+  auto theirs = where.open();
   for (const auto* id : {"back", "undone"}) mine->create_run(a_run(id));
   auto without_workspace = a_run("again");
   without_workspace.workspace = "";

@@ -37,7 +37,7 @@ errc code_of(const std::function<void()>& f) {
 
 TEST_CASE("a registered worker is listed with its lease and the runs it owns") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   const std::string p;
   auto w = a_worker(p + "w1", 60'000);
   w.workspace_root = "/mnt/shared";
@@ -73,7 +73,7 @@ TEST_CASE("a registered worker is listed with its lease and the runs it owns") {
 
 TEST_CASE("workers expired for over an hour and holding no run are forgotten when a worker registers") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   const auto hour = journal::forgotten_worker_ms;
   j->create_run(a_run("held", "gone-with-a-run"));
   j->register_worker(a_worker("long-gone", -hour - 60'000));
@@ -88,7 +88,7 @@ TEST_CASE("workers expired for over an hour and holding no run are forgotten whe
 
 TEST_CASE("renew_lease extends a current lease and reports fenced writes; an expired lease is not revived") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   const std::string p;
   j->register_worker(a_worker(p + "live", 60'000));
   const auto later = now_ms() + 120'000;
@@ -116,8 +116,8 @@ TEST_CASE("renew_lease extends a current lease and reports fenced writes; an exp
 
 TEST_CASE("a run created without a workspace gets one, once, from the worker that holds it") {
   ON_EACH_BACKEND(where);
-  auto owner = open_journal(where.path());
-  auto other = open_journal(where.path());
+  auto owner = where.open();
+  auto other = where.open();
   const std::string p;
   owner->create_run(a_run(p + "r"));
   CHECK(owner->find_run(p + "r")->workspace.empty());
@@ -150,7 +150,7 @@ TEST_CASE("a run created without a workspace gets one, once, from the worker tha
 
 TEST_CASE("new_run's workspace_host is kept") {
   ON_EACH_BACKEND(where);
-  auto j = open_journal(where.path());
+  auto j = where.open();
   const std::string p;
   auto r = a_run(p + "r");
   r.workspace = "/home/a/ws";

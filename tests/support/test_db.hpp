@@ -1,7 +1,8 @@
-// Where a test's journal is, so one test runs against both backends: a SQLite
-// file in a fresh folder, or a fresh database of this process's PostgreSQL
-// cluster (tests/support/pg_cluster.hpp: without PostgreSQL such a test
-// fails, saying what to install).
+// Where a test's journal is, so one test runs against every implementation:
+// a SQLite file in a fresh folder, a fresh database of this process's
+// PostgreSQL cluster (tests/support/pg_cluster.hpp: without PostgreSQL such
+// a test fails, saying what to install), or a fresh in-memory database
+// (storage/memory/memory_journal.hpp).
 #pragma once
 
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include <fstream>
 #include <string>
 
+#include "storage/journal.hpp"
+#include "storage/memory/memory_journal.hpp"
 #include "tests/support/pg_cluster.hpp"
 #include "tests/temp_dir.hpp"
 
@@ -21,13 +24,25 @@ namespace cairn::testing {
 class journal_location {
  public:
   explicit journal_location(const std::string& backend)
-      : path_(backend == "sqlite" ? folder_ / "cairn.db" : std::filesystem::path(shared_pg_cluster().fresh_database())) {}
+      : path_(backend == "sqlite"   ? folder_ / "cairn.db"
+              : backend == "memory" ? std::filesystem::path("memory:test")
+                                    : std::filesystem::path(shared_pg_cluster().fresh_database())),
+        memory_(backend == "memory" ? std::make_unique<storage::memory::database>("test") : nullptr) {}
+  // What the journal's path() is: a SQLite file, a PostgreSQL URL, or
+  // "memory:test" (which only open() opens).
   const std::filesystem::path& path() const { return path_; }
   const std::filesystem::path& folder() const { return folder_.path(); }
+  // A journal object (a connection) on it.
+  std::unique_ptr<storage::journal> open(storage::journal_options options = {}) const {
+    return memory_ ? memory_->open(options) : storage::open_journal(path_, options);
+  }
+  // The in-memory database, or null on the other backends.
+  storage::memory::database* memory() const { return memory_.get(); }
 
  private:
   temp_dir folder_;
   std::filesystem::path path_;
+  std::unique_ptr<storage::memory::database> memory_;
 };
 
 // For tests that start cairn processes: with CAIRN_TEST_ON_POSTGRES=1
@@ -64,8 +79,9 @@ inline std::string test_prefix() {
 
 }  // namespace cairn::testing
 
-// Runs the test case once per backend, with `where` the journal's location.
-#define ON_EACH_BACKEND(where)                                                             \
-  const std::string where##_backend = GENERATE(as<std::string>{}, "sqlite", "postgresql"); \
-  INFO("backend: " << where##_backend);                                                    \
+// Runs the test case once per implementation of the journal, with `where`
+// the journal's location.
+#define ON_EACH_BACKEND(where)                                                                       \
+  const std::string where##_backend = GENERATE(as<std::string>{}, "sqlite", "postgresql", "memory"); \
+  INFO("backend: " << where##_backend);                                                              \
   ::cairn::testing::journal_location where(where##_backend)
