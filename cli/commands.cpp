@@ -12,6 +12,7 @@
 #include "cli/format.hpp"
 #include "cli/support.hpp"
 #include "engine/doctor.hpp"
+#include "engine/event_schema.hpp"
 #include "engine/owner.hpp"
 #include "engine/workspace_files.hpp"
 #include "protocol/bounded_json.hpp"
@@ -205,11 +206,9 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
     std::cout << run_summary(*run) << policy_summary(run->policy) << "\n" << steps_table(steps);
     std::string notable;
     for (const auto& e : events) {
-      static const std::set<std::string> shown = {
-          "attempt_crashed", "step_retry",      "run_failed",    "run_in_doubt", "tool_settled", "limit_exceeded",
-          "sandbox_warning", "run_waiting",     "signal_queued", "cancel_requested", "cancel_sent", "run_cancelled",
-          "run_released",    "timer_set"};
-      if (shown.count(e.kind))
+      // What the schema marks notable; a kind written by a newer cairn, too.
+      const auto* declared = engine::declared_event(e.kind);
+      if (!declared || declared->notable)
         notable += fmt::format("  {}  {:<16} {}{}\n", format_time(e.at_ms), terminal_text(e.kind),
                                e.seq ? fmt::format("seq {} ", *e.seq) : "", preview(e.data, 90));
     }

@@ -486,9 +486,10 @@ protocol::ack_msg attempt_driver::ack_of(std::uint64_t seq) const {
 }
 
 // The answer to the agent goes out only after this returns: the row is durable.
-task<void> attempt_driver::commit(const storage::step_record& record, std::optional<std::int64_t> signal_id) {
+task<void> attempt_driver::commit(const storage::step_record& record,
+                                  std::optional<effects::delivered_signal> signal) {
   runtime::crash_point("before_commit");
-  co_await apply_effect(effects::step_committed{record, signal_id});
+  co_await apply_effect(effects::step_committed{record, std::move(signal)});
   runtime::crash_point("after_commit");
   ++expected_seq_;
   step_failures_ = 0;

@@ -117,11 +117,13 @@ class attempt_driver {
                   const std::function<task<bool>()>& finish);
   // Journals a step the host decided (sleep, signal, child, join, timeout)
   // and sends it to the agent as the result of its request.
-  task<void> record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id = std::nullopt);
+  task<void> record_and_answer(protocol::step_result r,
+                               std::optional<effects::delivered_signal> signal = std::nullopt);
 
   // Makes the step durable (over the run's journal budget: budget_exceeded,
   // nothing written) and moves on to the next seq.
-  task<void> commit(const storage::step_record& record, std::optional<std::int64_t> signal_id = std::nullopt);
+  task<void> commit(const storage::step_record& record,
+                    std::optional<effects::delivered_signal> signal = std::nullopt);
   task<void> expect_clean_exit(std::string_view last);
   void check_seq(std::uint64_t seq, std::string_view what);
   // The next frame, or nullopt when `until` came first or (with

@@ -34,13 +34,14 @@ std::string format_ms(std::int64_t ms) {
 
 }  // namespace
 
-task<void> attempt_driver::record_and_answer(protocol::step_result r, std::optional<std::int64_t> signal_id) {
+task<void> attempt_driver::record_and_answer(protocol::step_result r,
+                                             std::optional<effects::delivered_signal> signal) {
   storage::step_record record;
   record.run_id = run_.id;
   record.started_at_ms = storage::now_ms();
   record.finished_at_ms = record.started_at_ms;
   record.result = std::move(r);
-  co_await commit(record, signal_id);
+  co_await commit(record, std::move(signal));
   co_await send_one(protocol::result_msg{record.result});
   runtime::crash_point("after_ack");
   observer_.on_step(record);
@@ -130,7 +131,7 @@ attempt_driver::step attempt_driver::on(const protocol::wait_msg& m) {
     r.kind = protocol::step_kind::signal;
     if (auto sig = journal_.pending_signal(m.signal)) {
       r.output = {{"signal", m.signal}, {"timed_out", false}, {"payload", sig->payload}};
-      co_await record_and_answer(std::move(r), sig->id);
+      co_await record_and_answer(std::move(r), effects::delivered_signal{sig->id, sig->name});
       co_return true;
     }
     if (deadline && storage::now_ms() >= *deadline) {

@@ -16,11 +16,17 @@ namespace cairn::engine::effects {
 
 using json = nlohmann::json;
 
-// A step's outcome, final: replay returns exactly this. With `signal_id`,
-// the step is the delivery of that signal (delivered once).
+// A signal a step delivers.
+struct delivered_signal {
+  std::int64_t id = 0;
+  std::string name;
+};
+
+// A step's outcome, final: replay returns exactly this. With `signal`, the
+// step is the delivery of that signal (delivered once).
 struct step_committed {
   storage::step_record record;
-  std::optional<std::int64_t> signal_id;
+  std::optional<delivered_signal> signal;
 };
 
 // An attempt of a failed step, to be made again after `delay_ms`.

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "runtime/crash_point.hpp"
+#include "engine/event_schema.hpp"
 #include "engine/wakeups.hpp"
 
 namespace cairn::engine {
@@ -26,77 +27,90 @@ struct overloaded : F... {
 template <class... F>
 overloaded(F...) -> overloaded<F...>;
 
-// The event schema: every event the engine writes, its kind and its data.
-// (The journal adds its own for the transitions it makes: attempt_started,
-// run_waiting, run_released, run_reset, run_completed, run_failed,
-// run_cancelled, run_in_doubt, cancel_requested, signal_queued,
-// signal_delivered; see storage/journal.hpp.)
+// The event an effect records, built through the schema (event_schema.hpp).
 std::optional<event_row> row_of(const effect& e) {
   using namespace effects;
   return std::visit(
       overloaded{
           [](const retry_due& r) -> std::optional<event_row> {
-            return event_row{"step_retry",
-                             {{"name", r.name}, {"attempt", r.attempt}, {"error", error_json(r.error)},
-                              {"delay_ms", r.delay_ms}},
-                             r.seq};
+            return event("step_retry",
+                         {{"name", r.name}, {"attempt", r.attempt}, {"error", error_json(r.error)},
+                          {"delay_ms", r.delay_ms}},
+                         r.seq);
           },
           [](const tool_started& t) -> std::optional<event_row> {
-            return event_row{"tool_started", {{"tool", t.tool}, {"idempotency", t.idempotency}, {"args", t.args}},
-                             t.seq};
+            return event("tool_started", {{"tool", t.tool}, {"idempotency", t.idempotency}, {"args", t.args}}, t.seq);
           },
-          [](const tool_settled& t) -> std::optional<event_row> {
-            return event_row{"tool_settled", {{"how", t.how}}, t.seq};
-          },
+          [](const tool_settled& t) -> std::optional<event_row> { return event("tool_settled", {{"how", t.how}}, t.seq); },
           [](const timer_set& t) -> std::optional<event_row> {
-            return event_row{"timer_set", {{"until_ms", t.until_ms}, {"in_past", t.in_past}}, t.seq};
+            return event("timer_set", {{"until_ms", t.until_ms}, {"in_past", t.in_past}}, t.seq);
           },
           [](const wait_started& w) -> std::optional<event_row> {
-            return event_row{"wait_started",
-                             {{"signal", w.signal}, {"deadline_ms", w.deadline_ms ? json(*w.deadline_ms) : json()}},
-                             w.seq};
+            return event("wait_started",
+                         {{"signal", w.signal}, {"deadline_ms", w.deadline_ms ? json(*w.deadline_ms) : json()}}, w.seq);
           },
           [](const sandbox_warning& w) -> std::optional<event_row> {
-            return event_row{"sandbox_warning", {{"message", w.message}}, std::nullopt};
+            return event("sandbox_warning", {{"message", w.message}});
           },
           [](const cancel_sent& c) -> std::optional<event_row> {
-            return event_row{"cancel_sent", {{"reason", c.reason}, {"grace_seconds", c.grace_seconds}}, std::nullopt};
+            return event("cancel_sent", {{"reason", c.reason}, {"grace_seconds", c.grace_seconds}});
           },
           [](const limit_exceeded& l) -> std::optional<event_row> {
-            return event_row{"limit_exceeded", {{"limit", l.limit}, {"message", l.message}}, std::nullopt};
+            return event("limit_exceeded", {{"limit", l.limit}, {"message", l.message}});
           },
           [](const attempt_crashed& a) -> std::optional<event_row> {
-            return event_row{"attempt_crashed",
-                             {{"attempt", a.attempt}, {"error", a.error}, {"will_retry", a.will_retry}},
-                             std::nullopt};
+            return event("attempt_crashed", {{"attempt", a.attempt}, {"error", a.error}, {"will_retry", a.will_retry}});
           },
           [](const suspended& s) -> std::optional<event_row> {
-            return event_row{"suspended",
-                             {{"count", s.count}, {"bytes_written", s.bytes_written}, {"cpu_ms", s.cpu_ms},
-                              {"ms", s.ms}},
-                             std::nullopt};
+            return event("suspended",
+                         {{"count", s.count}, {"bytes_written", s.bytes_written}, {"cpu_ms", s.cpu_ms}, {"ms", s.ms}});
           },
           [](const auto&) -> std::optional<event_row> { return std::nullopt; },
       },
       e);
 }
 
+void append(storage::journal& j, const std::string& run_id, const event_row& row) {
+  j.append_event(run_id, row.kind, row.data, row.seq);
+}
+
+// A run's attempt begins: counted, and recorded.
+int begin(storage::journal& j, const std::string& id) {
+  const int attempt = j.begin_attempt(id);
+  append(j, id, attempt_started(attempt));
+  return attempt;
+}
+
 void store(storage::journal& j, const std::string& run_id, const effect& e) {
   using namespace effects;
-  if (auto row = row_of(e)) j.append_event(run_id, row->kind, row->data, row->seq);
+  if (auto row = row_of(e)) append(j, run_id, *row);
   std::visit(overloaded{
                  [&](const step_committed& s) {
-                   if (s.signal_id) j.deliver_signal(*s.signal_id, s.record);
-                   else j.append_step(s.record);
+                   if (!s.signal) return j.append_step(s.record);
+                   j.deliver_signal(s.signal->id, s.record);
+                   append(j, run_id, signal_delivered({.id = s.signal->id, .name = s.signal->name}, s.record.result.seq));
                  },
                  [&](const tool_settled& t) {
                    if (t.step) j.append_step(*t.step);
                  },
                  [&](const child_started& c) { j.create_run(c.child); },
-                 [&](const suspended& s) { j.suspend_run(run_id, s.wait); },
-                 [&](const released& r) { j.release_run(run_id, r.reason); },
-                 [&](const run_ended& r) { j.finish_run(run_id, r.status, r.output, r.error); },
-                 [&](const attempts_reset&) { j.reset_attempts(run_id); },
+                 [&](const suspended& s) {
+                   j.suspend_run(run_id, s.wait);
+                   append(j, run_id, run_waiting(s.wait));
+                 },
+                 [&](const released& r) {
+                   j.release_run(run_id);
+                   append(j, run_id, run_released(r.reason));
+                 },
+                 [&](const run_ended& r) {
+                   j.finish_run(run_id, r.status, r.output, r.error);
+                   append(j, run_id, run_finished(r.status, r.error));
+                 },
+                 [&](const attempts_reset&) {
+                   const auto before = j.find_run(run_id);
+                   j.reset_attempts(run_id);  // not_found when there is no run
+                   append(j, run_id, run_reset(before->status, before->attempts));
+                 },
                  [](const auto&) {},
              },
              e);
@@ -380,13 +394,13 @@ void ledger::remove_worker(const std::string& worker_id) {
 
 int ledger::begin_attempt(const std::string& id) {
   int attempt = 0;
-  write([&](storage::journal& j) { attempt = j.begin_attempt(id); });
+  write([&](storage::journal& j) { attempt = begin(j, id); });
   return attempt;
 }
 
 task<int> ledger::begin_attempt_async(std::string id) {
   int attempt = 0;
-  body write = [&](storage::journal& j) { attempt = j.begin_attempt(id); };
+  body write = [&](storage::journal& j) { attempt = begin(j, id); };
   co_await write_async(std::move(write));
   co_return attempt;
 }
@@ -397,7 +411,7 @@ task<std::optional<int>> ledger::take_run_async(std::string id, std::string expe
   body write = [&](storage::journal& j) {
     if (!j.claim_run(id, expected_owner, new_owner)) return;
     if (workspace) j.assign_workspace(id, workspace->folder, workspace->host);
-    attempt = j.begin_attempt(id);
+    attempt = begin(j, id);
   };
   co_await write_async(std::move(write), /*sync_later=*/true);
   co_return attempt;
@@ -406,14 +420,21 @@ task<std::optional<int>> ledger::take_run_async(std::string id, std::string expe
 storage::signal_record ledger::enqueue_signal(const std::string& run_id, const std::string& name, const json& payload,
                                               std::uint64_t max_signals) {
   storage::signal_record out;
-  write([&](storage::journal& j) { out = j.enqueue_signal(run_id, name, payload, max_signals); });
+  write([&](storage::journal& j) {
+    out = j.enqueue_signal(run_id, name, payload, max_signals);
+    append(j, run_id, signal_queued(out));
+  });
   announce(path_, run_id, storage::change::signalled);
   return out;
 }
 
 bool ledger::request_cancel(const std::string& id, const std::string& reason) {
   bool marked = false;
-  write([&](storage::journal& j) { marked = j.request_cancel(id, reason); });
+  write([&](storage::journal& j) {
+    const auto mark = j.request_cancel(id);
+    marked = mark != storage::cancel_mark::run_finished;
+    if (mark == storage::cancel_mark::marked_now) append(j, id, cancel_requested(reason));
+  });
   if (marked) announce(path_, id, storage::change::cancel_requested);
   return marked;
 }
@@ -423,7 +444,9 @@ bool ledger::cancel_idle_run(const std::string& id, const std::string& message) 
   std::string parent;
   write([&](storage::journal& j) {
     cancelled = j.cancel_idle_run(id, message);
-    if (auto run = cancelled ? j.find_run(id) : std::nullopt) parent = run->parent_id;
+    if (!cancelled) return;
+    append(j, id, run_finished(storage::run_status::cancelled, protocol::error_info{message, "cancelled"}));
+    if (auto run = j.find_run(id)) parent = run->parent_id;
   });
   if (cancelled) announce_end(id, parent);
   return cancelled;

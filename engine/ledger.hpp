@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/effects.hpp"
+#include "engine/event_schema.hpp"
 #include "engine/io.hpp"
 #include "storage/journal.hpp"
 
@@ -40,13 +41,6 @@ using json = nlohmann::json;
 struct submitted_run {
   std::string id;
   bool created = false;
-};
-
-// An event row as the journal keeps it.
-struct event_row {
-  std::string kind;
-  json data;
-  std::optional<std::uint64_t> seq;
 };
 
 class ledger {

@@ -1,5 +1,7 @@
 // The journal: the durable record of runs, their steps and events, behind
-// one interface of typed calls. Its implementations keep one contract and
+// one interface of typed calls. Storage writes no event of its own: every
+// event kind is declared, and written, by the engine's ledger
+// (engine/event_schema.hpp); append_event stores what it is given. Its implementations keep one contract and
 // pass one test suite (tests/storage): storage/sqlite/ (one SQLite database in
 // WAL mode), storage/postgres/ (one PostgreSQL database), and the in-memory
 // journal the engine's tests and simulator run on. open_journal picks one by
@@ -181,6 +183,9 @@ struct event_record {
   std::int64_t at_ms = 0;
 };
 
+// What journal::request_cancel did.
+enum class cancel_mark { marked_now, marked_before, run_finished };
+
 // full: a commit survives power loss. normal: it survives any process crash, but
 // the last commits may be lost if the machine loses power.
 enum class sync_mode { full, normal };
@@ -261,35 +266,32 @@ class journal {
   // another process has taken it over since; for work outside the journal
   // (releasing the workspace) that must not happen to a run lost meanwhile.
   virtual void confirm_held(std::string_view id) = 0;
-  // Counts one more attempt and returns its number (1-based); records an event.
+  // Counts one more attempt and returns its number (1-based).
   virtual int begin_attempt(std::string_view id) = 0;
   // Ends the run: completed with `output`; failed or cancelled with `error`
   // (required then); or stops it in_doubt with `error` (no finish time: it is
   // not over). Any other status is std::invalid_argument. Clears the owner and
-  // the wait; records an event (run_completed, run_failed, run_cancelled or
-  // run_in_doubt).
+  // the wait.
   virtual void finish_run(std::string_view id, run_status status, const json& output,
                   const std::optional<protocol::error_info>& error) = 0;
   // Makes a failed (or orphaned) run pending again with a fresh set of attempts:
   // clears output, error, owner, finish time, wait and cancel request, keeps
-  // the steps, records an event.
+  // the steps.
   virtual void reset_attempts(std::string_view id) = 0;
-  // Parks the run at step w.seq: status waiting with `w`, owner cleared, event
-  // run_waiting {kind, key, seq, wake_at_ms} at w.seq (so a replay can find the
-  // original wake time). An unknown kind, or a timer without wake_at_ms, is
+  // Parks the run at step w.seq: status waiting with `w`, owner cleared. An
+  // unknown kind, or a timer without wake_at_ms, is
   // std::invalid_argument; a finished run is storage_error(finished).
   virtual void suspend_run(std::string_view id, const wait_spec& w) = 0;
   // Hands the run back (a host shutting down): status pending, owner and wait
-  // cleared, event run_released {reason}. A finished run is storage_error(finished).
-  virtual void release_run(std::string_view id, std::string_view reason) = 0;
+  // cleared. A finished run is storage_error(finished).
+  virtual void release_run(std::string_view id) = 0;
 
-  // Marks that someone asked to cancel the run; the engine acts on it. Records
-  // cancel_requested the first time. True if the run is now marked (also when
-  // it already was), false if it has finished.
-  virtual bool request_cancel(std::string_view id, std::string_view reason = {}) = 0;
+  // Marks that someone asked to cancel the run; the engine acts on it.
+  // Whether it marked it now, had marked it before, or the run has finished.
+  virtual cancel_mark request_cancel(std::string_view id) = 0;
   // Compare-and-set: cancels the run only if it is pending or waiting and has
   // no owner: status cancelled, error {message, "cancelled"}, finish time set,
-  // wait cleared, event run_cancelled. Returns whether it did.
+  // wait cleared. Returns whether it did.
   virtual bool cancel_idle_run(std::string_view id, const std::string& message) = 0;
 
   // Every run the scheduler may act on at `now_ms`, oldest first (creation
@@ -308,8 +310,8 @@ class journal {
   // How many runs have each status; every status is present, zero included.
   virtual std::map<run_status, int> count_by_status() = 0;
 
-  // Queues a signal for the run and returns it; event signal_queued {name,
-  // signal_id}. storage_error(not_found) when there is no such run,
+  // Queues a signal for the run and returns it. storage_error(not_found)
+  // when there is no such run,
   // storage_error(finished) when it has finished, storage_error(limit_reached)
   // when the run already holds `max_signals` signals (delivered or not);
   // nothing is written then.
@@ -320,8 +322,7 @@ class journal {
   // Whether pending_signal would find one (without loading its payload).
   virtual bool has_pending_signal(std::string_view run_id, std::string_view name) = 0;
   // In one transaction: marks the signal delivered at step.result.seq and
-  // journals `step` (as append_step), event signal_delivered {name, signal_id}
-  // at that seq. A signal already delivered, or a step already journaled, is
+  // journals `step` (as append_step). A signal already delivered, or a step already journaled, is
   // storage_error(conflict) and nothing is written: each signal reaches
   // exactly one step. No such signal is storage_error(not_found); a signal of
   // another run than step.run_id is std::invalid_argument.

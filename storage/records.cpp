@@ -66,19 +66,6 @@ json join_event_data(const json& manifest, std::int64_t event_id, std::string_vi
   });
 }
 
-std::string_view finish_event_kind(run_status status) {
-  switch (status) {
-    case run_status::completed: return "run_completed";
-    case run_status::failed: return "run_failed";
-    case run_status::cancelled: return "run_cancelled";
-    default: return "run_in_doubt";
-  }
-}
-
-json error_data(const std::string& message, const std::string& type) {
-  return {{"error", {{"message", message}, {"type", type}}}};
-}
-
 storage_error no_run_error(std::string_view run_id, std::string_view journal) {
   return {errc::not_found, fmt::format("no run '{}' in journal {}", run_id, journal)};
 }
@@ -137,10 +124,6 @@ void check_wait(const wait_spec& w) {
   if (w.kind != "timer" && w.kind != "signal" && w.kind != "child")
     throw std::invalid_argument("suspend_run: wait kind must be timer, signal or child, not '" + w.kind + "'");
   if (w.kind == "timer" && !w.wake_at_ms) throw std::invalid_argument("suspend_run: a timer needs wake_at_ms");
-}
-
-json wait_event_data(const wait_spec& w) {
-  return {{"kind", w.kind}, {"key", w.key}, {"seq", w.seq}, {"wake_at_ms", w.wake_at_ms ? json(*w.wake_at_ms) : json()}};
 }
 
 std::string workspace_near_sql(const std::string& folder) {

@@ -153,10 +153,6 @@ event_record read_event(const Row& s, std::string_view run_id,
 }
 
 
-// The data of the events that end a run (finish_run).
-std::string_view finish_event_kind(run_status status);
-json error_data(const std::string& message, const std::string& type);
-
 // The errors both backends give, named by what happened. `journal` names the
 // database in the message.
 storage_error no_run_error(std::string_view run_id, std::string_view journal);
@@ -173,7 +169,6 @@ storage_error workspace_set_error(std::string_view run_id, std::string_view jour
 // The argument checks of finish_run and suspend_run (std::invalid_argument).
 void check_finish(run_status status, const std::optional<protocol::error_info>& error);
 void check_wait(const wait_spec& w);
-json wait_event_data(const wait_spec& w);
 
 // A write transaction; inside write_together, a savepoint of the group's.
 // Rolls back unless committed. Backend has run(const char*), whose failures

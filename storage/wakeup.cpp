@@ -95,6 +95,8 @@ std::optional<std::pair<std::string, change>> parse_wakeup(std::string_view text
 void notify(const std::filesystem::path& db, std::string_view run_id, change what) noexcept {
   // PostgreSQL: the journal NOTIFYs inside the transaction that made the change.
   if (is_postgres_url(db.string())) return;
+  // An in-memory journal (storage/memory) has no folder: its waiters are this process's.
+  if (db.string().starts_with("memory:")) return;
   const std::string message = wakeup_text(run_id, what);
   if (message.size() > max_wakeup_bytes) return;
   fd_guard dir(::open(folder_of(db).c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));

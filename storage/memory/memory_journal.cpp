@@ -209,7 +209,6 @@ class memory_journal final : public journal {
     ++r.attempts;
     r.updated_at_ms = db_->clock();
     const int attempt = r.attempts;
-    event(id, "attempt_started", {{"attempt", attempt}}, std::nullopt);
     tx.commit();
     return attempt;
   }
@@ -230,7 +229,6 @@ class memory_journal final : public journal {
     r.finished_at_ms = status == run_status::in_doubt ? std::nullopt : std::optional(now);
     r.updated_at_ms = now;
     r.wait.reset();
-    event(id, finish_event_kind(status), ok ? json::object() : error_data(error->message, error->type), std::nullopt);
     tx.commit();
     held_.end(id);
   }
@@ -239,7 +237,6 @@ class memory_journal final : public journal {
     write_txn tx(*this);
     fence(id);
     auto& r = change_run(id);
-    json data = {{"status", to_string(r.status)}, {"attempts", r.attempts}};
     r.status = run_status::pending;
     r.attempts = 0;
     r.output = json();
@@ -249,7 +246,6 @@ class memory_journal final : public journal {
     r.wait.reset();
     r.cancel_requested_at_ms.reset();
     r.updated_at_ms = db_->clock();
-    event(id, "run_reset", data, std::nullopt);
     tx.commit();
     held_.end(id);
   }
@@ -263,12 +259,11 @@ class memory_journal final : public journal {
     r.owner.clear();
     r.wait = w;
     r.updated_at_ms = db_->clock();
-    event(id, "run_waiting", wait_event_data(w), w.seq);
     tx.commit();
     held_.end(id);
   }
 
-  void release_run(std::string_view id, std::string_view reason) override {
+  void release_run(std::string_view id) override {
     write_txn tx(*this);
     fence(id);
     auto& r = unfinished_run(id, "release it");
@@ -276,21 +271,18 @@ class memory_journal final : public journal {
     r.owner.clear();
     r.wait.reset();
     r.updated_at_ms = db_->clock();
-    event(id, "run_released", {{"reason", reason}}, std::nullopt);
     tx.commit();
     held_.end(id);
   }
 
-  bool request_cancel(std::string_view id, std::string_view reason) override {
+  cancel_mark request_cancel(std::string_view id) override {
     write_txn tx(*this);
-    if (is_finished(existing_run(id).status)) return false;
-    if (!existing_run(id).cancel_requested_at_ms) {
-      auto& r = change_run(id);
-      r.cancel_requested_at_ms = r.updated_at_ms = db_->clock();
-      event(id, "cancel_requested", {{"reason", reason}}, std::nullopt);
-      tx.commit();
-    }
-    return true;
+    if (is_finished(existing_run(id).status)) return cancel_mark::run_finished;
+    if (existing_run(id).cancel_requested_at_ms) return cancel_mark::marked_before;
+    auto& r = change_run(id);
+    r.cancel_requested_at_ms = r.updated_at_ms = db_->clock();
+    tx.commit();
+    return cancel_mark::marked_now;
   }
 
   bool cancel_idle_run(std::string_view id, const std::string& message) override {
@@ -304,7 +296,6 @@ class memory_journal final : public journal {
     r.error = protocol::error_info{message, "cancelled"};
     r.finished_at_ms = r.updated_at_ms = now;
     r.wait.reset();
-    event(id, "run_cancelled", error_data(message, "cancelled"), std::nullopt);
     tx.commit();
     return true;
   }
@@ -361,7 +352,6 @@ class memory_journal final : public journal {
                     std::nullopt, std::nullopt};
     db_->signals[r.id] = r;
     db_->log.push_back([db = db_.get(), id = r.id] { db->signals.erase(id); });
-    event(run_id, "signal_queued", {{"name", name}, {"signal_id", r.id}}, std::nullopt);
     tx.commit();
     return r;
   }
@@ -393,7 +383,6 @@ class memory_journal final : public journal {
     it->second.delivered_seq = step.result.seq;
     it->second.delivered_at_ms = db_->clock();
     insert_step(step);
-    event(step.run_id, "signal_delivered", {{"name", name}, {"signal_id", signal_id}}, step.result.seq);
     tx.commit();
   }
 

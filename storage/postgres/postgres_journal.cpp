@@ -48,8 +48,8 @@ class postgres_journal final : public journal {
   void finish_run(std::string_view id, run_status status, const json& output, const std::optional<protocol::error_info>& error) override;
   void reset_attempts(std::string_view id) override;
   void suspend_run(std::string_view id, const wait_spec& w) override;
-  void release_run(std::string_view id, std::string_view reason) override;
-  bool request_cancel(std::string_view id, std::string_view reason) override;
+  void release_run(std::string_view id) override;
+  cancel_mark request_cancel(std::string_view id) override;
   bool cancel_idle_run(std::string_view id, const std::string& message) override;
   std::vector<run_brief> schedulable(std::int64_t now_ms) override;
   std::optional<std::int64_t> next_due_ms(std::int64_t after_ms) override;
@@ -730,7 +730,6 @@ int postgres_journal::begin_attempt(std::string_view id) {
                     now_ms());
     if (r.rows() == 0) throw no_run_error(id, j.name);
     const int attempt = static_cast<int>(pg_row{r, 0}.int64(0));
-    j.event(id, "attempt_started", {{"attempt", attempt}}, std::nullopt);
     tx.commit();
     return attempt;
   });
@@ -752,7 +751,6 @@ void postgres_journal::finish_run(std::string_view id, run_status status, const 
                     id, to_string(status), out, message, type,
                     status == run_status::in_doubt ? std::optional<std::int64_t>() : std::optional(now), now);
     if (r.rows() == 0) throw no_run_error(id, j.name);
-    j.event(id, finish_event_kind(status), ok ? json::object() : error_data(*message, *type), std::nullopt);
     j.notify_ended(id, text_or_null(pg_row{r, 0}, 0));
     tx.commit();
     j.held.end(id);
@@ -766,12 +764,10 @@ void postgres_journal::reset_attempts(std::string_view id) {
     j.fence(id);
     auto before = j.exec("SELECT status, attempts FROM runs WHERE id = $1 FOR NO KEY UPDATE", id);
     if (before.rows() == 0) throw no_run_error(id, j.name);
-    json data = {{"status", pg_row{before, 0}.text(0)}, {"attempts", pg_row{before, 0}.int64(1)}};
     j.exec("UPDATE runs SET status = 'pending', attempts = 0, output = NULL, error_message = NULL, "
            "error_type = NULL, finished_at_ms = NULL, owner = '', wait_kind = NULL, wait_key = NULL, "
            "wait_seq = NULL, wake_at_ms = NULL, cancel_requested_at_ms = NULL, updated_at_ms = $2 WHERE id = $1",
            id, now_ms());
-    j.event(id, "run_reset", data, std::nullopt);
     j.notify(change::released, id);
     tx.commit();
     j.held.end(id);
@@ -791,14 +787,13 @@ void postgres_journal::suspend_run(std::string_view id, const wait_spec& w) {
                id, w.kind, w.key, seq, w.wake_at_ms, now_ms())
             .affected() == 0)
       throw finished_error(id, j.status_of(id), "make it wait");
-    j.event(id, "run_waiting", wait_event_data(w), seq);
     j.notify(change::waiting, id);
     tx.commit();
     j.held.end(id);
   });
 }
 
-void postgres_journal::release_run(std::string_view id, std::string_view reason) {
+void postgres_journal::release_run(std::string_view id) {
   auto& j = *impl_;
   j.guard(id, [&] {
     impl::txn tx(j);
@@ -809,28 +804,27 @@ void postgres_journal::release_run(std::string_view id, std::string_view reason)
                id, now_ms())
             .affected() == 0)
       throw finished_error(id, j.status_of(id), "release it");
-    j.event(id, "run_released", {{"reason", reason}}, std::nullopt);
     j.notify(change::released, id);
     tx.commit();
     j.held.end(id);
   });
 }
 
-bool postgres_journal::request_cancel(std::string_view id, std::string_view reason) {
+cancel_mark postgres_journal::request_cancel(std::string_view id) {
   auto& j = *impl_;
   return j.guard(id, [&] {
     impl::txn tx(j);
-    if (is_finished(j.status_of(id, "SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE"))) return false;
+    if (is_finished(j.status_of(id, "SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE")))
+      return cancel_mark::run_finished;
     const auto now = now_ms();
     if (j.exec("UPDATE runs SET cancel_requested_at_ms = $2, updated_at_ms = $2 "
                "WHERE id = $1 AND cancel_requested_at_ms IS NULL",
                id, now)
-            .affected() == 1) {
-      j.event(id, "cancel_requested", {{"reason", reason}}, std::nullopt);
-      j.notify(change::cancel_requested, id);
-      tx.commit();
-    }
-    return true;
+            .affected() == 0)
+      return cancel_mark::marked_before;
+    j.notify(change::cancel_requested, id);
+    tx.commit();
+    return cancel_mark::marked_now;
   });
 }
 
@@ -848,7 +842,6 @@ bool postgres_journal::cancel_idle_run(std::string_view id, const std::string& m
       j.status_of(id);  // not_found if there is no such run
       return false;
     }
-    j.event(id, "run_cancelled", error_data(message, "cancelled"), std::nullopt);
     j.notify_ended(id, text_or_null(pg_row{r, 0}, 0));
     tx.commit();
     return true;
@@ -931,7 +924,6 @@ signal_record postgres_journal::enqueue_signal(std::string_view run_id, std::str
     auto id = j.exec("INSERT INTO signals (run_id, name, payload, sent_at_ms) VALUES ($1, $2, $3, $4) RETURNING id",
                      run_id, name, dump(payload), r.sent_at_ms);
     r.id = pg_row{id, 0}.int64(0);
-    j.event(run_id, "signal_queued", {{"name", name}, {"signal_id", r.id}}, std::nullopt);
     j.notify(change::signalled, run_id);
     tx.commit();
     return r;
@@ -977,7 +969,6 @@ void postgres_journal::deliver_signal(std::int64_t signal_id, const step_record&
     if (!row.null(2)) throw signal_delivered_error(signal_id, name, step.run_id, row.int64(2));
     j.exec("UPDATE signals SET delivered_seq = $2, delivered_at_ms = $3 WHERE id = $1", signal_id, seq, now_ms());
     j.insert_step(step);
-    j.event(step.run_id, "signal_delivered", {{"name", name}, {"signal_id", signal_id}}, seq);
     tx.commit();
   });
 }

@@ -53,8 +53,8 @@ class sqlite_journal final : public journal {
   void finish_run(std::string_view id, run_status status, const json& output, const std::optional<protocol::error_info>& error) override;
   void reset_attempts(std::string_view id) override;
   void suspend_run(std::string_view id, const wait_spec& w) override;
-  void release_run(std::string_view id, std::string_view reason) override;
-  bool request_cancel(std::string_view id, std::string_view reason) override;
+  void release_run(std::string_view id) override;
+  cancel_mark request_cancel(std::string_view id) override;
   bool cancel_idle_run(std::string_view id, const std::string& message) override;
   std::vector<run_brief> schedulable(std::int64_t now_ms) override;
   std::optional<std::int64_t> next_due_ms(std::int64_t after_ms) override;
@@ -285,7 +285,6 @@ int sqlite_journal::begin_attempt(std::string_view id) {
     auto s = c_.statement("SELECT attempts FROM runs WHERE id = ?", id);
     s.executeStep();
     const int attempt = s.getColumn(0).getInt();
-    event(id, "attempt_started", {{"attempt", attempt}}, std::nullopt);
     tx.commit();
     return attempt;
   });
@@ -307,7 +306,6 @@ void sqlite_journal::finish_run(std::string_view id, run_status status, const js
                        to_string(status), out, message, type,
                        status == run_status::in_doubt ? std::optional<std::int64_t>() : std::optional(now), now, id),
         id);
-    event(id, finish_event_kind(status), ok ? json::object() : error_data(*message, *type), std::nullopt);
     tx.commit();
     held.end(id);
   });
@@ -317,15 +315,12 @@ void sqlite_journal::reset_attempts(std::string_view id) {
   c_.guard(id, [&] {
     write_txn tx(*this);
     fence(id);
-    auto before = c_.statement("SELECT status, attempts FROM runs WHERE id = ?", id);
-    require_run(before.executeStep() ? 1 : 0, id);
-    json data = {{"status", before.getColumn(0).getString()}, {"attempts", before.getColumn(1).getInt()}};
+    require_run(c_.statement("SELECT 1 FROM runs WHERE id = ?", id).executeStep() ? 1 : 0, id);
     c_.changed(
         "UPDATE runs SET status = 'pending', attempts = 0, output = NULL, error_message = NULL, "
         "error_type = NULL, finished_at_ms = NULL, owner = '', wait_kind = NULL, wait_key = NULL, "
         "wait_seq = NULL, wake_at_ms = NULL, cancel_requested_at_ms = NULL, updated_at_ms = ? WHERE id = ?",
         now_ms(), id);
-    event(id, "run_reset", data, std::nullopt);
     tx.commit();
     held.end(id);
   });
@@ -342,13 +337,12 @@ void sqlite_journal::suspend_run(std::string_view id, const wait_spec& w) {
             "wake_at_ms = ?, updated_at_ms = ? WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
             w.kind, w.key, seq, w.wake_at_ms, now_ms(), id) == 0)
       throw_finished_or_missing(id, "make it wait");
-    event(id, "run_waiting", wait_event_data(w), seq);
     tx.commit();
     held.end(id);
   });
 }
 
-void sqlite_journal::release_run(std::string_view id, std::string_view reason) {
+void sqlite_journal::release_run(std::string_view id) {
   c_.guard(id, [&] {
     write_txn tx(*this);
     fence(id);
@@ -357,24 +351,22 @@ void sqlite_journal::release_run(std::string_view id, std::string_view reason) {
                        "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
                        now_ms(), id) == 0)
       throw_finished_or_missing(id, "release it");
-    event(id, "run_released", {{"reason", reason}}, std::nullopt);
     tx.commit();
     held.end(id);
   });
 }
 
-bool sqlite_journal::request_cancel(std::string_view id, std::string_view reason) {
+cancel_mark sqlite_journal::request_cancel(std::string_view id) {
   return c_.guard(id, [&] {
     write_txn tx(*this);
-    if (is_finished(status_of(id))) return false;
+    if (is_finished(status_of(id))) return cancel_mark::run_finished;
     const auto now = now_ms();
     if (c_.changed("UPDATE runs SET cancel_requested_at_ms = ?, updated_at_ms = ? "
-                       "WHERE id = ? AND cancel_requested_at_ms IS NULL",
-                       now, now, id) == 1) {
-      event(id, "cancel_requested", {{"reason", reason}}, std::nullopt);
-      tx.commit();
-    }
-    return true;
+                   "WHERE id = ? AND cancel_requested_at_ms IS NULL",
+                   now, now, id) == 0)
+      return cancel_mark::marked_before;
+    tx.commit();
+    return cancel_mark::marked_now;
   });
 }
 
@@ -389,7 +381,6 @@ bool sqlite_journal::cancel_idle_run(std::string_view id, const std::string& mes
       status_of(id);  // not_found if there is no such run
       return false;
     }
-    event(id, "run_cancelled", error_data(message, "cancelled"), std::nullopt);
     tx.commit();
     return true;
   });
@@ -480,7 +471,6 @@ signal_record sqlite_journal::enqueue_signal(std::string_view run_id, std::strin
     c_.changed("INSERT INTO signals (run_id, name, payload, sent_at_ms) VALUES (?, ?, ?, ?)", run_id, name,
                    dump(payload), r.sent_at_ms);
     r.id = c_.db().getLastInsertRowid();
-    event(run_id, "signal_queued", {{"name", name}, {"signal_id", r.id}}, std::nullopt);
     tx.commit();
     return r;
   });
@@ -526,7 +516,6 @@ void sqlite_journal::deliver_signal(std::int64_t signal_id, const step_record& s
     }
     c_.changed("UPDATE signals SET delivered_seq = ?, delivered_at_ms = ? WHERE id = ?", seq, now_ms(), signal_id);
     insert_step(step);
-    event(step.run_id, "signal_delivered", {{"name", name}, {"signal_id", signal_id}}, seq);
     tx.commit();
   });
 }

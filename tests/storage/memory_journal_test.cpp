@@ -146,6 +146,7 @@ TEST_CASE("the in-memory journal's times come from its clock") {
   j->create_run(a_run("r"));
   now = 5'000;
   j->begin_attempt("r");
+  j->append_event("r", "note", {});
   auto r = j->find_run("r");
   CHECK(r->created_at_ms == 1'000);
   CHECK(r->updated_at_ms == 5'000);

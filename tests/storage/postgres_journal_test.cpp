@@ -387,7 +387,7 @@ TEST_CASE("postgres: a wake_listener hears the journal's changes at commit, and 
   CHECK(eventually([&] { return heard_has("parent", change::submitted) && heard_has("child", change::submitted); }));
   j->enqueue_signal("parent", "go", {{"x", 1}});
   CHECK(eventually([&] { return heard_has("parent", change::signalled); }));
-  j->request_cancel("parent", "enough");
+  j->request_cancel("parent");
   CHECK(eventually([&] { return heard_has("parent", change::cancel_requested); }));
   REQUIRE(j->claim_run("child", "", "worker-1"));
   j->finish_run("child", run_status::completed, "ok", std::nullopt);
@@ -396,7 +396,7 @@ TEST_CASE("postgres: a wake_listener hears the journal's changes at commit, and 
   j->suspend_run("parent", {"timer", "", 0, now_ms() + 60'000});
   CHECK(eventually([&] { return heard_has("parent", change::waiting); }));
   REQUIRE(j->claim_run("parent", "", "worker-1"));
-  j->release_run("parent", "shutting down");
+  j->release_run("parent");
   CHECK(eventually([&] { return heard_has("parent", change::released); }));
 
   // A refused change is never heard.
