@@ -116,12 +116,22 @@ int report_end(const storage::run_record& run, bool as_json) {
 }
 
 void print_history(storage::journal& journal, const std::string& run_id, bool quiet) {
-  auto steps = journal.steps(run_id);
-  if (quiet || steps.empty()) return;
-  std::cout << fmt::format("run {}: {} step{} already journaled, replaying them", run_id, steps.size(),
-                           steps.size() == 1 ? "" : "s")
+  if (quiet) return;
+  const auto count = journal.step_count(run_id);
+  if (count == 0) return;
+  std::cout << fmt::format("run {}: {} step{} already journaled, replaying them", run_id, count,
+                           count == 1 ? "" : "s")
             << std::endl;
-  for (const auto& s : steps) std::cout << step_line(s) << std::endl;
+  // Streamed in bounded chunks: a history of any size is printed in the
+  // memory of one chunk (at least one step), not of the whole.
+  constexpr std::uint64_t chunk_bytes = 4 << 20;
+  for (std::uint64_t next = 0;;) {
+    const auto chunk = journal.steps_from(run_id, next, UINT64_MAX, chunk_bytes);
+    if (chunk.empty()) break;
+    for (const auto& s : chunk) std::cout << step_line(s) << '\n';
+    next = chunk.back().result.seq + 1;
+  }
+  std::cout << std::flush;
 }
 
 // The run request of `cairn run` and `cairn submit`; nullopt (after saying
