@@ -438,7 +438,7 @@ attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
   record.result.attempt = step_attempt();
   record.finished_at_ms = storage::now_ms();
   record.started_at_ms = begun_at_ms_.value_or(record.finished_at_ms - m.result.duration_us / 1000);
-#ifdef CAIRN_TEST_UNSAFE_EARLY_ACK  // cairn_engine_unsafe (tests/engine), which ack_order_test must fail
+#ifdef CAIRN_TEST_UNSAFE_EARLY_ACK  // cairn_unsafe_early_ack, with which ack_order_test must fail
   co_await send_one(ack_of(m.result.seq));
 #endif
   co_await commit(record);

@@ -123,7 +123,7 @@ void sync_folder_of(const fs::path& file) {
 
 // How the journal's commits are synced, as its options ask.
 const char* sync_pragma(const journal_options& options) {
-#ifdef CAIRN_TEST_UNSAFE_NO_SYNC  // cairn_storage_unsafe (tests/engine), which power_loss_test must fail
+#ifdef CAIRN_TEST_UNSAFE_NO_SYNC  // cairn_unsafe_no_sync, with which power_loss_test must fail
   (void)options;
   return "PRAGMA synchronous = OFF";
 #else

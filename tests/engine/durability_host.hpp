@@ -20,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -40,8 +41,11 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 
 // The runs of DURABILITY_AGENT the host drives: a mailer tool it may call
-// (idempotent, so a cut during the call replays it instead of stopping in doubt).
-inline engine::run_request durability_run(const fs::path& home, const std::string& id, json input) {
+// (idempotent by default, so a cut during the call replays it instead of
+// stopping in doubt), which logs each call to the host's
+// $CAIRN_TEST_TOOL_LOG when it is set (tests/agents/record_tool.sh).
+inline engine::run_request durability_run(const fs::path& home, const std::string& id, json input,
+                                          const std::string& idempotency = "idempotent") {
   engine::run_request r;
   r.id = id;
   r.agent = DURABILITY_AGENT;
@@ -52,7 +56,8 @@ inline engine::run_request durability_run(const fs::path& home, const std::strin
                                     {{"mailer",
                                       {{"command", {RECORD_TOOL}},
                                        {"input", {{"to", "string"}}},
-                                       {"idempotency", "idempotent"},
+                                       {"idempotency", idempotency},
+                                       {"env", {"CAIRN_TEST_TOOL_LOG"}},
                                        {"timeout_ms", 20000}}}}}});
   return r;
 }
@@ -92,8 +97,9 @@ inline std::vector<json> report_lines(const fs::path& file) {
 
 // Forks the host: `arm` runs first in it (a crash point, a VFS: before the
 // journal is opened), then `prepare` (submits runs), then a scheduler runs
-// until every run in `ids` has ended. Each run that ends is reported (one JSON line in HOME/reported)
-// after the engine returned it, as a caller would be told. Exits 0, or 1
+// until every run in `ids` has ended (finished, or stopped in doubt). Each
+// run that ends is reported (one JSON line in HOME/reported) after the
+// engine returned it, as a caller would be told. Exits 0, or 1
 // with the error on stderr (HOME/host.log).
 inline pid_t start_host(const fs::path& home, const std::vector<std::string>& ids, const std::function<void()>& arm,
                         const std::function<void(engine::engine&)>& prepare) {
@@ -126,7 +132,7 @@ inline pid_t start_host(const fs::path& home, const std::vector<std::string>& id
         [&](storage::journal& j) {
           for (const auto& id : ids) {
             auto run = j.find_run(id);
-            if (!run || !run->finished_at_ms) return false;
+            if (!run || !(run->finished_at_ms || run->status == storage::run_status::in_doubt)) return false;
           }
           return true;
         },
@@ -143,6 +149,22 @@ inline int wait_status(pid_t pid) {
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   return status;
+}
+
+// As wait_status, for a host that must end within `deadline`: one still
+// running then is killed, and nullopt says so.
+inline std::optional<int> wait_status_within(pid_t pid, std::chrono::seconds deadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  int status = 0;
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid || (done < 0 && errno != EINTR)) return status;
+    if (std::chrono::steady_clock::now() > until) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  ::kill(pid, SIGKILL);
+  wait_status(pid);
+  return std::nullopt;
 }
 
 // One thing the host told an agent, which must be in the journal.

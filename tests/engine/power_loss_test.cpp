@@ -14,6 +14,9 @@
 //
 // CAIRN_POWER_SEED=N replays one sequence of cuts; CAIRN_POWER_CUTS=N changes
 // how many (default 200).
+//
+// And an at-most-once call: a cut once it started leaves it in doubt, never
+// made twice.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -81,9 +84,18 @@ std::string history(storage::journal& journal, const std::string& run_id) {
   return out;
 }
 
+// The calls the tool made, as its own log counts them: outside the journal,
+// the world the call acts on, which a power cut does not put back.
+std::string calls_made(const fs::path& log) {
+  std::ifstream in(log);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return "the at-most-once call was made " + std::to_string(n) + (n == 1 ? " time" : " times");
+}
+
 }  // namespace
 
-TEST_CASE("power cuts at random instants lose nothing that was acknowledged or reported") {
+TEST_CASE("power cuts at random instants lose nothing that was acknowledged or reported", "[acknowledged]") {
   const std::uint64_t seed = env_or("CAIRN_POWER_SEED", std::random_device{}());
   const auto cuts_wanted = static_cast<int>(env_or("CAIRN_POWER_CUTS", 200));
   INFO("seed " << seed << " (CAIRN_POWER_SEED=" << seed << " replays it)");
@@ -223,4 +235,51 @@ TEST_CASE("a claim committed without its own sync never checkpoints: a power cut
   REQUIRE(integrity(db) == "ok");
   auto after = storage::open_journal(db);
   CHECK(after->steps("r").size() == synced);
+}
+
+TEST_CASE("a power cut once an at-most-once call started never makes it twice: the call is in doubt",
+          "[at_most_once]") {
+  // The host dies (a crash point's SIGKILL) once the call's tool_started
+  // record is committed, before the tool runs and after it ran (its result
+  // not yet committed); then the power goes. The record must have been
+  // synced before the tool ran: a cut that takes it leaves the next host no
+  // trace of the call, and it makes the call again.
+  for (const std::string point : {"tool_returned", "tool_started"}) {
+    INFO("the host died at " << point << ", then the power went");
+    temp_dir home;
+    const auto db = home / "cairn.db";
+    const auto images = home / "images";
+    const auto calls = home / "calls.log";
+    { storage::open_journal(db); }
+    const std::string id = "amo";
+    // A host's wait status; its runs take a second or two.
+    const auto host = [&](const std::string& crash_point, const std::function<void(engine::engine&)>& prepare) {
+      return wait_status_within(start_host(
+          home.path(), {id},
+          [&] {
+            storage::testing::install_power_loss_vfs(images);
+            ::setenv("CAIRN_TEST_TOOL_LOG", calls.c_str(), 1);
+            if (!crash_point.empty()) ::setenv("CAIRN_CRASH_POINT", crash_point.c_str(), 1);
+          },
+          prepare), 120s);
+    };
+    const auto died = host(point + ":1", [&](engine::engine& eng) {
+      eng.submit(durability_run(home.path(), id, {{"steps", 2}, {"tool", true}}, "at_most_once"));
+    });
+    INFO("host log:\n" << std::ifstream(home / "host.log").rdbuf());
+    REQUIRE(died);
+    REQUIRE((WIFSIGNALED(*died) && WTERMSIG(*died) == SIGKILL));
+    storage::testing::cut_power(images);
+    const auto made_before = calls_made(calls);
+    CHECK_THAT(made_before, Catch::EndsWith(point == "tool_returned" ? "made 1 time" : "made 0 times"));
+    REQUIRE(integrity(db) == "ok");
+    REQUIRE(missing_from_journal(db, observed_channels(home.path()).collect()) == "");
+
+    const auto rebooted = host("", [](engine::engine&) {});
+    REQUIRE(rebooted);
+    REQUIRE(WIFEXITED(*rebooted));
+    REQUIRE(WEXITSTATUS(*rebooted) == 0);
+    CHECK(calls_made(calls) == made_before);
+    CHECK(storage::to_string(storage::open_journal(db)->find_run(id)->status) == std::string("in_doubt"));
+  }
 }

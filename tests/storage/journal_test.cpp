@@ -1285,24 +1285,87 @@ TEST_CASE("a journal that lost its run to another is fenced: none of its writes 
   CHECK(a->events("other").size() == 1);
 }
 
-TEST_CASE("two journal objects of one process with the same owner are told apart by the epoch") {
+namespace {
+
+using write_fn = std::function<void(journal&)>;
+
+// What a write made under a claim since superseded came to: "fenced", as it
+// must, or what happened instead.
+std::string outcome(const std::exception_ptr& thrown) {
+  if (!thrown) return "written past the fence";
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const storage_error& e) {
+    return e.code() == errc::fenced ? "fenced" : std::string("refused for another reason: ") + e.what();
+  }
+}
+
+template <class F>
+std::exception_ptr thrown_by(F&& write) {
+  try {
+    write();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("a run claimed again by the same owner fences the older claim: alone, in a group commit, a group of one",
+          "[epoch]") {
+  // The owner string is the same (a worker restarted with its id, another
+  // of its threads): only the epoch tells the two claims apart. A group
+  // commit is fenced on its own path (PostgreSQL checks the fence in the
+  // SQL of a pipeline it sends whole, a group of one without BEGIN), so
+  // each shape of write is tried.
   ON_EACH_BACKEND(where);
-  auto first = where.open();
-  auto second = where.open();
-  first->create_run(a_run("r"));
-  REQUIRE(first->claim_run("r", "", "host-a"));
-  first->append_step(ok_step("r", 0, "first"));
-  REQUIRE(second->claim_run("r", "host-a", "host-a"));  // another worker thread of the same process
-  auto err = error_from([&] { first->append_step(ok_step("r", 1, "first")); });
-  REQUIRE(err);
-  CHECK(err->code() == errc::fenced);
-  second->append_step(ok_step("r", 1, "second"));
-  second->release_run("r");
-  // Released, the run is claimed afresh and the new claim holds.
-  REQUIRE(first->claim_run("r", "", "host-a"));
-  CHECK(first->find_run("r")->epoch == 3);
-  first->finish_run("r", run_status::completed, "first", std::nullopt);
-  CHECK(first->steps("r").size() == 2);
+  auto older = where.open();
+  auto newer = where.open();
+  for (const auto* id : {"r", "kept"}) {
+    older->create_run(a_run(id));
+    REQUIRE(older->claim_run(id, "", "host-a"));
+  }
+  older->append_step(ok_step("r", 0, "older"));
+  REQUIRE(newer->claim_run("r", "host-a", "host-a"));
+  REQUIRE(newer->find_run("r")->epoch == 2);
+  const auto events_before = newer->events("r").size();
+
+  const auto step = [](journal& w) { w.append_step(ok_step("r", 1, "older")); };
+  const auto event = [](journal& w) { w.append_event("r", "older", json::object(), 1); };
+  for (const auto& shape : std::vector<std::pair<std::string, write_fn>>{{"a step", step}, {"an event", event}}) {
+    INFO(shape.first);
+    CHECK(outcome(older->write_together(std::vector<write_fn>{shape.second})[0]) == "fenced");  // a group of one
+    CHECK(outcome(thrown_by([&] { shape.second(*older); })) == "fenced");                      // alone
+  }
+  auto together = older->write_together(std::vector<write_fn>{
+      [](journal& w) { w.append_step(ok_step("kept", 0, "kept")); },
+      [&](journal& w) {
+        event(w);
+        step(w);
+      },
+      [](journal& w) { w.append_event("kept", "kept", json::object()); },
+  });
+  CHECK_FALSE(together[0]);
+  CHECK(outcome(together[1]) == "fenced");
+  CHECK_FALSE(together[2]);
+  CHECK(outcome(thrown_by([&] { older->finish_run("r", run_status::completed, "older", std::nullopt); })) == "fenced");
+
+  // Nothing of the older claim's reached the journal; the other run's group members did.
+  REQUIRE(newer->steps("r").size() == 1);
+  CHECK(newer->steps("r")[0].result.output == "older");
+  CHECK(newer->events("r").size() == events_before);
+  CHECK(newer->find_run("r")->status == run_status::running);
+  CHECK(newer->steps("kept").size() == 1);
+  CHECK(event_kinds(*newer, "kept").back() == "kept");
+
+  // The newer claim writes on; released, the run is claimed afresh and the new claim holds.
+  newer->append_step(ok_step("r", 1, "newer"));
+  newer->release_run("r");
+  REQUIRE(older->claim_run("r", "", "host-a"));
+  CHECK(older->find_run("r")->epoch == 3);
+  older->finish_run("r", run_status::completed, "older", std::nullopt);
+  CHECK(older->steps("r").size() == 2);
 }
 
 TEST_CASE("a value stored past the bounds makes only its run unreadable, and says which value") {
@@ -1406,8 +1469,6 @@ TEST_CASE("a long string journaled in many events is stored once, and every even
 }
 
 namespace {
-
-using write_fn = std::function<void(journal&)>;
 
 std::optional<storage_error> error_at(const std::vector<std::exception_ptr>& errors, std::size_t i) {
   if (!errors.at(i)) return std::nullopt;
