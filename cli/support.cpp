@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/format.hpp"
-#include "engine/run_finished.hpp"
+#include "engine/effects.hpp"
 #include "engine/scheduler.hpp"
 #include "protocol/bounded_json.hpp"
 

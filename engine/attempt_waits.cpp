@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt_driver.hpp"
-#include "engine/run_finished.hpp"
+#include "engine/effects.hpp"
 #include "runtime/crash_point.hpp"
 
 namespace cairn::engine {

@@ -9,12 +9,12 @@
 #include <fmt/format.h>
 
 #include "engine/attempt.hpp"
+#include "engine/effects.hpp"
 #include "runtime/crash_point.hpp"
 #include "engine/liveness.hpp"
 #include "engine/owner.hpp"
 #include "engine/run_id.hpp"
 #include "engine/run_journal.hpp"
-#include "engine/run_finished.hpp"
 #include "engine/run_paths.hpp"
 #include "engine/attempt_events.hpp"
 #include "engine/wakeups.hpp"
