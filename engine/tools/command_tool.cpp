@@ -48,9 +48,9 @@ std::string_view without_trailing_space(std::string_view s) {
   return s;
 }
 
-// Boost.Process v2's launcher for user tools: posix_spawn, which glibc runs as
-// clone(CLONE_VM | CLONE_VFORK) on a stack of its own, so that starting a tool
-// costs the same however much memory the host holds. v2 1.81's
+// A Boost.Process v2 launcher of cairn's for user tools: posix_spawn, which
+// glibc runs as clone(CLONE_VM | CLONE_VFORK) on a stack of its own, so that
+// starting a tool costs the same however much memory the host holds. v2 1.81's
 // default_launcher forks the host and so copies its page tables: a call of
 // /bin/cat took 1.0-1.1 ms spawned whatever the host held, forked 1.2 ms with
 // nothing held, 2.8-3.5 ms with 100 MiB, 66-80 ms with 2 GiB. Its
