@@ -6,36 +6,12 @@
 #include <fmt/format.h>
 
 #include "engine/owner.hpp"
+#include "protocol/text.hpp"
 
 namespace cairn::cli {
 namespace {
 
 std::string step_status(const protocol::step_result& r) { return r.ok ? "ok" : "error"; }
-
-// `s` (terminal-safe) cut to `width` bytes, never inside a UTF-8 sequence.
-std::string clip(std::string s, std::size_t width) {
-  if (s.size() <= width) return s;
-  std::size_t end = width - 3;
-  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xc0) == 0x80) --end;
-  return s.substr(0, end) + "...";
-}
-
-// The code point of the UTF-8 sequence at text[i] and its length, or length 0
-// when it is not valid UTF-8 (overlong, surrogate, out of range, cut short).
-std::pair<char32_t, std::size_t> decode_utf8(std::string_view text, std::size_t i) {
-  const auto c = static_cast<unsigned char>(text[i]);
-  const std::size_t length = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-  if (length == 0 || i + length > text.size()) return {0, 0};
-  char32_t point = c & (0x7f >> length);
-  for (std::size_t k = 1; k < length; ++k) {
-    const auto next = static_cast<unsigned char>(text[i + k]);
-    if ((next & 0xc0) != 0x80) return {0, 0};
-    point = (point << 6) | (next & 0x3f);
-  }
-  static constexpr char32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (point < least[length] || point > 0x10ffff || (point >= 0xd800 && point <= 0xdfff)) return {0, 0};
-  return {point, length};
-}
 
 // C1 controls, line/paragraph separators and the bidi controls that reorder what follows them.
 bool invisible_control(char32_t point) {
@@ -65,7 +41,7 @@ std::string terminal_text(std::string_view text, bool keep_newlines) {
       ++i;
       continue;
     }
-    auto [point, length] = decode_utf8(text, i);
+    auto [point, length] = protocol::decode_utf8(text, i);
     if (length == 0) {
       out += "\xEF\xBF\xBD";  // U+FFFD
       ++i;
@@ -79,7 +55,7 @@ std::string terminal_text(std::string_view text, bool keep_newlines) {
 }
 
 std::string preview(const json& value, std::size_t width) {
-  return clip(terminal_text(value.dump(-1, ' ', false, json::error_handler_t::replace)), width);
+  return protocol::clip(terminal_text(value.dump(-1, ' ', false, json::error_handler_t::replace)), width);
 }
 
 std::string format_time(std::int64_t ms) {
@@ -96,8 +72,8 @@ std::string format_duration_us(std::int64_t us) {
 std::string step_line(const storage::step_record& step) {
   const auto& r = step.result;
   return fmt::format("  {:>3}  {:<6} {:<28} {:<5} attempt {}  {:>9}  {}", r.seq, protocol::to_string(r.kind),
-                     clip(terminal_text(r.name), 28), step_status(r), r.attempt, format_duration_us(r.duration_us),
-                     step_preview(r, 60));
+                     protocol::clip(terminal_text(r.name), 28), step_status(r), r.attempt,
+                     format_duration_us(r.duration_us), step_preview(r, 60));
 }
 
 std::string steps_table(const std::vector<storage::step_record>& steps) {
@@ -105,7 +81,7 @@ std::string steps_table(const std::vector<storage::step_record>& steps) {
                                 "ATTEMPT", "DURATION", "OUTPUT");
   for (const auto& s : steps) {
     const auto& r = s.result;
-    out += fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", r.seq, clip(terminal_text(r.name), 26),
+    out += fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", r.seq, protocol::clip(terminal_text(r.name), 26),
                        protocol::to_string(r.kind),
                        step_status(r), r.attempt, format_duration_us(r.duration_us), step_preview(r, 56));
   }
@@ -265,8 +241,9 @@ std::string workers_table(const std::vector<storage::worker_record>& workers, st
   std::string out = fmt::format("{:<28} {:<20} {:>5}  {:<20} {:>6}  {}\n", "WORKER", "HOST", "RUNS", "LEASE",
                                 "FENCED", "STARTED");
   for (const auto& w : workers)
-    out += fmt::format("{:<28} {:<20} {:>5}  {:<20} {:>6}  {}\n", clip(terminal_text(engine::describe_owner(w.id)), 28),
-                       clip(terminal_text(w.host), 20), w.runs, lease_left(w, now_ms), w.fenced_writes,
+    out += fmt::format("{:<28} {:<20} {:>5}  {:<20} {:>6}  {}\n",
+                       protocol::clip(terminal_text(engine::describe_owner(w.id)), 28),
+                       protocol::clip(terminal_text(w.host), 20), w.runs, lease_left(w, now_ms), w.fenced_writes,
                        format_time(w.started_at_ms));
   return out;
 }

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/format.hpp"
+#include "engine/effects.hpp"
 #include "engine/scheduler.hpp"
 #include "protocol/bounded_json.hpp"
 
@@ -15,10 +16,9 @@ namespace {
 
 std::mutex output;
 
-bool over(storage::run_status s) {
-  return s == storage::run_status::completed || s == storage::run_status::failed ||
-         s == storage::run_status::cancelled || s == storage::run_status::in_doubt;
-}
+// Whether following the run is over: it finished, or it stopped in doubt
+// (not finished, but nothing moves it until `cairn settle`).
+bool stopped(storage::run_status s) { return engine::is_finished(s) || s == storage::run_status::in_doubt; }
 
 }  // namespace
 
@@ -180,7 +180,7 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
     return slot.get();
   };
   o.on_return = [&](const storage::run_record& run) {
-    if (run.id == root || quiet || !over(run.status)) return;
+    if (run.id == root || quiet || !stopped(run.status)) return;
     std::lock_guard lock(output);
     std::cout << fmt::format("  [{}] child run {}", terminal_text(run.id), storage::to_string(run.status)) << std::endl;
   };
@@ -192,7 +192,7 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
   engine::stop_flag never;
   runs.run([&](storage::journal& journal) {
     auto run = journal.find_run(root);
-    if (!run || over(run->status)) return true;
+    if (!run || stopped(run->status)) return true;
     if (!until_idle) return false;
     // Idle: nothing in the tree can move until a signal, a timer or another host does something.
     for (const auto& b : journal.schedulable(storage::now_ms()))

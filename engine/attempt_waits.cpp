@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt_driver.hpp"
+#include "engine/effects.hpp"
 #include "runtime/crash_point.hpp"
 
 namespace cairn::engine {
@@ -22,11 +23,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using kind = attempt_result::kind;
-
-bool ended(storage::run_status s) {
-  return s == storage::run_status::completed || s == storage::run_status::failed ||
-         s == storage::run_status::cancelled;
-}
 
 std::string format_ms(std::int64_t ms) {
   return fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", fmt::gmtime(static_cast<std::time_t>(ms / 1000)));
@@ -212,7 +208,7 @@ attempt_driver::step attempt_driver::on(const protocol::join_msg& m) {
     throw violation{fmt::format("a join of run '{}', which is not a child of run {}", m.run_id, run_.id)};
   auto joined = [&]() -> task<bool> {
     auto c = journal_.find_run(m.run_id);
-    if (!c || !ended(c->status)) co_return false;
+    if (!c || !is_finished(c->status)) co_return false;
     if (c->status == storage::run_status::completed) {
       r.output = c->output;
     } else {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt.hpp"
+#include "engine/effects.hpp"
 #include "runtime/crash_point.hpp"
 #include "engine/liveness.hpp"
 #include "engine/owner.hpp"
@@ -24,11 +25,6 @@ namespace cairn::engine {
 namespace {
 
 class null_observer : public run_observer {};
-
-bool ended(storage::run_status s) {
-  return s == storage::run_status::completed || s == storage::run_status::failed ||
-         s == storage::run_status::cancelled;
-}
 
 // Throws unless this process may take the run: nobody alive holds it.
 void check_claimable(storage::journal& journal, const storage::run_record& run) {
@@ -406,7 +402,7 @@ task<bool> engine::pause(std::chrono::milliseconds delay, const std::string& run
 // ones are asked to stop by the process that runs them.
 void engine::cancel_children(const std::string& run_id, const std::string& reason) {
   for (const auto& child : journal_.children(run_id)) {
-    if (ended(child.status)) continue;
+    if (is_finished(child.status)) continue;
     try {
       cancel(child.id, reason);
     } catch (const engine_error&) {
@@ -449,7 +445,7 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
     return engine_error(errc::bad_request, fmt::format("run {} already ended ({}); there is nothing to cancel", r.id,
                                                        storage::to_string(r.status)));
   };
-  if (ended(run->status)) throw refuse(*run);
+  if (is_finished(run->status)) throw refuse(*run);
   // An idle run is cancelled in one write. Asking first would wake a scheduler,
   // which could take the run between the two writes.
   if (ledger_->cancel_idle_run(run_id, reason)) {
@@ -466,7 +462,7 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
   if (!ledger_->request_cancel(run_id, reason)) throw refuse(*journal_.find_run(run_id));
   // Held by nobody alive (in doubt, or its process died): cancel it here.
   run = journal_.find_run(run_id);
-  if (ended(run->status)) return cancel_outcome::cancelled;
+  if (is_finished(run->status)) return cancel_outcome::cancelled;
   if (run->owner.empty() || check_owner(journal_, run->owner) == owner_state::dead) {
     claim(*ledger_, journal_, *run);
     null_observer quiet;
@@ -485,7 +481,7 @@ bool wait_is_over(storage::journal& journal, const storage::run_record& run) {
   if (w.kind == "signal") return journal.has_pending_signal(run.id, w.key);
   if (w.kind == "child") {
     auto child = journal.find_run(w.key);
-    return !child || ended(child->status);
+    return !child || is_finished(child->status);
   }
   return false;
 }
@@ -591,8 +587,7 @@ std::size_t engine::release_ended_runs() {
       const auto name = entry.path().filename();
       if (name.extension() != ".img" || run_id_problem(name.stem().string())) continue;
       auto run = journal_.find_run(name.stem().string());
-      if (!run || !(run->status == storage::run_status::completed || run->status == storage::run_status::failed ||
-                    run->status == storage::run_status::cancelled) ||
+      if (!run || !is_finished(run->status) ||
           image_of(*run) != entry.path() || !files_are_ours(*run))
         continue;
       release_workspace(backend(run->sandbox), *run, quiet);

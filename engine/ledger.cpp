@@ -9,6 +9,7 @@
 #include "runtime/crash_point.hpp"
 #include "engine/event_schema.hpp"
 #include "engine/wakeups.hpp"
+#include "protocol/text.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -17,8 +18,6 @@ namespace {
 constexpr std::size_t max_group = 1024;
 
 json error_json(const protocol::error_info& e) { return {{"message", e.message}, {"type", e.type}}; }
-
-std::string clip(const std::string& s, std::size_t max) { return s.size() <= max ? s : s.substr(0, max) + "..."; }
 
 template <class... F>
 struct overloaded : F... {
@@ -514,7 +513,7 @@ std::optional<in_doubt_call> find_in_doubt(storage::journal& journal, const std:
       "step {} called at-most-once tool '{}' with {}, but its result was never recorded: the host stopped in "
       "between, so the call may or may not have happened. Check whether it did, then record the outcome with "
       "`cairn settle {} {} --result JSON` (or --error MESSAGE), or call it again with `cairn settle {} {} --retry`",
-      seq, c.tool, clip(c.args.dump(), 100), run_id, seq, run_id, seq);
+      seq, c.tool, protocol::clip(c.args.dump(), 100), run_id, seq, run_id, seq);
   return c;
 }
 

@@ -4,13 +4,12 @@
 
 #include "runtime/crash_point.hpp"
 #include "engine/tools/command_tool.hpp"
+#include "protocol/text.hpp"
 
 namespace cairn::engine {
 namespace {
 
 using clock = std::chrono::steady_clock;
-
-std::string clip(const std::string& s, std::size_t max) { return s.size() <= max ? s : s.substr(0, max) + "..."; }
 
 // A tool call's outcome before it is known.
 protocol::step_result outcome_of(const protocol::tool_msg& m) {
@@ -47,7 +46,7 @@ std::variant<protocol::step_result, effects::tool_started> tool_broker::prepare(
     for (const auto& n : granted) list += (list.empty() ? "" : ", ") + n;
     return refused(tool_error("refused", fmt::format("tool '{}' is not granted by this run's policy ({}); grant it "
                                                      "under \"tools\" in the policy file",
-                                                     clip(m.name, 64),
+                                                     protocol::clip(m.name, 64),
                                                      list.empty() ? "it grants none" : "granted: " + list)));
   }
   try {

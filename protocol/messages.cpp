@@ -2,6 +2,8 @@
 
 #include <iterator>
 
+#include "protocol/text.hpp"
+
 namespace cairn::protocol {
 namespace {
 
@@ -12,14 +14,8 @@ struct overloaded : F... {
 template <class... F>
 overloaded(F...) -> overloaded<F...>;
 
-// A value from the peer, quoted in an error: at most 64 bytes, cut on a
-// UTF-8 character boundary so the error text stays valid UTF-8.
-std::string clip_for_error(const std::string& value) {
-  if (value.size() <= 64) return "'" + value + "'";
-  std::size_t end = 64;
-  while (end > 0 && (static_cast<unsigned char>(value[end]) & 0xC0) == 0x80) --end;
-  return "'" + value.substr(0, end) + "...'";
-}
+// A value from the peer, quoted in an error.
+std::string clip_for_error(const std::string& value) { return "'" + clip(value, 64) + "'"; }
 
 [[noreturn]] void bad(std::string_view type, std::string_view field, std::string_view why) {
   throw protocol_error("'" + std::string(type) + "' message: field '" + std::string(field) + "' " +
@@ -99,13 +95,9 @@ std::string get_name(const json& j, std::string_view type, const char* field = "
   return name;
 }
 
-constexpr step_kind all_kinds[] = {step_kind::step,  step_kind::now,    step_kind::random, step_kind::tool,
-                                   step_kind::sleep, step_kind::signal, step_kind::child,  step_kind::join};
-
 step_kind get_kind(const json& j, std::string_view type) {
   auto s = get_string(j, type, "kind");
-  for (auto kind : all_kinds)
-    if (s == to_string(kind)) return kind;
+  if (auto kind = parse_step_kind(s)) return *kind;
   bad(type, "kind",
       "must be one of step, now, random, tool, sleep, signal, child, join (got " + clip_for_error(s) + ")");
 }
@@ -135,6 +127,13 @@ std::string_view to_string(step_kind kind) {
     case step_kind::join: return "join";
   }
   return "step";
+}
+
+std::optional<step_kind> parse_step_kind(std::string_view name) {
+  for (auto kind : {step_kind::step, step_kind::now, step_kind::random, step_kind::tool, step_kind::sleep,
+                    step_kind::signal, step_kind::child, step_kind::join})
+    if (name == to_string(kind)) return kind;
+  return std::nullopt;
 }
 
 bool host_recorded(step_kind kind) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -36,6 +37,9 @@ inline constexpr std::size_t max_output_depth = max_depth - 3;
 // child and join requests; a begin or step of those kinds is a violation.
 enum class step_kind { step, now, random, tool, sleep, signal, child, join };
 std::string_view to_string(step_kind kind);
+// The kind `name` names ("tool"), as to_string writes it; nullopt for any
+// other text. The one reader of kinds, for the wire and the journal alike.
+std::optional<step_kind> parse_step_kind(std::string_view name);
 // True for the kinds only the host records: tool, sleep, signal, child, join.
 bool host_recorded(step_kind kind);
 

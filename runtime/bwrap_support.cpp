@@ -246,6 +246,13 @@ std::vector<userns_blocker> userns_blockers() {
   return blockers;
 }
 
+// Started by spawn_child, not Boost.Process: the command gets what a
+// sandbox's first process gets (its own session, the rlimits of `limits`,
+// the drop to `run_as` by raw system calls, PDEATHSIG, default signal
+// dispositions, none of the host's other descriptors), which spawn.cpp does
+// in one place without copying the host's memory. Boost.Process v2 could
+// apply each as a launcher initializer, but only by repeating spawn.cpp's
+// child steps over a fork of the whole host.
 captured_run run_captured(const std::vector<std::string>& argv, std::optional<spawn_identity> run_as,
                           std::chrono::milliseconds timeout, const resource_limits& limits) {
   unique_fd output(::memfd_create("cairn-captured-output", MFD_CLOEXEC));

@@ -6,8 +6,9 @@
 //   the host variables its grant names in `env` (that is how a credential
 //   reaches it; the host's CAIRN_LLM_API_KEY does not, unless named),
 //   CAIRN_RUN_ID, CAIRN_TOOL_SEQ, CAIRN_IDEMPOTENCY_KEY ("RUN_ID/SEQ").
-// A non-zero exit fails the call with the end of its stderr; a timeout or
-// oversized output kills its whole process group.
+// It gets no descriptor of the host's but stdin, stdout and stderr. A non-zero
+// exit fails the call with the end of its stderr; a timeout or oversized
+// output kills its whole process group.
 #pragma once
 
 #include <chrono>

@@ -10,6 +10,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <boost/url/parse.hpp>
+#include <boost/url/url_view.hpp>
 #include <fmt/format.h>
 
 #include "engine/tools/name_resolver.hpp"
@@ -44,6 +46,42 @@ bool is_host_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
 }
 
+// `text` with its bytes >= 0x80 percent-encoded, as agents often leave them
+// in paths. A space or a control character is refused: it would change
+// where the URL ends.
+std::string percent_encode_non_ascii(std::string_view text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c <= 0x20 || c == 0x7f) refuse(text, "it contains a space or control character; percent-encode it");
+    if (c >= 0x80)
+      out += fmt::format("%{:02X}", c);
+    else
+      out += static_cast<char>(c);
+  }
+  return out;
+}
+
+// The path of `segments` without "." and ".." (RFC 3986 section 5.2.4), also
+// when percent-encoded ("%2e%2e"), so that what the grant is checked against
+// and what the result reports is what the server is asked for. A ".." above
+// the root is dropped. (Boost.URL 1.81's own normalize() and resolve() decode
+// "%2F" into a separator, which changes the path: not used.)
+std::string without_dot_segments(const boost::urls::segments_encoded_view& segments) {
+  std::vector<std::string_view> kept;
+  bool ends_in_folder = false;
+  for (const auto segment : segments) {
+    const std::string decoded = segment.decode();
+    ends_in_folder = decoded == "." || decoded == "..";
+    if (decoded == ".." && !kept.empty())
+      kept.pop_back();
+    else if (!ends_in_folder)
+      kept.emplace_back(segment.data(), segment.size());
+  }
+  std::string path;
+  for (const auto segment : kept) path.append("/").append(segment);
+  return path.empty() || ends_in_folder ? path + "/" : path;
+}
+
 // The shared client TLS setup: the system CA store, peer verification on.
 ssl::context& tls_context() {
   static ssl::context context = [] {
@@ -65,74 +103,62 @@ std::string url::authority() const {
 std::string url::to_string() const { return scheme + "://" + authority() + target; }
 
 url parse_url(std::string_view text) {
-  auto sep = text.find("://");
-  if (sep == std::string_view::npos) refuse(text, "it is not an absolute URL like https://host/path");
+  if (text.find("://") == std::string_view::npos) refuse(text, "it is not an absolute URL like https://host/path");
+  const std::string encoded = percent_encode_non_ascii(text);
+  auto parsed = boost::urls::parse_uri(encoded);
+  if (!parsed) refuse(text, "it is not a valid URL (RFC 3986): " + parsed.error().message());
+  const boost::urls::url_view& v = *parsed;
   url u;
-  u.scheme = to_lower(text.substr(0, sep));
+  u.scheme = to_lower(v.scheme());
   if (u.scheme != "http" && u.scheme != "https")
     refuse(text, fmt::format("the scheme '{}' is not allowed; use http or https", u.scheme));
-  auto rest = text.substr(sep + 3);
-  auto end = std::min(rest.find_first_of("/?#"), rest.size());
-  auto authority = rest.substr(0, end);
-  if (auto at = authority.rfind('@'); at != std::string_view::npos)  // shown without the credentials
-    refuse(fmt::format("{}://...@{}", u.scheme, rest.substr(at + 1)),
+  if (v.has_userinfo())  // shown without the credentials
+    refuse(fmt::format("{}://...@{}", u.scheme, encoded.substr(encoded.find('@') + 1)),
            "user info (user@host) is not allowed; send credentials in a header instead");
 
-  std::string_view host, port;
-  if (authority.starts_with('[')) {
-    auto close = authority.find(']');
-    if (close == std::string_view::npos) refuse(text, "its IPv6 address lacks the closing ']'");
-    host = authority.substr(1, close - 1);
-    auto after = authority.substr(close + 1);
-    if (!after.empty() && after[0] != ':') refuse(text, "something other than a port follows its IPv6 address");
-    if (!after.empty()) port = after.substr(1);
-    if (host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string_view::npos)
-      refuse(text, "its IPv6 address is malformed");
+  if (v.host_type() == boost::urls::host_type::ipv6) {
+    u.host = v.host_ipv6_address().to_string();
+  } else if (v.host_type() == boost::urls::host_type::ipvfuture) {
+    refuse(text, "its host is an IPvFuture literal; use an IPv6 address or a name");
   } else {
-    auto colon = authority.find(':');
-    host = authority.substr(0, colon);
-    if (colon != std::string_view::npos) port = authority.substr(colon + 1);
-    if (!std::all_of(host.begin(), host.end(), is_host_char))
+    // Percent-encoded names are refused, not decoded: the grant is checked
+    // against exactly the name that is looked up and sent as Host.
+    u.host = to_lower(v.encoded_host());
+    if (!std::all_of(u.host.begin(), u.host.end(), is_host_char))
       refuse(text, "its host has characters a host name cannot have (use punycode for international names)");
   }
-  if (host.empty()) refuse(text, "it has no host");
-  u.host = to_lower(host);
+  if (u.host.empty()) refuse(text, "it has no host");
 
   u.port = default_port(u.scheme);
-  if (!port.empty()) {
+  if (const std::string_view port = v.port(); !port.empty()) {
     unsigned long value = 0;
-    if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string_view::npos ||
-        (value = std::stoul(std::string(port))) == 0 || value > 65535)
+    if (port.size() > 5 || (value = std::stoul(std::string(port))) == 0 || value > 65535)
       refuse(text, fmt::format("'{}' is not a port number (1-65535)", port));
     u.port = static_cast<std::uint16_t>(value);
   }
 
-  auto target = rest.substr(end);
-  target = target.substr(0, target.find('#'));
-  u.target = target.starts_with('/') ? "" : "/";
-  for (unsigned char c : target) {
-    if (c <= 0x20 || c == 0x7f) refuse(text, "it contains a space or control character; percent-encode it");
-    if (c >= 0x80)
-      u.target += fmt::format("%{:02X}", c);
-    else
-      u.target += static_cast<char>(c);
-  }
+  u.target = without_dot_segments(v.encoded_segments());
+  if (v.has_query()) u.target += "?" + std::string(v.encoded_query());
   return u;
 }
 
+// RFC 3986 section 5.2.2, on the parsed reference; parse_url then removes the
+// dot segments of the merged path.
 url resolve_location(const url& base, std::string_view location) {
   while (!location.empty() && std::isspace(static_cast<unsigned char>(location.back()))) location.remove_suffix(1);
-  auto scheme_end = location.find("://");
-  if (scheme_end != std::string_view::npos && scheme_end > 0 &&
-      location.substr(0, scheme_end).find_first_of("/?#") == std::string_view::npos)
-    return parse_url(location);
-  if (location.starts_with("//")) return parse_url(base.scheme + ":" + std::string(location));
-  std::string origin = base.scheme + "://" + base.authority();
-  if (location.empty()) return base;
-  if (location.starts_with('/')) return parse_url(origin + std::string(location));
-  std::string path = base.target.substr(0, base.target.find('?'));
-  if (location.starts_with('?')) return parse_url(origin + path + std::string(location));
-  return parse_url(origin + path.substr(0, path.rfind('/') + 1) + std::string(location));
+  const std::string encoded = percent_encode_non_ascii(location);
+  auto parsed = boost::urls::parse_uri_reference(encoded);
+  if (!parsed) refuse(location, "it is not a valid URL reference (RFC 3986): " + parsed.error().message());
+  const boost::urls::url_view& ref = *parsed;
+  if (ref.has_scheme()) return parse_url(encoded);
+  if (ref.has_authority()) return parse_url(base.scheme + ":" + encoded);
+  const std::string origin = base.scheme + "://" + base.authority();
+  const std::string base_path = base.target.substr(0, base.target.find('?'));
+  const std::string query = ref.has_query() ? "?" + std::string(ref.encoded_query()) : "";
+  if (ref.encoded_path().empty())
+    return parse_url(origin + (ref.has_query() ? base_path + query : base.target));
+  if (ref.is_path_absolute()) return parse_url(origin + std::string(ref.encoded_path()) + query);
+  return parse_url(origin + base_path.substr(0, base_path.rfind('/') + 1) + std::string(ref.encoded_path()) + query);
 }
 
 struct exchange::impl {

@@ -30,15 +30,17 @@ struct url {
   std::string scheme;  // "http" or "https"
   std::string host;    // lowercase; an IPv6 literal without its brackets
   std::uint16_t port = 0;
-  std::string target;  // "/path?query", never empty; no fragment
+  std::string target;  // "/path?query", never empty; no fragment, no dot segment
 
   std::string authority() const;  // "host" or "host:port" when the port is not the scheme's default
   std::string to_string() const;
 };
 
-// Parses an absolute http(s) URL. Throws tool_error("refused") that names the
-// problem: another scheme, user info, no host, a bad port, a space or control
-// character. Bytes >= 0x80 in the target are percent-encoded.
+// Parses an absolute http(s) URL (RFC 3986). Throws tool_error("refused") that
+// names the problem: another scheme, user info, no host, a percent-encoded
+// host name, a bad port, a space or control character. Bytes >= 0x80 in the
+// target are percent-encoded; the path has no "." or ".." segment, written
+// plainly or percent-encoded ("/a/%2e%2e/b" is "/b").
 url parse_url(std::string_view text);
 
 // The URL a Location header points to, relative to `base`.

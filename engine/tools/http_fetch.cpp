@@ -1,6 +1,8 @@
 // http.fetch: arguments, result and grant are described in http_fetch.hpp.
 #include "engine/tools/http_fetch.hpp"
 
+#include <openssl/evp.h>
+
 #include <algorithm>
 #include <optional>
 
@@ -8,6 +10,7 @@
 
 #include "engine/tools/address_range.hpp"
 #include "engine/tools/http_client.hpp"
+#include "protocol/text.hpp"
 
 namespace cairn::engine {
 
@@ -84,19 +87,9 @@ std::string describe(const std::vector<std::string>& items, std::string_view non
   return items.empty() ? std::string(none) : fmt::format("{}", fmt::join(items, ", "));
 }
 
-// Valid UTF-8 exactly when nlohmann::json, which serializes the result, accepts it.
-bool is_utf8(const std::string& s) {
-  try {
-    (void)json(s).dump();
-    return true;
-  } catch (const json::type_error&) {
-    return false;
-  }
-}
-
 // Header values are octets; those that are not UTF-8 are read as Latin-1.
 std::string header_text(const std::string& value) {
-  if (is_utf8(value)) return value;
+  if (protocol::is_utf8(value)) return value;
   std::string out;
   for (unsigned char c : value) {
     if (c < 0x80) {
@@ -109,19 +102,12 @@ std::string header_text(const std::string& value) {
   return out;
 }
 
+// `data` is at most a grant's max_bytes (1 GiB): its size fits EVP's int.
 std::string base64(std::string_view data) {
-  static constexpr char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((data.size() + 2) / 3 * 4);
-  for (std::size_t i = 0; i < data.size(); i += 3) {
-    std::uint32_t n = static_cast<unsigned char>(data[i]) << 16;
-    if (i + 1 < data.size()) n |= static_cast<unsigned char>(data[i + 1]) << 8;
-    if (i + 2 < data.size()) n |= static_cast<unsigned char>(data[i + 2]);
-    out += alphabet[(n >> 18) & 63];
-    out += alphabet[(n >> 12) & 63];
-    out += i + 1 < data.size() ? alphabet[(n >> 6) & 63] : '=';
-    out += i + 2 < data.size() ? alphabet[n & 63] : '=';
-  }
+  std::string out(4 * ((data.size() + 2) / 3) + 1, '\0');  // EVP_EncodeBlock adds a NUL
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(data.data()), static_cast<int>(data.size()));
+  out.resize(static_cast<std::size_t>(n));
   return out;
 }
 
@@ -282,7 +268,7 @@ class http_fetch final : public tool {
     }
     json out = {{"status", exchange.status()}, {"url", final_url.to_string()}, {"headers", std::move(headers)}};
     auto body = exchange.read_all();
-    if (is_utf8(body))
+    if (protocol::is_utf8(body))
       out["body"] = std::move(body);
     else
       out["body_base64"] = base64(body);

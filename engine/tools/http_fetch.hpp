@@ -7,6 +7,8 @@
 // refused unless the URL is that address and the grant names it in `hosts`
 // ("127.0.0.1:8080"), or the grant sets `private`.
 // A redirect is checked like the first URL, and never goes from https to http.
+// A URL's path is resolved before anything is checked or sent: dot segments,
+// percent-encoded ones too, are removed (http_client.hpp).
 //
 // Arguments: {"url": "https://host/path", "method": "GET", "headers": {...},
 //             "body": "text"}            (method, headers, body optional)

@@ -12,6 +12,7 @@
 
 #include "engine/tools/http_client.hpp"
 #include "protocol/bounded_json.hpp"
+#include "protocol/text.hpp"
 
 namespace cairn::engine {
 
@@ -25,12 +26,10 @@ const std::string tool_name = "llm.chat";
   throw tool_error("bad_output", tool_name + ": " + message);
 }
 
-// At most `limit` bytes of `text` as valid UTF-8, for messages.
-std::string clip(std::string_view text, std::size_t limit = 300) {
+// What the endpoint sent, as a message quotes it: its start, without trailing whitespace.
+std::string server_text(std::string_view text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
-  json clipped = std::string(text.substr(0, limit));
-  auto quoted = clipped.dump(-1, ' ', false, json::error_handler_t::replace);
-  return json::parse(quoted).get<std::string>() + (text.size() > limit ? "..." : "");
+  return protocol::clip(text, 300);
 }
 
 // `text` with every occurrence of `secret` (when not empty) replaced.
@@ -61,18 +60,18 @@ json parse_reply(std::string_view text) {
 std::string not_json_reason(std::string_view text) {
   return protocol::nesting_depth(text) > max_result_depth
              ? fmt::format("nests deeper than {} levels ({} bytes)", max_result_depth, text.size())
-             : "is not a JSON object: " + clip(text);
+             : "is not a JSON object: " + server_text(text);
 }
 
 std::string error_detail(const std::string& body) {
   json doc = parse_reply(body);
   if (doc.is_object() && doc.contains("error")) {
     const auto& error = doc["error"];
-    if (error.is_string()) return clip(error.get<std::string>());
+    if (error.is_string()) return server_text(error.get<std::string>());
     if (error.is_object() && error.contains("message") && error["message"].is_string())
-      return clip(error["message"].get<std::string>());
+      return server_text(error["message"].get<std::string>());
   }
-  return body.empty() ? "(no details)" : clip(body);
+  return body.empty() ? "(no details)" : server_text(body);
 }
 
 // Live events are not durable: a failing watcher must not fail the call.
@@ -93,7 +92,7 @@ json parse_completion(const std::string& body, const std::string& requested_mode
       doc["choices"][0].is_object() && doc["choices"][0].contains("message") &&
       doc["choices"][0]["message"].is_object())
     message = &doc["choices"][0]["message"];
-  if (!message) bad_output("the LLM endpoint's answer has no choices[0].message: " + clip(body));
+  if (!message) bad_output("the LLM endpoint's answer has no choices[0].message: " + server_text(body));
   const auto& choice = doc["choices"][0];
   json out = {{"content", message->value("content", json()).is_string() ? (*message)["content"] : json("")},
               {"role", message->value("role", json()).is_string() ? (*message)["role"] : json("assistant")},
@@ -163,7 +162,7 @@ class stream_assembler {
     if (chunk.value("usage", json()).is_object()) out_["usage"] = chunk["usage"];
     if (!chunk.value("choices", json()).is_array() || chunk["choices"].empty()) return;
     const auto& choice = chunk["choices"][0];
-    if (!choice.is_object()) bad_output("the LLM endpoint streamed a choice that is not an object: " + clip(data));
+    if (!choice.is_object()) bad_output("the LLM endpoint streamed a choice that is not an object: " + server_text(data));
     if (choice.value("finish_reason", json()).is_string()) out_["finish_reason"] = choice["finish_reason"];
     if (!choice.value("delta", json()).is_object()) return;
     const auto& delta = choice["delta"];
@@ -184,7 +183,7 @@ class stream_assembler {
     if (!part.is_object()) return;
     auto index = part.value("index", json(0));
     if (!index.is_number_unsigned() || index.get<std::size_t>() > 255)
-      bad_output("the LLM endpoint streamed a tool call with a bad index: " + clip(part.dump()));
+      bad_output("the LLM endpoint streamed a tool call with a bad index: " + server_text(part.dump()));
     while (tool_calls_.size() <= index.get<std::size_t>())
       tool_calls_.push_back({{"type", "function"}, {"function", {{"name", ""}, {"arguments", ""}}}});
     auto& call = tool_calls_[index.get<std::size_t>()];

@@ -3,11 +3,18 @@
 // can read; the host goes on.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <fstream>
 #include <set>
+#include <sstream>
+#include <thread>
 
 #include "engine/tools/command_tool.hpp"
+#include "protocol/text.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace cairn;
@@ -64,6 +71,30 @@ engine::tool_error failure_without_args(engine::tool& t) {
   }
   FAIL("succeeded");
   throw std::logic_error("unreachable");
+}
+
+// A tool that runs `body` as a shell script (its arguments on stdin unread).
+std::unique_ptr<engine::tool> script_tool(const testing::temp_dir& dir, const std::string& body,
+                                          std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+  const auto script = dir / "tool.sh";
+  std::ofstream(script) << "#!/bin/sh\n" << body;
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  return engine::make_command_tool({"script", {script.string()}, {}, timeout, engine::idempotency::idempotent,
+                                    1 << 20, {}});
+}
+
+json call_without_args(engine::tool& t) {
+  engine::tool_call c;
+  c.args = json::object();
+  return t.call(c);
+}
+
+// Whether process `pid` is gone (or a zombie nobody reaped yet: it runs no more).
+bool gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  return line.substr(line.rfind(')') + 2, 1) == "Z";
 }
 
 }  // namespace
@@ -153,4 +184,60 @@ TEST_CASE("a tool that cannot start is a failed call, not a host error") {
   auto t = engine::make_command_tool({"gone", {(dir / "missing").string()}, {}, std::chrono::milliseconds(1000),
                                       engine::idempotency::idempotent, 1024, {}});
   CHECK(failure_without_args(*t).type() == "failed");
+}
+
+TEST_CASE("a user tool gets none of the host's open descriptors, only stdin, stdout and stderr") {
+  testing::temp_dir dir;
+  // Opened without close-on-exec, as a library in the host might.
+  const int opened = ::open("/dev/null", O_RDONLY);
+  REQUIRE(opened >= 0);
+  const int leaked = ::fcntl(opened, F_DUPFD, 100);
+  REQUIRE(leaked >= 100);
+  // ls lists its own descriptors: the three it was given, and 3 for the folder it reads.
+  auto t = script_tool(dir, "printf '{\"fds\":\"%s\"}' \"$(ls /proc/self/fd | tr '\\n' ' ')\"\n");
+  const json seen = call_without_args(*t);
+  ::close(leaked);
+  ::close(opened);
+  INFO(seen.dump());
+  std::istringstream fds(seen["fds"].get<std::string>());
+  std::set<int> numbers;
+  for (int fd; fds >> fd;) numbers.insert(fd);
+  CHECK(numbers == std::set<int>{0, 1, 2, 3});
+}
+
+TEST_CASE("a timeout kills what the tool started too, not only the tool") {
+  testing::temp_dir dir;
+  const auto pid_file = dir / "background.pid";
+  auto t = script_tool(dir, "sleep 60 &\necho $! > " + pid_file.string() + "\nwait\n", std::chrono::milliseconds(1500));
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(failure_without_args(*t).type() == "timeout");
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));  // the call did not wait for it
+  pid_t background = 0;
+  std::ifstream(pid_file) >> background;
+  REQUIRE(background > 0);
+  for (int i = 0; i < 200 && !gone(background); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(gone(background));
+}
+
+TEST_CASE("a tool that cannot start leaves no process behind, not even a zombie") {
+  testing::temp_dir dir;
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  auto t = engine::make_command_tool({"gone", {(dir / "missing").string()}, {}, std::chrono::milliseconds(1000),
+                                      engine::idempotency::idempotent, 1024, {}});
+  const auto error = failure_without_args(*t);
+  CHECK(error.type() == "failed");
+  CHECK_THAT(error.what(), Catch::Contains("cannot start") && Catch::Contains("No such file or directory"));
+  CHECK(::waitpid(-1, nullptr, WNOHANG) <= 0);
+}
+
+TEST_CASE("a failing tool's stderr is quoted from its end, cut between UTF-8 characters") {
+  testing::temp_dir dir;
+  // 1000 three-byte characters, then the line that says what went wrong.
+  auto t = script_tool(dir, "yes € | head -n 1000 | tr -d '\\n' >&2\necho ' disk full!' >&2\nexit 3\n");
+  const auto error = failure_without_args(*t);
+  const std::string message = error.what();
+  CHECK(error.type() == "failed");
+  CHECK_THAT(message, Catch::Contains("exited with code 3") && Catch::EndsWith("€€ disk full!"));
+  CHECK(cairn::protocol::is_utf8(message));
 }

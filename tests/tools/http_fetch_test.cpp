@@ -39,6 +39,8 @@ struct page_server {
   static std::vector<std::string> write_pages(const testing::temp_dir& dir) {
     std::ofstream(dir / "hello.txt") << "hello from the page\n";
     std::ofstream(dir / "binary.bin", std::ios::binary) << std::string("\xff\xfe\x00", 3);
+    std::ofstream(dir / "one.bin", std::ios::binary) << "\xff";
+    std::ofstream(dir / "two.bin", std::ios::binary) << "\xff\xfe";
     return {"--pages", dir.path().string()};
   }
 };
@@ -61,6 +63,9 @@ TEST_CASE("a body that is not UTF-8 comes back as body_base64") {
   auto result = fetch_url(local_grant(), s.server.url("/pages/binary.bin"));
   CHECK(result["body_base64"] == "//4A");
   CHECK_FALSE(result.contains("body"));
+  // Padded when the length is not a multiple of 3.
+  CHECK(fetch_url(local_grant(), s.server.url("/pages/one.bin"))["body_base64"] == "/w==");
+  CHECK(fetch_url(local_grant(), s.server.url("/pages/two.bin"))["body_base64"] == "//4=");
 }
 
 TEST_CASE("an HTTP error status is a result for the agent, not a tool error") {
@@ -187,6 +192,33 @@ TEST_CASE("redirects within the grant are followed and the final URL reported") 
   CHECK(chain["body"] == "redirects done\n");
 }
 
+// An agent that writes dot segments, plain or percent-encoded, gets the path
+// they resolve to: that is what the host checks, asks the server for and
+// reports, not a path another server might read another way.
+TEST_CASE("dot segments, plain or percent-encoded, are resolved before the request leaves the host") {
+  page_server s;
+  for (const std::string path : {"/echo/../pages/hello.txt", "/echo/%2e%2e/pages/hello.txt",
+                                 "/echo/%2E./x/../../../pages/./hello.txt", "/pages/%2e/hello.txt"}) {
+    INFO(path);
+    auto result = fetch_url(local_grant(), s.server.url(path));
+    CHECK(result["url"] == s.server.url("/pages/hello.txt"));
+    CHECK(result["body"] == "hello from the page\n");
+  }
+  for (const auto& request : s.server.requests()) CHECK(request["path"] == "/pages/hello.txt");
+}
+
+TEST_CASE("a redirect's Location is resolved to a path without dot segments") {
+  page_server s;
+  // The server decodes ?to= once: Locations "/echo/../pages/hello.txt" and "/echo/%2e%2e/pages/hello.txt".
+  for (const std::string to : {"/echo/../pages/hello.txt", "/echo/%252e%252e/pages/hello.txt"}) {
+    INFO(to);
+    auto result = fetch_url(local_grant(), s.server.url("/redirect?to=" + to));
+    CHECK(result["url"] == s.server.url("/pages/hello.txt"));
+    CHECK(result["body"] == "hello from the page\n");
+    CHECK(s.server.requests().back()["path"] == "/pages/hello.txt");
+  }
+}
+
 TEST_CASE("a redirect to a host outside the grant is refused, naming the target") {
   mock_server server, elsewhere;
   http_fetch_grant grant;
@@ -295,6 +327,9 @@ TEST_CASE("unusable URLs and arguments are refused with the reason") {
   CHECK_THAT(refusal({{"url", "127.0.0.1/path"}}), Catch::Contains("not an absolute URL"));
   CHECK_THAT(refusal({{"url", "http://127.0.0.1:99999/"}}), Catch::Contains("port"));
   CHECK_THAT(refusal({{"url", "http://127.0.0.1/a b"}}), Catch::Contains("space"));
+  // A name is checked and looked up as written: a percent-encoded one is refused, not decoded.
+  CHECK_THAT(refusal({{"url", "http://%31%32%37.0.0.1/"}}), Catch::Contains("host"));
+  CHECK_THAT(refusal({{"url", "http://[v1.x]/"}}), Catch::Contains("IPvFuture"));
   CHECK_THAT(refusal(json::object()), Catch::Contains("\"url\""));
   CHECK_THAT(refusal({{"url", "http://127.0.0.1/"}, {"headers", {{"Host", "evil"}}}}), Catch::Contains("Host"));
   CHECK_THAT(refusal({{"url", "http://127.0.0.1/"}, {"headers", {{"content-length", "9"}}}}),

@@ -228,8 +228,11 @@ class context {
 using workflow = std::function<json(context& ctx, const json& input)>;
 
 // Runs `fn` as a cairn agent on the channel the host gave it (fd 3). Returns
-// the process exit code: 0 after done, 1 after the workflow failed, 2 when not
-// started by cairn.
+// the process exit code, as every SDK does: 0 after done, 1 after the
+// workflow failed, 2 when not started by cairn or the host refused the agent
+// before the run started, 3 when the host went away or broke the protocol
+// after it (nothing more is sent: the run's fate is the host's to decide
+// from its journal).
 int main(int argc, char** argv, const workflow& fn);
 
 // Same, on an explicit channel fd (for tests and embedding). Takes ownership of fd.
