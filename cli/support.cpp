@@ -18,7 +18,7 @@ std::mutex output;
 
 // Whether following the run is over: it finished, or it stopped in doubt
 // (not finished, but nothing moves it until `cairn settle`).
-bool stopped(storage::run_status s) { return engine::is_finished(s) || s == storage::run_status::in_doubt; }
+bool stopped(storage::run_status s) { return storage::is_finished(s) || s == storage::run_status::in_doubt; }
 
 }  // namespace
 

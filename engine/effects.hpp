@@ -138,14 +138,4 @@ using effect = std::variant<effects::step_committed, effects::retry_due, effects
                             effects::attempt_crashed, effects::suspended, effects::released, effects::run_ended,
                             effects::attempts_reset>;
 
-// Whether a run has finished, the one answer of engine/ and cli/, as
-// storage/journal.hpp defines run_status (storage's own detail::is_finished
-// answers the same; the home of both is beside run_status): completed,
-// failed and cancelled are final. in_doubt is not: `cairn settle` records
-// what its tool call did, and the run goes on.
-inline bool is_finished(storage::run_status s) {
-  return s == storage::run_status::completed || s == storage::run_status::failed ||
-         s == storage::run_status::cancelled;
-}
-
 }  // namespace cairn::engine

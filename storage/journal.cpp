@@ -27,6 +27,10 @@ std::optional<run_status> parse_run_status(std::string_view s) {
   return std::nullopt;
 }
 
+bool is_finished(run_status s) {
+  return s == run_status::completed || s == run_status::failed || s == run_status::cancelled;
+}
+
 std::int64_t now_ms() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();

@@ -75,6 +75,10 @@ class storage_error : public std::runtime_error {
 enum class run_status { pending, running, waiting, completed, failed, cancelled, in_doubt };
 std::string_view to_string(run_status s);
 std::optional<run_status> parse_run_status(std::string_view s);
+// Whether a run has finished: completed, failed and cancelled are final.
+// in_doubt is not: `cairn settle` records what its tool call did, and the
+// run goes on. The one answer of every layer.
+bool is_finished(run_status s);
 
 // What a waiting run waits for. kind "timer": until wake_at_ms (required).
 // "signal": a signal named `key`, or until wake_at_ms if set (a timeout).

@@ -38,14 +38,8 @@ std::tuple<std::optional<std::string>, std::optional<std::string>, std::optional
   return {std::nullopt, error.message, error.type};
 }
 
-bool is_finished(run_status s) {
-  return s == run_status::completed || s == run_status::failed || s == run_status::cancelled;
-}
-
 protocol::step_kind parse_kind(const std::string& s) {
-  using kind = protocol::step_kind;
-  for (auto k : {kind::step, kind::now, kind::random, kind::tool, kind::sleep, kind::signal, kind::child, kind::join})
-    if (protocol::to_string(k) == s) return k;
+  if (auto k = protocol::parse_step_kind(s)) return *k;
   throw storage_error(errc::corrupt, "a journaled step has an unknown kind '" + s + "'");
 }
 

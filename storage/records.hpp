@@ -36,7 +36,6 @@ std::tuple<std::optional<std::string>, std::optional<std::string>, std::optional
     bool ok, const json& output, const protocol::error_info& error);
 
 // completed, failed and cancelled are final; in_doubt is not (settle resumes it).
-bool is_finished(run_status s);
 protocol::step_kind parse_kind(const std::string& s);
 std::optional<std::string> null_if_empty(std::string_view s);
 
