@@ -63,6 +63,9 @@ nlohmann::json parse_bounded(std::string_view text, std::string_view what, const
                      std::to_string(bounds.max_bytes) + " bytes");
   if (nesting_depth(text) > bounds.max_depth)
     throw json_error(std::string(what) + " nests deeper than " + std::to_string(bounds.max_depth) + " levels");
+  // nlohmann's reader ends a text at a NUL byte, so "{}\0anything" would pass
+  // as {}; no JSON text holds a raw NUL.
+  if (text.find('\0') != std::string_view::npos) throw json_error(std::string(what) + " is not valid JSON");
   auto value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) throw json_error(std::string(what) + " is not valid JSON");
   return value;

@@ -229,7 +229,8 @@ TEST_CASE("a prefix above max_frame is rejected, exactly max_frame is accepted",
 TEST_CASE("a payload that is not valid JSON is rejected", "[frame][hostile]") {
   for (std::string p : {std::string("{not json}"), std::string("{\"a\":1"), std::string("{\"a\":1} trailing"),
                         std::string("{}{}"), std::string("{\"a\":1e400}"), std::string("{/*c*/}"),
-                        std::string("\0\0\0\0", 4), std::string(" ")}) {
+                        std::string("\0\0\0\0", 4), std::string(" "), std::string("{}\0{}", 5),
+                        std::string("{\"t\":\"done\"}\0 trailing", 22)}) {
     INFO("payload " << json(p).dump(-1, ' ', false, json::error_handler_t::replace));
     CHECK_THAT(decode_error(p), Contains("not valid JSON"));
   }
