@@ -121,8 +121,11 @@ class output_pump {
       if (n < 0 && errno != EINTR) return;
       std::lock_guard lock(mutex_);
       for (int i = 0; i < n; ++i) {
-        // A log removed since epoll_wait returned is gone from the map.
-        auto it = logs_.find(ready[static_cast<std::size_t>(i)].data.u64);
+        // A log removed since epoll_wait returned is gone from the map. The key
+        // is copied out first: epoll_event is packed, its u64 misaligned for
+        // the reference find() takes.
+        const std::uint64_t key = ready[static_cast<std::size_t>(i)].data.u64;
+        auto it = logs_.find(key);
         if (it != logs_.end() && !it->second->copy_available()) forget(it->first);
       }
     }
