@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -483,20 +482,6 @@ TEST_CASE("warm pool with agents started: an agent that ends before it speaks is
 
 namespace {
 
-// The processes of this machine whose command line holds `marker`.
-std::size_t processes_with(const std::string& marker) {
-  std::size_t n = 0;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    const auto name = entry.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    std::string cmdline = file_text(entry.path() / "cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    n += cmdline.find(marker) != std::string::npos;
-  }
-  return n;
-}
-
 // Calls `done` until it is true or `patience` passes; its last answer.
 template <class F>
 bool within_patience(F done) {
@@ -527,13 +512,13 @@ TEST_CASE("warm pool with agents started: an agent that spins while it waits is 
   INFO("the pool's last error: " << backend->warm_error().value_or("(none)"));
   CHECK_THAT(backend->warm_error().value_or(""),
              Catch::Contains("of CPU in the") && Catch::Contains("not started ahead for 60 s"));
-  CHECK(within_patience([&] { return processes_with(marker) == 0; }));
+  CHECK(within_patience([&] { return count_processes_with(marker) == 0; }));
   // Not started ahead again at once: its next run takes a launcher.
   REQUIRE(backend->wait_warm(1, patience));
   await_run(*backend, dir, "run-spin-2", SANDBOX_PROBE, &pooled, &started, spinner);
   CHECK(pooled);
   CHECK_FALSE(started);
-  CHECK(within_patience([&] { return processes_with(marker) == 0; }));
+  CHECK(within_patience([&] { return count_processes_with(marker) == 0; }));
   // An agent that waits quietly is still started ahead, and stays pooled
   // through the checks that ended the spinner.
   await_run(*backend, dir, "run-quiet-1", SANDBOX_PROBE);
