@@ -21,6 +21,7 @@
 #include <catch2/catch.hpp>
 
 #include "runtime/cgroup.hpp"
+#include "runtime/own_records.hpp"
 #include "runtime/sandbox.hpp"
 #include "runtime/workspace_quota.hpp"
 #include "tests/capabilities.hpp"
@@ -167,6 +168,13 @@ inline int count_processes_with(const std::string& token) {
     if (cmdline.find(token) != std::string::npos) ++count;
   }
   return count;
+}
+
+// A record as a host that died leaves it: never removed. Held from a static
+// so that LeakSanitizer sees it is kept on purpose (make test-sanitize).
+inline const own_record& record_left_by_dead_host(const std::string& kind, const std::string& subject) {
+  static auto* const left = new std::vector<std::unique_ptr<own_record>>;
+  return *left->emplace_back(std::make_unique<own_record>(kind, subject));
 }
 
 // A sandbox whose agent, the probe, was started ahead by its pool with the

@@ -491,7 +491,7 @@ TEST_CASE("quota: the mounts dead hosts left behind are swept", "[serial]") {
   // record of that mount, never removed.
   // [serial]: another test process's sweep, which cannot see this private
   // mount, would forget the record first.
-  new own_record("mount", spec.workspace.string() + "\n" + image.string());
+  record_left_by_dead_host("mount", spec.workspace.string() + "\n" + image.string());
   // And an image of an earlier run of it, renamed for deletion, not deleted.
   const fs::path doomed = doomed_image(image);
   fs::copy_file(image, doomed);
