@@ -6,7 +6,7 @@ MAKEFLAGS += --no-print-directory
 # The OpenAI Agents example's packages, installed from its lock file (again only when the lock changes).
 OPENAI_AGENTS_MODULES := examples/js/openai_agents/node_modules/.package-lock.json
 
-.PHONY: all deps build test demo install bench clean
+.PHONY: all deps build test test-sanitize fuzz demo install bench clean
 
 all: build
 
@@ -25,6 +25,30 @@ $(OPENAI_AGENTS_MODULES): examples/js/openai_agents/package-lock.json
 test: build
 	@scripts/test-kernel.sh $(BUILD)/test-kernel
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The host's tests under sanitizers, each build in a folder of its own
+# (tests/sanitized.cmake says which tests): AddressSanitizer with
+# UndefinedBehaviorSanitizer, then ThreadSanitizer. The first folder also
+# holds the fuzz targets (tests/fuzz), which `make fuzz` runs from their seed
+# corpus (FUZZ_SECONDS each).
+ASAN_BUILD ?= $(BUILD)-asan
+TSAN_BUILD ?= $(BUILD)-tsan
+FUZZ_SECONDS ?= 20
+CONFIGURE_ASAN = cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_SANITIZE=address,undefined \
+  -DCAIRN_FUZZ=ON -DCAIRN_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+
+test-sanitize: deps $(OPENAI_AGENTS_MODULES)
+	@$(CONFIGURE_ASAN)
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target sanitized
+	@cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L sanitized
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_SANITIZE=thread >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target sanitized
+	@cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L sanitized
+
+fuzz: deps
+	@$(CONFIGURE_ASAN)
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target fuzzers
+	@cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
 demo: build
 	@examples/demo.sh $(BUILD)
@@ -46,4 +70,4 @@ install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	@rm -rf $(BUILD) .cairn
+	@rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) .cairn

@@ -12,6 +12,10 @@ packages=(
   python3 python3-venv python3-setuptools python3-mypy
   libpq-dev postgresql-15
   qemu-system-x86 busybox-static cpio
+  # make test-sanitize and make fuzz: libFuzzer and the sanitizers' runtimes
+  # (Debian 12 has them here; clang-15 depends on it), llvm-symbolizer for
+  # their reports' file and line.
+  libclang-common-15-dev llvm-15
 )
 
 missing=()
