@@ -156,7 +156,19 @@ void parse_limits(object_reader& r, policy& p) {
   p.limits = l;
 }
 
+// The host patterns, tool names and variable names below are matched by
+// std::regex, whose matcher recurses once a character: a longer text is
+// refused before it is matched (a host of 900,000 characters overflowed the
+// stack), and its message names its length rather than quoting it.
+constexpr std::size_t max_host_pattern = 300;  // a 253-character name, "*." and ":65535"
+constexpr std::size_t max_tool_name = 128;
+constexpr std::size_t max_env_name = 256;
+
 void check_host_pattern(const std::string& key, const std::string& host) {
+  if (host.size() > max_host_pattern)
+    throw policy_error(key, fmt::format("a host pattern of {} characters is longer than a host name and port may be "
+                                        "(at most {})",
+                                        host.size(), max_host_pattern));
   static const std::regex pattern(
       R"(^((\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:([0-9]{1,5}|\*))?$)");
   if (!std::regex_match(host, pattern))
@@ -232,19 +244,26 @@ command_tool_spec parse_command(object_reader& r) {
   c.max_output_bytes = r.number("max_output_bytes", d.max_output_bytes, 1, 1ull << 30);
   c.env = r.strings("env", d.env);
   static const std::regex env_name(R"(^[A-Za-z_][A-Za-z0-9_]*$)");
-  for (const auto& name : c.env)
+  for (const auto& name : c.env) {
+    if (name.size() > max_env_name)
+      throw policy_error(r.key_of("env"), fmt::format("a variable name of {} characters is too long (at most {})",
+                                                      name.size(), max_env_name));
     if (!std::regex_match(name, env_name) || name == "CAIRN_RUN_ID" || name == "CAIRN_TOOL_SEQ" ||
         name == "CAIRN_IDEMPOTENCY_KEY")
       throw policy_error(r.key_of("env"), "'" + name + "' is not a variable the tool may take from the host: name "
                                           "variables like SMTP_PASSWORD (cairn sets CAIRN_RUN_ID, CAIRN_TOOL_SEQ and "
                                           "CAIRN_IDEMPOTENCY_KEY itself)");
+  }
   r.done();
   return c;
 }
 
 void check_tool_name(const std::string& key, const std::string& name) {
+  if (name.size() > max_tool_name)
+    throw policy_error("tools", fmt::format("a tool name of {} characters is too long (at most {})", name.size(),
+                                            max_tool_name));
   static const std::regex pattern(R"(^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$)");
-  if (!std::regex_match(name, pattern) || name.size() > 128)
+  if (!std::regex_match(name, pattern))
     throw policy_error(key, "a tool name is lowercase letters, digits and '_', dot-separated (like send_email "
                             "or crm.lookup)");
 }

@@ -116,6 +116,22 @@ TEST_CASE("unknown keys, wrong types and impossible limits are rejected, naming 
   CHECK_THAT(rejection(json::array()), Catch::Contains("JSON object"));
 }
 
+TEST_CASE("a host pattern, tool name or variable name a million characters long is refused in a short message") {
+  // Each is matched by std::regex, which recurses once a character: such a
+  // text overflowed the stack (a stored policy too, whoever wrote it).
+  const std::string huge(1'000'000, 'a');
+  const auto refused = [](const json& policy, const std::string& key) {
+    const std::string message = rejection(policy);
+    INFO(message.substr(0, 200));
+    CHECK(message.starts_with(key + " | "));
+    CHECK(message.size() < 300);
+  };
+  refused({{"tools", {{"http.fetch", {{"hosts", {huge}}}}}}}, "tools.http.fetch.hosts");
+  refused({{"tools", {{huge, {{"command", {RECORD_TOOL}}}}}}}, "tools");
+  refused({{"tools", {{"mailer", {{"command", {RECORD_TOOL}}, {"idempotency", "idempotent"}, {"env", {huge}}}}}}},
+          "tools.mailer.env");
+}
+
 TEST_CASE("a policy file that is not JSON names the file") {
   testing::temp_dir dir;
   std::ofstream(dir / "p.json") << "{ not json";
