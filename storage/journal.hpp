@@ -110,6 +110,7 @@ struct run_record {
   std::string parent_id;           // the run that started this one as a child; "" for a top-level run
   std::optional<wait_spec> wait;   // set only while status is waiting
   std::optional<std::int64_t> cancel_requested_at_ms;
+  std::string cancel_reason;  // what the request said ("" when none, or none was given)
   std::optional<std::int64_t> deadline_ms;  // the run's overall timeout
   // The machine whose disk holds the run's workspace ("" when the workspace
   // is on storage every worker reaches, or not assigned yet): only a worker
@@ -290,9 +291,10 @@ class journal {
   // cleared. A finished run is storage_error(finished).
   virtual void release_run(std::string_view id) = 0;
 
-  // Marks that someone asked to cancel the run; the engine acts on it.
-  // Whether it marked it now, had marked it before, or the run has finished.
-  virtual cancel_mark request_cancel(std::string_view id) = 0;
+  // Marks that someone asked to cancel the run, and why (run_record's
+  // cancel_reason); the engine acts on it. Whether it marked it now, had
+  // marked it before (the first reason stays), or the run has finished.
+  virtual cancel_mark request_cancel(std::string_view id, std::string_view reason) = 0;
   // Compare-and-set: cancels the run only if it is pending or waiting and has
   // no owner: status cancelled, error {message, "cancelled"}, finish time set,
   // wait cleared. Returns whether it did.
@@ -348,12 +350,31 @@ class journal {
   virtual void append_event(std::string_view run_id, std::string_view kind, const json& data,
                     std::optional<std::uint64_t> seq = std::nullopt) = 0;
   virtual std::vector<event_record> events(std::string_view run_id) = 0;
+  // The run's events after the one whose id is `after_id` (0: from the
+  // first), oldest first, as many as fit in max_bytes (their kind and data
+  // as stored, payload bodies included), but at least one if there is one:
+  // a reader shows a history of any size in bounded chunks.
+  virtual std::vector<event_record> events_from(std::string_view run_id, std::int64_t after_id,
+                                                std::uint64_t max_bytes) = 0;
   // The run's events at one seq, oldest first.
   virtual std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq) = 0;
   virtual std::uint64_t step_count(std::string_view run_id) = 0;
   // The bytes the run's steps and events occupy: each step's name, output
-  // (its JSON text), error message and type; each event's kind and data.
+  // (its JSON text), error message and type; each event's kind and data
+  // (payloads stored apart: once each, its digest and body). Kept on the
+  // run as they are written, by the database itself, so it reads one row
+  // however long the history.
   virtual std::uint64_t bytes_of_run(std::string_view run_id) = 0;
+
+  // A run's state beside its history (Temporal's mutable state): what its
+  // writer would otherwise derive again by scanning its events. The engine's
+  // ledger owns its form (engine/run_state.hpp); storage keeps the JSON
+  // object as given, one per run. A new run's is {}; nullopt for a run
+  // written before the journal kept one (the ledger derives it then);
+  // storage_error(not_found) when there is no such run. put_run_state is a
+  // write like append_event: fenced by this object's claim.
+  virtual std::optional<json> run_state(std::string_view run_id) = 0;
+  virtual void put_run_state(std::string_view run_id, const json& state) = 0;
 
   // Gives a run created without a workspace (workspace "") its workspace
   // folder and the machine holding it ("" = shared storage), once: a fenced

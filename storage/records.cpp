@@ -60,6 +60,20 @@ json join_event_data(const json& manifest, std::int64_t event_id, std::string_vi
   });
 }
 
+std::vector<event_record> bounded_events(const std::function<std::optional<event_record>(std::uint64_t& bytes)>& read,
+                                         std::uint64_t max_bytes) {
+  std::vector<event_record> events;
+  std::uint64_t total = 0;
+  for (;;) {
+    std::uint64_t bytes = 0;
+    auto e = read(bytes);
+    if (!e || (!events.empty() && total + bytes > max_bytes)) break;
+    total += bytes;
+    events.push_back(std::move(*e));
+  }
+  return events;
+}
+
 storage_error no_run_error(std::string_view run_id, std::string_view journal) {
   return {errc::not_found, fmt::format("no run '{}' in journal {}", run_id, journal)};
 }

@@ -50,11 +50,11 @@ std::optional<std::int64_t> int64_or_null(const Row& row, int i) {
   return row.int64(i);
 }
 
-// Columns 0-24 of read_run, in this order.
+// Columns 0-25 of read_run, in this order.
 inline constexpr const char* run_columns =
     "id, agent, input, status, output, error_message, error_type, attempts, max_attempts, owner, sandbox, "
     "workspace, created_at_ms, updated_at_ms, finished_at_ms, policy, parent_id, wait_kind, wait_key, wait_seq, "
-    "wake_at_ms, cancel_requested_at_ms, deadline_ms, epoch, workspace_host";
+    "wake_at_ms, cancel_requested_at_ms, deadline_ms, epoch, workspace_host, cancel_reason";
 
 template <class Row>
 run_record read_run(const Row& s) {
@@ -86,6 +86,7 @@ run_record read_run(const Row& s) {
   r.deadline_ms = int64_or_null(s, 22);
   r.epoch = s.int64(23);
   r.workspace_host = s.text(24);
+  if (!s.null(25)) r.cancel_reason = s.text(25);
   return r;
 }
 
@@ -137,19 +138,34 @@ json join_event_data(const json& manifest, std::int64_t event_id, std::string_vi
                      const std::function<std::optional<std::string>(const std::string& digest)>& body_of);
 
 // `body_of` returns the payload stored under a digest for the run, nullopt when there is none.
+// `bytes`, when given, has the event's stored size added: its kind, its data's text and the
+// bodies of the payloads it names.
 template <class Row>
 event_record read_event(const Row& s, std::string_view run_id,
-                        const std::function<std::optional<std::string>(const std::string& digest)>& body_of) {
+                        const std::function<std::optional<std::string>(const std::string& digest)>& body_of,
+                        std::uint64_t* bytes = nullptr) {
   event_record e;
   e.id = s.int64(0);
   e.run_id = std::string(run_id);
   if (!s.null(1)) e.seq = static_cast<std::uint64_t>(s.int64(1));
   e.kind = s.text(2);
-  e.data = join_event_data(load(text_or_null(s, 3), fmt::format("the data of event {} of run {}", e.id, run_id)),
-                           e.id, run_id, body_of);
+  const auto text = text_or_null(s, 3);
+  if (bytes) *bytes += e.kind.size() + (text ? text->size() : 0);
+  const auto counted = [&](const std::string& digest) {
+    auto body = body_of(digest);
+    if (bytes && body) *bytes += body->size();
+    return body;
+  };
+  e.data = join_event_data(load(text, fmt::format("the data of event {} of run {}", e.id, run_id)), e.id, run_id,
+                           counted);
   e.at_ms = s.int64(4);
   return e;
 }
+
+// The events of journal::events_from out of `read` (the next event and its
+// size, nullopt at the end): at least one, then as many as fit in max_bytes.
+std::vector<event_record> bounded_events(const std::function<std::optional<event_record>(std::uint64_t& bytes)>& read,
+                                         std::uint64_t max_bytes);
 
 
 // The errors both backends give, named by what happened. `journal` names the

@@ -23,6 +23,7 @@ namespace {
 struct run_row {
   run_record run;
   std::int64_t order = 0;
+  std::optional<json> state = json::object();  // journal::run_state
 };
 
 // What a commit changed, undone in reverse order: a transaction's rollback,
@@ -245,6 +246,7 @@ class memory_journal final : public journal {
     r.owner.clear();
     r.wait.reset();
     r.cancel_requested_at_ms.reset();
+    r.cancel_reason.clear();
     r.updated_at_ms = db_->clock();
     tx.commit();
     held_.end(id);
@@ -275,12 +277,13 @@ class memory_journal final : public journal {
     held_.end(id);
   }
 
-  cancel_mark request_cancel(std::string_view id) override {
+  cancel_mark request_cancel(std::string_view id, std::string_view reason) override {
     write_txn tx(*this);
     if (is_finished(existing_run(id).status)) return cancel_mark::run_finished;
     if (existing_run(id).cancel_requested_at_ms) return cancel_mark::marked_before;
     auto& r = change_run(id);
     r.cancel_requested_at_ms = r.updated_at_ms = db_->clock();
+    r.cancel_reason = std::string(reason);
     tx.commit();
     return cancel_mark::marked_now;
   }
@@ -435,6 +438,22 @@ class memory_journal final : public journal {
     return it == db_->events.end() ? std::vector<event_record>{} : it->second;
   }
 
+  std::vector<event_record> events_from(std::string_view run_id, std::int64_t after_id,
+                                        std::uint64_t max_bytes) override {
+    std::lock_guard lock(db_->mutex);
+    auto it = db_->events.find(std::string(run_id));
+    if (it == db_->events.end()) return {};
+    auto next = std::upper_bound(it->second.begin(), it->second.end(), after_id,
+                                 [](std::int64_t id, const event_record& e) { return id < e.id; });
+    return bounded_events(
+        [&](std::uint64_t& bytes) -> std::optional<event_record> {
+          if (next == it->second.end()) return std::nullopt;
+          bytes = next->kind.size() + dump(next->data).size();
+          return *next++;
+        },
+        max_bytes);
+  }
+
   std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq) override {
     std::vector<event_record> out;
     for (auto& e : events(run_id))
@@ -459,6 +478,21 @@ class memory_journal final : public journal {
     if (auto p = db_->payloads.find(id); p != db_->payloads.end())
       for (const auto& [digest, size] : p->second) bytes += size;
     return bytes;
+  }
+
+  std::optional<json> run_state(std::string_view run_id) override {
+    std::lock_guard lock(db_->mutex);
+    existing_run(run_id);
+    return db_->runs.at(std::string(run_id)).state;
+  }
+
+  void put_run_state(std::string_view run_id, const json& state) override {
+    write_txn tx(*this);
+    fence(run_id);
+    existing_run(run_id);
+    db_->save_run(std::string(run_id));
+    db_->runs.at(std::string(run_id)).state = state;
+    tx.commit();
   }
 
   void assign_workspace(std::string_view id, const std::string& workspace,

@@ -49,7 +49,7 @@ class postgres_journal final : public journal {
   void reset_attempts(std::string_view id) override;
   void suspend_run(std::string_view id, const wait_spec& w) override;
   void release_run(std::string_view id) override;
-  cancel_mark request_cancel(std::string_view id) override;
+  cancel_mark request_cancel(std::string_view id, std::string_view reason) override;
   bool cancel_idle_run(std::string_view id, const std::string& message) override;
   std::vector<run_brief> schedulable(std::int64_t now_ms) override;
   std::optional<std::int64_t> next_due_ms(std::int64_t after_ms) override;
@@ -64,9 +64,12 @@ class postgres_journal final : public journal {
   std::vector<step_record> steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq, std::uint64_t max_bytes) override;
   void append_event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::uint64_t> seq) override;
   std::vector<event_record> events(std::string_view run_id) override;
+  std::vector<event_record> events_from(std::string_view run_id, std::int64_t after_id, std::uint64_t max_bytes) override;
   std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq) override;
   std::uint64_t step_count(std::string_view run_id) override;
   std::uint64_t bytes_of_run(std::string_view run_id) override;
+  std::optional<json> run_state(std::string_view run_id) override;
+  void put_run_state(std::string_view run_id, const json& state) override;
   void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) override;
   void register_worker(const worker_record& worker) override;
   bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) override;
@@ -602,14 +605,19 @@ struct postgres_journal::impl {
     return out;
   }
 
+  // The bodies of a run's events' payloads, by digest.
+  std::function<std::optional<std::string>(const std::string&)> payloads_of(std::string_view run_id) {
+    return [this, run_id](const std::string& digest) -> std::optional<std::string> {
+      auto body = exec("SELECT body FROM payloads WHERE run_id = $1 AND digest = $2", run_id, digest);
+      if (body.rows() == 0) return std::nullopt;
+      return from_hex_bytea(pg_row{body, 0}.text(0));
+    };
+  }
+
   std::vector<event_record> read_events(const result& r, std::string_view run_id) {
     std::vector<event_record> out;
-    for (int i = 0; i < r.rows(); ++i)
-      out.push_back(read_event(pg_row{r, i}, run_id, [&](const std::string& digest) -> std::optional<std::string> {
-        auto body = exec("SELECT body FROM payloads WHERE run_id = $1 AND digest = $2", run_id, digest);
-        if (body.rows() == 0) return std::nullopt;
-        return from_hex_bytea(pg_row{body, 0}.text(0));
-      }));
+    const auto payloads = payloads_of(run_id);
+    for (int i = 0; i < r.rows(); ++i) out.push_back(read_event(pg_row{r, i}, run_id, payloads));
     return out;
   }
 
@@ -774,7 +782,8 @@ void postgres_journal::reset_attempts(std::string_view id) {
     if (before.rows() == 0) throw no_run_error(id, j.name);
     j.exec("UPDATE runs SET status = 'pending', attempts = 0, output = NULL, error_message = NULL, "
            "error_type = NULL, finished_at_ms = NULL, owner = '', wait_kind = NULL, wait_key = NULL, "
-           "wait_seq = NULL, wake_at_ms = NULL, cancel_requested_at_ms = NULL, updated_at_ms = $2 WHERE id = $1",
+           "wait_seq = NULL, wake_at_ms = NULL, cancel_requested_at_ms = NULL, cancel_reason = NULL, "
+           "updated_at_ms = $2 WHERE id = $1",
            id, now_ms());
     j.notify(change::released, id);
     tx.commit();
@@ -818,16 +827,16 @@ void postgres_journal::release_run(std::string_view id) {
   });
 }
 
-cancel_mark postgres_journal::request_cancel(std::string_view id) {
+cancel_mark postgres_journal::request_cancel(std::string_view id, std::string_view reason) {
   auto& j = *impl_;
   return j.guard(id, [&] {
     impl::txn tx(j);
     if (is_finished(j.status_of(id, "SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE")))
       return cancel_mark::run_finished;
     const auto now = now_ms();
-    if (j.exec("UPDATE runs SET cancel_requested_at_ms = $2, updated_at_ms = $2 "
+    if (j.exec("UPDATE runs SET cancel_requested_at_ms = $2, cancel_reason = $3, updated_at_ms = $2 "
                "WHERE id = $1 AND cancel_requested_at_ms IS NULL",
-               id, now)
+               id, now, reason)
             .affected() == 0)
       return cancel_mark::marked_before;
     j.notify(change::cancel_requested, id);
@@ -1034,6 +1043,30 @@ std::vector<event_record> postgres_journal::events(std::string_view run_id) {
   });
 }
 
+std::vector<event_record> postgres_journal::events_from(std::string_view run_id, std::int64_t after_id,
+                                                       std::uint64_t max_bytes) {
+  auto& j = *impl_;
+  return j.guard(run_id, [&] {
+    // The rows whose text fits in max_bytes, counted by the server (the
+    // first always): the result libpq holds stays within the bound. Their
+    // payloads are read one at a time as the chunk is filled.
+    auto r = j.exec(j.query(fmt::format(
+                        "SELECT {} FROM (SELECT {}, sum(octet_length(kind) + octet_length(data)) OVER (ORDER BY id) "
+                        "  AS upto, row_number() OVER (ORDER BY id) AS n FROM events WHERE run_id = $1 AND id > $2) e "
+                        "WHERE upto <= $3 OR n = 1 ORDER BY id",
+                        event_columns, event_columns)),
+                    run_id, after_id, static_cast<std::int64_t>(std::min<std::uint64_t>(max_bytes, INT64_MAX)));
+    const auto payloads = j.payloads_of(run_id);
+    int i = 0;
+    return bounded_events(
+        [&](std::uint64_t& bytes) -> std::optional<event_record> {
+          if (i == r.rows()) return std::nullopt;
+          return read_event(pg_row{r, i++}, run_id, payloads, &bytes);
+        },
+        max_bytes);
+  });
+}
+
 std::vector<event_record> postgres_journal::events_at(std::string_view run_id, std::uint64_t seq) {
   auto& j = *impl_;
   return j.guard(run_id, [&] {
@@ -1054,15 +1087,30 @@ std::uint64_t postgres_journal::step_count(std::string_view run_id) {
 
 std::uint64_t postgres_journal::bytes_of_run(std::string_view run_id) {
   auto& j = *impl_;
-  return j.guard(run_id, [&] {
-    auto r = j.exec("SELECT (SELECT coalesce(sum(octet_length(name) + coalesce(octet_length(output), 0) "
-                    "  + coalesce(octet_length(error_message), 0) + coalesce(octet_length(error_type), 0)), 0) "
-                    "  FROM steps WHERE run_id = $1) + "
-                    "(SELECT coalesce(sum(octet_length(kind) + octet_length(data)), 0) FROM events WHERE run_id = $1) + "
-                    "(SELECT coalesce(sum(octet_length(digest) + octet_length(body)), 0) FROM payloads "
-                    "  WHERE run_id = $1)",
-                    run_id);
-    return static_cast<std::uint64_t>(pg_row{r, 0}.int64(0));
+  return j.guard(run_id, [&]() -> std::uint64_t {
+    auto r = j.exec("SELECT journal_bytes FROM run_states WHERE run_id = $1", run_id);
+    return r.rows() == 0 ? 0 : static_cast<std::uint64_t>(pg_row{r, 0}.int64(0));
+  });
+}
+
+std::optional<json> postgres_journal::run_state(std::string_view run_id) {
+  auto& j = *impl_;
+  return j.guard(run_id, [&]() -> std::optional<json> {
+    auto r = j.exec("SELECT state FROM run_states WHERE run_id = $1", run_id);
+    if (r.rows() == 0) throw no_run_error(run_id, j.name);
+    const pg_row row{r, 0};
+    if (row.null(0)) return std::nullopt;
+    return load(row.text(0), fmt::format("the state of run {}", run_id));
+  });
+}
+
+void postgres_journal::put_run_state(std::string_view run_id, const json& state) {
+  auto& j = *impl_;
+  j.guard(run_id, [&] {
+    j.fenced(run_id, [&] {
+      if (j.exec("UPDATE run_states SET state = $2 WHERE run_id = $1", run_id, dump(state)).affected() == 0)
+        throw no_run_error(run_id, j.name);
+    });
   });
 }
 

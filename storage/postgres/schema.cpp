@@ -136,7 +136,71 @@ BEGIN
 END $$;
 )sql";
 
-constexpr migration all_migrations[] = {{6, schema_v6}, {7, schema_v7}};
+// v8: a run's state beside its history, as SQLite's v7 (journal.hpp
+// run_state): run_states holds the byte count the triggers keep and the
+// engine's state; a cancel request keeps its reason on the run.
+constexpr const char* schema_v8 = R"sql(
+CREATE TABLE run_states (
+  run_id        TEXT PRIMARY KEY REFERENCES runs (id),
+  journal_bytes BIGINT NOT NULL DEFAULT 0,
+  state         TEXT
+);
+INSERT INTO run_states (run_id, journal_bytes)
+  SELECT id,
+    (SELECT coalesce(sum(octet_length(name) + coalesce(octet_length(output), 0)
+       + coalesce(octet_length(error_message), 0) + coalesce(octet_length(error_type), 0)), 0)
+       FROM steps WHERE run_id = runs.id)
+    + (SELECT coalesce(sum(octet_length(kind) + octet_length(data)), 0) FROM events WHERE run_id = runs.id)
+    + (SELECT coalesce(sum(octet_length(digest) + octet_length(body)), 0) FROM payloads WHERE run_id = runs.id)
+  FROM runs;
+
+CREATE FUNCTION cairn_run_state_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO run_states (run_id, state) VALUES (NEW.id, '{}');
+  RETURN NULL;
+END $$;
+CREATE TRIGGER runs_state AFTER INSERT ON runs FOR EACH ROW EXECUTE FUNCTION cairn_run_state_row();
+
+CREATE FUNCTION cairn_step_bytes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE run_states SET journal_bytes = journal_bytes + octet_length(NEW.name) + coalesce(octet_length(NEW.output), 0)
+    + coalesce(octet_length(NEW.error_message), 0) + coalesce(octet_length(NEW.error_type), 0)
+  WHERE run_id = NEW.run_id;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER steps_bytes AFTER INSERT ON steps FOR EACH ROW EXECUTE FUNCTION cairn_step_bytes();
+
+CREATE FUNCTION cairn_event_bytes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE run_states SET journal_bytes = journal_bytes + octet_length(NEW.kind) + octet_length(NEW.data)
+  WHERE run_id = NEW.run_id;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER events_bytes AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION cairn_event_bytes();
+
+CREATE FUNCTION cairn_payload_bytes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE run_states SET journal_bytes = journal_bytes + octet_length(NEW.digest) + octet_length(NEW.body)
+  WHERE run_id = NEW.run_id;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER payloads_bytes AFTER INSERT ON payloads FOR EACH ROW EXECUTE FUNCTION cairn_payload_bytes();
+
+ALTER TABLE runs ADD COLUMN cancel_reason TEXT;
+-- A stored text that is not JSON gives no reason rather than failing the migration.
+CREATE FUNCTION pg_temp.reason_of(data TEXT) RETURNS TEXT LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN CASE WHEN jsonb_typeof(data::jsonb -> 'reason') = 'string' THEN data::jsonb ->> 'reason' END;
+EXCEPTION WHEN others THEN
+  RETURN NULL;
+END $$;
+UPDATE runs SET cancel_reason = (
+  SELECT pg_temp.reason_of(e.data) FROM events e WHERE e.run_id = runs.id AND e.kind = 'cancel_requested'
+  ORDER BY e.id DESC LIMIT 1)
+WHERE cancel_requested_at_ms IS NOT NULL;
+)sql";
+
+constexpr migration all_migrations[] = {{6, schema_v6}, {7, schema_v7}, {8, schema_v8}};
 
 
 }  // namespace

@@ -167,6 +167,52 @@ CREATE TABLE workers (
 -- The runs each worker owns, without reading the finished ones.
 CREATE INDEX runs_by_owner ON runs (owner) WHERE owner <> '';
 )sql",
+    // 7: a run's state beside its history (journal.hpp run_state): a narrow
+    // row per run, so that keeping it costs no rewrite of the run's wide row.
+    // journal_bytes is kept by the database as rows are inserted (what
+    // bytes_of_run counted by scanning); state is the engine's JSON object,
+    // NULL for the runs written before (the engine derives theirs). A
+    // cancel request keeps its reason on the run.
+    R"sql(
+CREATE TABLE run_states (
+  run_id        TEXT PRIMARY KEY REFERENCES runs (id),
+  journal_bytes INTEGER NOT NULL DEFAULT 0,
+  state         TEXT
+) WITHOUT ROWID;
+INSERT INTO run_states (run_id, journal_bytes)
+  SELECT id,
+    (SELECT coalesce(sum(length(CAST(name AS BLOB)) + coalesce(length(CAST(output AS BLOB)), 0)
+       + coalesce(length(CAST(error_message AS BLOB)), 0) + coalesce(length(CAST(error_type AS BLOB)), 0)), 0)
+       FROM steps WHERE run_id = runs.id)
+    + (SELECT coalesce(sum(length(CAST(kind AS BLOB)) + length(CAST(data AS BLOB))), 0)
+       FROM events WHERE run_id = runs.id)
+    + (SELECT coalesce(sum(length(digest) + length(CAST(body AS BLOB))), 0) FROM payloads WHERE run_id = runs.id)
+  FROM runs;
+CREATE TRIGGER runs_state AFTER INSERT ON runs
+  BEGIN INSERT INTO run_states (run_id, state) VALUES (NEW.id, '{}'); END;
+CREATE TRIGGER steps_bytes AFTER INSERT ON steps BEGIN
+  UPDATE run_states SET journal_bytes = journal_bytes + length(CAST(NEW.name AS BLOB))
+    + coalesce(length(CAST(NEW.output AS BLOB)), 0) + coalesce(length(CAST(NEW.error_message AS BLOB)), 0)
+    + coalesce(length(CAST(NEW.error_type AS BLOB)), 0)
+  WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER events_bytes AFTER INSERT ON events BEGIN
+  UPDATE run_states SET journal_bytes = journal_bytes + length(CAST(NEW.kind AS BLOB)) + length(CAST(NEW.data AS BLOB))
+  WHERE run_id = NEW.run_id;
+END;
+CREATE TRIGGER payloads_bytes AFTER INSERT ON payloads BEGIN
+  UPDATE run_states SET journal_bytes = journal_bytes + length(NEW.digest) + length(CAST(NEW.body AS BLOB))
+  WHERE run_id = NEW.run_id;
+END;
+
+ALTER TABLE runs ADD COLUMN cancel_reason TEXT;
+UPDATE runs SET cancel_reason = (
+  SELECT json_extract(data, '$.reason') FROM events
+  WHERE run_id = runs.id AND kind = 'cancel_requested' AND json_valid(data)
+    AND json_type(data, '$.reason') = 'text'
+  ORDER BY id DESC LIMIT 1)
+WHERE cancel_requested_at_ms IS NOT NULL;
+)sql",
 };
 constexpr int latest = static_cast<int>(std::size(migrations));
 

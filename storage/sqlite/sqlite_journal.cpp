@@ -54,7 +54,7 @@ class sqlite_journal final : public journal {
   void reset_attempts(std::string_view id) override;
   void suspend_run(std::string_view id, const wait_spec& w) override;
   void release_run(std::string_view id) override;
-  cancel_mark request_cancel(std::string_view id) override;
+  cancel_mark request_cancel(std::string_view id, std::string_view reason) override;
   bool cancel_idle_run(std::string_view id, const std::string& message) override;
   std::vector<run_brief> schedulable(std::int64_t now_ms) override;
   std::optional<std::int64_t> next_due_ms(std::int64_t after_ms) override;
@@ -69,9 +69,12 @@ class sqlite_journal final : public journal {
   std::vector<step_record> steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq, std::uint64_t max_bytes) override;
   void append_event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::uint64_t> seq) override;
   std::vector<event_record> events(std::string_view run_id) override;
+  std::vector<event_record> events_from(std::string_view run_id, std::int64_t after_id, std::uint64_t max_bytes) override;
   std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq) override;
   std::uint64_t step_count(std::string_view run_id) override;
   std::uint64_t bytes_of_run(std::string_view run_id) override;
+  std::optional<json> run_state(std::string_view run_id) override;
+  void put_run_state(std::string_view run_id, const json& state) override;
   void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) override;
   void register_worker(const worker_record& worker) override;
   bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) override;
@@ -322,7 +325,8 @@ void sqlite_journal::reset_attempts(std::string_view id) {
     c_.changed(
         "UPDATE runs SET status = 'pending', attempts = 0, output = NULL, error_message = NULL, "
         "error_type = NULL, finished_at_ms = NULL, owner = '', wait_kind = NULL, wait_key = NULL, "
-        "wait_seq = NULL, wake_at_ms = NULL, cancel_requested_at_ms = NULL, updated_at_ms = ? WHERE id = ?",
+        "wait_seq = NULL, wake_at_ms = NULL, cancel_requested_at_ms = NULL, cancel_reason = NULL, updated_at_ms = ? "
+        "WHERE id = ?",
         now_ms(), id);
     tx.commit();
     held.end(id);
@@ -359,14 +363,14 @@ void sqlite_journal::release_run(std::string_view id) {
   });
 }
 
-cancel_mark sqlite_journal::request_cancel(std::string_view id) {
+cancel_mark sqlite_journal::request_cancel(std::string_view id, std::string_view reason) {
   return c_.guard(id, [&] {
     write_txn tx(*this);
     if (is_finished(status_of(id))) return cancel_mark::run_finished;
     const auto now = now_ms();
-    if (c_.changed("UPDATE runs SET cancel_requested_at_ms = ?, updated_at_ms = ? "
+    if (c_.changed("UPDATE runs SET cancel_requested_at_ms = ?, cancel_reason = ?, updated_at_ms = ? "
                    "WHERE id = ? AND cancel_requested_at_ms IS NULL",
-                   now, now, id) == 0)
+                   now, reason, now, id) == 0)
       return cancel_mark::marked_before;
     tx.commit();
     return cancel_mark::marked_now;
@@ -579,6 +583,20 @@ std::vector<event_record> sqlite_journal::events(std::string_view run_id) {
   });
 }
 
+std::vector<event_record> sqlite_journal::events_from(std::string_view run_id, std::int64_t after_id,
+                                                     std::uint64_t max_bytes) {
+  return c_.guard(run_id, [&] {
+    auto s = c_.statement((event_select + "WHERE run_id = ? AND id > ? ORDER BY id").c_str(), run_id, after_id);
+    const auto payloads = payloads_of(run_id);
+    return bounded_events(
+        [&](std::uint64_t& bytes) -> std::optional<event_record> {
+          if (!s.executeStep()) return std::nullopt;
+          return read_event(sqlite_row{s}, run_id, payloads, &bytes);
+        },
+        max_bytes);
+  });
+}
+
 std::vector<event_record> sqlite_journal::events_at(std::string_view run_id, std::uint64_t seq) {
   return c_.guard(run_id, [&] {
     auto s = c_.statement((event_select + "WHERE run_id = ? AND seq = ? ORDER BY id").c_str(), run_id,
@@ -596,19 +614,26 @@ std::uint64_t sqlite_journal::step_count(std::string_view run_id) {
 }
 
 std::uint64_t sqlite_journal::bytes_of_run(std::string_view run_id) {
-  return c_.guard(run_id, [&] {
-    // CAST AS BLOB: length() of a text counts characters, the budget counts bytes.
-    auto s = c_.statement(
-        "SELECT (SELECT coalesce(sum(length(CAST(name AS BLOB)) + coalesce(length(CAST(output AS BLOB)), 0) "
-        "  + coalesce(length(CAST(error_message AS BLOB)), 0) + coalesce(length(CAST(error_type AS BLOB)), 0)), 0) "
-        "  FROM steps WHERE run_id = ?1) + "
-        "(SELECT coalesce(sum(length(CAST(kind AS BLOB)) + length(CAST(data AS BLOB))), 0) "
-        "  FROM events WHERE run_id = ?1) + "
-        "(SELECT coalesce(sum(length(digest) + length(CAST(body AS BLOB))), 0) "
-        "  FROM payloads WHERE run_id = ?1)",
-        run_id);
-    s.executeStep();
-    return static_cast<std::uint64_t>(s.getColumn(0).getInt64());
+  return c_.guard(run_id, [&]() -> std::uint64_t {
+    auto s = c_.statement("SELECT journal_bytes FROM run_states WHERE run_id = ?", run_id);
+    return s.executeStep() ? static_cast<std::uint64_t>(s.getColumn(0).getInt64()) : 0;
+  });
+}
+
+std::optional<json> sqlite_journal::run_state(std::string_view run_id) {
+  return c_.guard(run_id, [&]() -> std::optional<json> {
+    auto s = c_.statement("SELECT state FROM run_states WHERE run_id = ?", run_id);
+    require_run(s.executeStep() ? 1 : 0, run_id);
+    if (s.getColumn(0).isNull()) return std::nullopt;
+    return load(s.getColumn(0).getString(), fmt::format("the state of run {}", run_id));
+  });
+}
+
+void sqlite_journal::put_run_state(std::string_view run_id, const json& state) {
+  c_.guard(run_id, [&] {
+    fenced(run_id, [&] {
+      require_run(c_.changed("UPDATE run_states SET state = ? WHERE run_id = ?", dump(state), run_id), run_id);
+    });
   });
 }
 

@@ -424,7 +424,7 @@ TEST_CASE("storage writes no event of its own: the ledger writes them all") {
   const auto sig = j->enqueue_signal("r", "go", {});
   REQUIRE(j->claim_run("r", "", "me"));
   j->deliver_signal(sig.id, ok_step("r", 1, "delivered"));
-  CHECK(j->request_cancel("r") == cancel_mark::marked_now);
+  CHECK(j->request_cancel("r", "test") == cancel_mark::marked_now);
   j->release_run("r");
   REQUIRE(j->claim_run("r", "", "me"));
   j->finish_run("r", run_status::failed, nullptr, protocol::error_info{"boom", "error"});
@@ -662,12 +662,13 @@ TEST_CASE("reset_attempts also forgets the wait and the cancel request") {
   j->create_run(a_run("r"));
   j->claim_run("r", "", "me");
   j->suspend_run("r", wait_for("signal", "go", 1));
-  REQUIRE(j->request_cancel("r") == cancel_mark::marked_now);
+  REQUIRE(j->request_cancel("r", "test") == cancel_mark::marked_now);
   j->reset_attempts("r");
   auto run = *j->find_run("r");
   CHECK(run.status == run_status::pending);
   CHECK_FALSE(run.wait);
   CHECK_FALSE(run.cancel_requested_at_ms);
+  CHECK(run.cancel_reason.empty());
   auto briefs = j->schedulable(now_ms());
   REQUIRE(briefs.size() == 1);
   CHECK(briefs[0].status == run_status::pending);
@@ -815,25 +816,93 @@ TEST_CASE("request_cancel marks an unfinished run once and reports a finished on
   auto j = where.open();
   j->create_run(a_run("r"));
   j->claim_run("r", "", "host");
-  CHECK(j->request_cancel("r") == cancel_mark::marked_now);
+  CHECK(j->request_cancel("r", "test") == cancel_mark::marked_now);
   auto marked = j->find_run("r")->cancel_requested_at_ms;
   REQUIRE(marked);
   CHECK(j->find_run("r")->status == run_status::running);  // the engine stops it; this only asks
-  CHECK(j->request_cancel("r") == cancel_mark::marked_before);
+  CHECK(j->request_cancel("r", "test") == cancel_mark::marked_before);
   CHECK(j->find_run("r")->cancel_requested_at_ms == marked);
 
   j->create_run(a_run("done"));
   j->finish_run("done", run_status::completed, 1, std::nullopt);
-  CHECK(j->request_cancel("done") == cancel_mark::run_finished);
+  CHECK(j->request_cancel("done", "test") == cancel_mark::run_finished);
   CHECK_FALSE(j->find_run("done")->cancel_requested_at_ms);
 
   j->create_run(a_run("doubt"));
   j->finish_run("doubt", run_status::in_doubt, nullptr, protocol::error_info{"maybe sent", "in_doubt"});
-  CHECK(j->request_cancel("doubt") == cancel_mark::marked_now);  // in_doubt has not finished
+  CHECK(j->request_cancel("doubt", "test") == cancel_mark::marked_now);  // in_doubt has not finished
 
-  auto err = error_from([&] { j->request_cancel("missing"); });
+  auto err = error_from([&] { j->request_cancel("missing", "test"); });
   REQUIRE(err);
   CHECK(err->code() == errc::not_found);
+}
+
+TEST_CASE("request_cancel keeps the first reason it was given") {
+  ON_EACH_BACKEND(where);
+  auto j = where.open();
+  j->create_run(a_run("r"));
+  CHECK(j->find_run("r")->cancel_reason.empty());
+  REQUIRE(j->request_cancel("r", "first \x1b[2J reason") == cancel_mark::marked_now);
+  REQUIRE(j->request_cancel("r", "second") == cancel_mark::marked_before);
+  CHECK(j->find_run("r")->cancel_reason == "first \x1b[2J reason");  // kept as given; printing escapes it
+}
+
+TEST_CASE("a run's kept state is one object per run, {} when created, written under the run's claim") {
+  ON_EACH_BACKEND(where);
+  auto a = where.open();
+  a->create_run(a_run("r"));
+  a->create_run(a_run("other"));
+  CHECK(a->run_state("r") == json::object());
+  const json state = {{"seq", 3}, {"step_failures", 2}, {"suspended_at_ms", {1, 2, 3}}};
+  a->put_run_state("r", state);
+  CHECK(a->run_state("r") == state);
+  CHECK(a->run_state("other") == json::object());
+  auto missing = error_from([&] { a->run_state("missing"); });
+  REQUIRE(missing);
+  CHECK(missing->code() == errc::not_found);
+
+  // Fenced like every write of the run's owner.
+  auto b = where.open();
+  REQUIRE(a->claim_run("r", "", "host-a"));
+  a->put_run_state("r", {{"seq", 4}});
+  REQUIRE(b->claim_run("r", "host-a", "host-b"));
+  auto fenced = error_from([&] { a->put_run_state("r", {{"seq", 5}}); });
+  REQUIRE(fenced);
+  CHECK(fenced->code() == errc::fenced);
+  CHECK(b->run_state("r") == json{{"seq", 4}});
+}
+
+TEST_CASE("events_from reads a history in chunks of bounded bytes, each event once, in order") {
+  ON_EACH_BACKEND(where);
+  auto j = where.open();
+  j->create_run(a_run("r"));
+  j->create_run(a_run("other"));
+  std::vector<json> written;
+  for (int i = 0; i < 40; ++i) {
+    // Every fifth event carries a long string (stored apart as a payload): chunks count its body.
+    json data = {{"i", i}, {"text", std::string(i % 5 == 0 ? 20'000 : 10, 'a' + i % 26)}};
+    j->append_event("r", "note", data, static_cast<std::uint64_t>(i));
+    j->append_event("other", "note", {{"i", -i}});
+    written.push_back(std::move(data));
+  }
+  std::vector<json> read;
+  std::size_t chunks = 0;
+  for (std::int64_t after = 0;;) {
+    const auto chunk = j->events_from("r", after, 30'000);
+    if (chunk.empty()) break;
+    ++chunks;
+    std::uint64_t bytes = 0;
+    for (const auto& e : chunk) {
+      read.push_back(e.data);
+      bytes += e.kind.size() + e.data.dump().size();
+    }
+    CHECK((chunk.size() == 1 || bytes <= 30'000));  // at least one, else within the bound
+    after = chunk.back().id;
+  }
+  CHECK(read == written);
+  CHECK(chunks >= 8);  // 8 long events of 20 kB: no two fit in one chunk
+  CHECK(j->events_from("r", 0, UINT64_MAX).size() == 40);
+  CHECK(j->events_from("missing", 0, 1000).empty());
 }
 
 TEST_CASE("cancel_idle_run cancels only a pending or waiting run that nobody owns") {
@@ -925,7 +994,7 @@ TEST_CASE("schedulable returns the unfinished runs and exactly the waiting runs 
     j->suspend_run(parent, wait_for("child", kid, 1));
   }
   waits("cancel-requested", true, wait_for("timer", "", 1, now + 1));
-  j->request_cancel("cancel-requested");
+  j->request_cancel("cancel-requested", "test");
   create("deadline-passed", true, "", now);
   j->suspend_run("deadline-passed", wait_for("signal", "go", 1));
   create("deadline-later", false, "", now + 1);
@@ -1179,7 +1248,7 @@ TEST_CASE("a locked journal says so, and nothing is half-written") {
 
 TEST_CASE("a full disk loses nothing that was committed") {
   temp_dir dir;
-  tiny_disk disk(dir / "tiny", "256k");
+  tiny_disk disk(dir / "tiny", "512k");
   if (!disk.mounted) return;
   const auto& mnt = disk.at;
 
@@ -1250,6 +1319,7 @@ TEST_CASE("a journal that lost its run to another is fenced: none of its writes 
       {"finish_run", [&] { a->finish_run("r", run_status::completed, "a-done", std::nullopt); }},
       {"append_step again", [&] { a->append_step(ok_step("r", 1, "a1")); }},
       {"confirm_held", [&] { a->confirm_held("r"); }},
+      {"put_run_state", [&] { a->put_run_state("r", {{"by", "a"}}); }},
   };
   int refused = 0;
   for (const auto& [name, write] : writes) {
@@ -1260,7 +1330,7 @@ TEST_CASE("a journal that lost its run to another is fenced: none of its writes 
     CHECK_THAT(err->what(), Catch::Contains("run r was taken over by host-b (epoch 2)"));
     ++refused;
   }
-  CHECK(refused == 11);
+  CHECK(refused == 12);
 
   // Nothing of host-a's is in the journal after the takeover.
   auto run = b->find_run("r");

@@ -211,9 +211,11 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
     step.result.name = "plan";
     step.result.output = json{1};
     current->append_step(step);
-    // Schema 3 is schema 6 without runs.epoch, the payloads table and schema 6's additions.
+    // Schema 3 is schema 7 without schema 7's, then runs.epoch, the payloads table and schema 6's additions.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
-    raw.exec("DROP TABLE payloads; ALTER TABLE runs DROP COLUMN epoch; DROP TABLE workers; DROP INDEX runs_by_owner; "
+    raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER payloads_bytes; "
+             "DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; "
+             "DROP TABLE payloads; ALTER TABLE runs DROP COLUMN epoch; DROP TABLE workers; DROP INDEX runs_by_owner; "
              "ALTER TABLE runs DROP COLUMN workspace_host; PRAGMA user_version = 3");
   }
   auto a = storage::open_journal(dir / "cairn.db");
@@ -237,8 +239,8 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
   CHECK(b->events("busy").size() == 1);
 
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READONLY);
-  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == 6);
-  CHECK(storage::sqlite::schema_version() == 6);
+  CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::sqlite::schema_version());
+  CHECK(storage::sqlite::schema_version() == 7);
 }
 
 TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspace on shared storage, no worker yet") {
@@ -252,9 +254,11 @@ TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspa
     r.workspace = "/ws/old";
     r.owner = "host-1:a:1:1";
     current->create_run(r);
-    // Schema 5 is schema 6 without the workers table, its index and runs.workspace_host.
+    // Schema 5 is schema 7 without schema 7's, then the workers table, its index and runs.workspace_host.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
-    raw.exec("DROP TABLE workers; DROP INDEX runs_by_owner; ALTER TABLE runs DROP COLUMN workspace_host; "
+    raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER payloads_bytes; "
+             "DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; "
+             "DROP TABLE workers; DROP INDEX runs_by_owner; ALTER TABLE runs DROP COLUMN workspace_host; "
              "PRAGMA user_version = 5");
   }
   auto j = storage::open_journal(dir / "cairn.db");
@@ -265,6 +269,53 @@ TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspa
   CHECK(j->workers().empty());
   j->register_worker({"host-1:a:1:1", "host-1", "", 1, 1, storage::now_ms() + 60'000, 0, 0});
   CHECK(j->find_worker("host-1:a:1:1")->runs == 1);
+}
+
+TEST_CASE("a version 6 journal is migrated in place: its runs' bytes are counted once, their cancel reasons kept") {
+  testing::temp_dir dir;
+  std::uint64_t bytes_before = 0;
+  {
+    auto current = storage::open_journal(dir / "cairn.db");
+    storage::new_run r;
+    r.id = "old";
+    r.agent = "/bin/agent";
+    r.sandbox = "none";
+    current->create_run(r);
+    storage::step_record step;
+    step.run_id = "old";
+    step.result.name = "plan";
+    step.result.output = json{{"text", std::string(5000, 'x')}};  // long enough to be a payload
+    current->append_step(step);
+    current->append_event("old", "cancel_requested", {{"reason", "enough of it"}});
+    current->append_event("old", "note", {{"long", std::string(3000, 'y')}});
+    bytes_before = current->bytes_of_run("old");
+    // Schema 6 is schema 7 without the run_states table, its triggers and runs.cancel_reason.
+    SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
+    raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER "
+             "payloads_bytes; DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; "
+             "UPDATE runs SET cancel_requested_at_ms = 1; PRAGMA user_version = 6");
+  }
+  auto j = storage::open_journal(dir / "cairn.db");
+  CHECK(j->bytes_of_run("old") == bytes_before);
+  CHECK(j->find_run("old")->cancel_reason == "enough of it");
+  CHECK_FALSE(j->run_state("old"));  // written before the journal kept state: the ledger derives it
+  // What the run writes from now on is counted as it is written.
+  j->append_event("old", "later", {{"n", 1}});
+  storage::step_record step;
+  step.run_id = "old";
+  step.result.seq = 1;
+  step.result.name = "next";
+  step.result.output = json{2};
+  j->append_step(step);
+  CHECK(j->bytes_of_run("old") == bytes_before + std::string("later").size() + json{{"n", 1}}.dump().size() +
+                                      std::string("next").size() + json{2}.dump().size());
+  // A run created now keeps its state from the start.
+  storage::new_run r;
+  r.id = "new";
+  r.agent = "/bin/agent";
+  r.sandbox = "none";
+  j->create_run(r);
+  CHECK(j->run_state("new") == json::object());
 }
 
 TEST_CASE("processes opening a new journal at the same instant all open it (two workers starting together)") {

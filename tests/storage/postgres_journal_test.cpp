@@ -387,7 +387,7 @@ TEST_CASE("postgres: a wake_listener hears the journal's changes at commit, and 
   CHECK(eventually([&] { return heard_has("parent", change::submitted) && heard_has("child", change::submitted); }));
   j->enqueue_signal("parent", "go", {{"x", 1}});
   CHECK(eventually([&] { return heard_has("parent", change::signalled); }));
-  j->request_cancel("parent");
+  j->request_cancel("parent", "test");
   CHECK(eventually([&] { return heard_has("parent", change::cancel_requested); }));
   REQUIRE(j->claim_run("child", "", "worker-1"));
   j->finish_run("child", run_status::completed, "ok", std::nullopt);
