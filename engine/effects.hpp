@@ -27,6 +27,7 @@ struct delivered_signal {
 struct step_committed {
   storage::step_record record;
   std::optional<delivered_signal> signal;
+  std::uint64_t tokens = 0;  // a model's tokens the step's result counts (an llm.chat result's usage)
 };
 
 // An attempt of a failed step, to be made again after `delay_ms`.
@@ -54,6 +55,7 @@ struct tool_settled {
   std::uint64_t seq = 0;
   std::string how;  // "result", "error" or "retry"
   std::optional<storage::step_record> step;
+  std::uint64_t tokens = 0;  // as step_committed's, of `step`
 };
 
 // A sleep's wake time, fixed on first sight so that a replay keeps it.

@@ -517,6 +517,7 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
     else record.result.error = {s.error, "settled"};
     record.started_at_ms = doubt->started_at_ms;
     record.finished_at_ms = storage::now_ms();
+    settled.tokens = tokens_of_step(record.result);
     settled.step = std::move(record);
   }
   ledger_->apply(run_id, {std::move(settled), effects::attempts_reset{}});

@@ -8,6 +8,7 @@
 
 #include "runtime/crash_point.hpp"
 #include "engine/event_schema.hpp"
+#include "engine/run_state.hpp"
 #include "engine/wakeups.hpp"
 #include "protocol/text.hpp"
 
@@ -113,20 +114,6 @@ void store(storage::journal& j, const std::string& run_id, const effect& e) {
                  [](const auto&) {},
              },
              e);
-}
-
-std::optional<storage::event_record> last_event_at(storage::journal& journal, const std::string& run_id,
-                                                   std::uint64_t seq, std::string_view kind) {
-  std::optional<storage::event_record> found;
-  for (auto& e : journal.events_at(run_id, seq))
-    if (e.kind == kind) found = std::move(e);
-  return found;
-}
-
-int count_at(storage::journal& journal, const std::string& run_id, std::uint64_t seq, std::string_view kind) {
-  int n = 0;
-  for (const auto& e : journal.events_at(run_id, seq)) n += e.kind == kind;
-  return n;
 }
 
 }  // namespace
@@ -271,11 +258,21 @@ task<void> ledger::write_async(body write, bool sync_later) {
 ledger::body ledger::effects_body(const std::string& run_id, const std::vector<effect>& effects,
                                   std::string& parent) {
   return [&run_id, &effects, &parent](storage::journal& j) {
+    // The run's state changes in the transaction of the effects that change
+    // it: read once, written once. A run kept no state before the journal
+    // could (nullopt): readers derive it from its history (run_state.hpp).
+    bool read = false;
+    std::optional<run_state> state;
     for (const auto& e : effects) {
       store(j, run_id, e);
       if (std::holds_alternative<effects::run_ended>(e))
         if (auto run = j.find_run(run_id)) parent = run->parent_id;
+      if (!changes_state(e)) continue;
+      if (!std::exchange(read, true))
+        if (auto kept = j.run_state(run_id)) state = run_state_of(*kept);
+      if (state) change(*state, e, storage::now_ms());
     }
+    if (state) j.put_run_state(run_id, to_json(*state));
   };
 }
 
@@ -439,7 +436,7 @@ storage::signal_record ledger::enqueue_signal(const std::string& run_id, const s
 bool ledger::request_cancel(const std::string& id, const std::string& reason) {
   bool marked = false;
   write([&](storage::journal& j) {
-    const auto mark = j.request_cancel(id);
+    const auto mark = j.request_cancel(id, reason);
     marked = mark != storage::cancel_mark::run_finished;
     if (mark == storage::cancel_mark::marked_now) append(j, id, cancel_requested(reason));
   });
@@ -461,54 +458,43 @@ bool ledger::cancel_idle_run(const std::string& id, const std::string& message) 
 }
 
 int step_failures(storage::journal& journal, const std::string& run_id, std::uint64_t seq) {
-  return count_at(journal, run_id, seq, "step_retry");
+  return step_state(journal, run_id).failures_at(seq);
 }
 
 int tool_attempts(storage::journal& journal, const std::string& run_id, std::uint64_t seq) {
-  return count_at(journal, run_id, seq, "tool_started");
+  return step_state(journal, run_id).tool_attempts_at(seq);
 }
 
 std::optional<effects::timer_set> timer_at(storage::journal& journal, const std::string& run_id, std::uint64_t seq) {
-  auto e = last_event_at(journal, run_id, seq, "timer_set");
-  if (!e) return std::nullopt;
-  return effects::timer_set{seq, e->data.at("until_ms").get<std::int64_t>(), e->data.value("in_past", false)};
+  return step_state(journal, run_id).timer_at(seq);
 }
 
 std::optional<effects::wait_started> wait_at(storage::journal& journal, const std::string& run_id,
                                              std::uint64_t seq) {
-  auto e = last_event_at(journal, run_id, seq, "wait_started");
-  if (!e) return std::nullopt;
-  effects::wait_started w{seq, e->data.value("signal", ""), std::nullopt};
-  if (!e->data.at("deadline_ms").is_null()) w.deadline_ms = e->data.at("deadline_ms").get<std::int64_t>();
-  return w;
+  return step_state(journal, run_id).wait_at(seq);
 }
 
 std::uint64_t suspensions_since(storage::journal& journal, const std::string& run_id, std::int64_t since_ms) {
-  std::uint64_t n = 0;
-  for (const auto& e : journal.events(run_id)) n += e.kind == "suspended" && e.at_ms > since_ms;
-  return n;
+  if (auto kept = kept_run_state(journal, run_id)) return kept->suspensions_since(since_ms);
+  run_state derived;
+  derived.suspended_at_ms = derive_suspensions(journal, run_id, since_ms + 3'600'000);
+  return derived.suspensions_since(since_ms);
 }
 
 std::string cancel_reason(storage::journal& journal, const std::string& run_id) {
-  std::string reason;
-  for (const auto& e : journal.events(run_id))
-    if (e.kind == "cancel_requested" && e.data.is_object()) reason = e.data.value("reason", "");
-  return reason.empty() ? "the run was cancelled" : reason;
+  auto run = journal.find_run(run_id);
+  return run && !run->cancel_reason.empty() ? run->cancel_reason : "the run was cancelled";
 }
 
 std::optional<in_doubt_call> find_in_doubt(storage::journal& journal, const std::string& run_id) {
   const std::uint64_t seq = journal.step_count(run_id);
-  std::optional<storage::event_record> started;
-  for (auto& e : journal.events_at(run_id, seq)) {
-    if (e.kind == "tool_started") started = std::move(e);
-    else if (e.kind == "tool_settled") started.reset();
-  }
-  if (!started || started->data.value("idempotency", "") != "at_most_once") return std::nullopt;
+  auto started = step_state(journal, run_id).tool_at(seq);
+  if (!started || started->idempotency != "at_most_once") return std::nullopt;
   in_doubt_call c;
   c.seq = seq;
-  c.tool = started->data.value("tool", "");
-  c.args = started->data.value("args", json());
-  c.started_at_ms = started->at_ms;
+  c.tool = started->tool;
+  c.args = started->args;
+  c.started_at_ms = started->started_at_ms;
   c.message = fmt::format(
       "step {} called at-most-once tool '{}' with {}, but its result was never recorded: the host stopped in "
       "between, so the call may or may not have happened. Check whether it did, then record the outcome with "

@@ -4,6 +4,7 @@
 
 #include "engine/run_id.hpp"
 #include "engine/run_paths.hpp"
+#include "engine/run_state.hpp"
 #include "engine/tools/llm_chat.hpp"
 
 namespace cairn::engine {
@@ -49,8 +50,10 @@ run_journal::run_journal(ledger& writes, storage::journal& reads, const std::fil
     : writes_(writes), reads_(reads), home_(home), run_id_(run_id), budget_(reads, run_id, limits) {}
 
 task<void> run_journal::apply(effect e) {
-  if (const auto* step = std::get_if<effects::step_committed>(&e)) budget_.charge_step(step->record.result);
-  else if (charged(e))
+  if (auto* step = std::get_if<effects::step_committed>(&e)) {
+    budget_.charge_step(step->record.result);
+    step->tokens = tokens_of_step(step->record.result);
+  } else if (charged(e))
     if (auto row = ledger::event_of(e)) budget_.charge_event(row->kind, row->data);
   co_await writes_.apply_async(run_id_, std::move(e));
 }
@@ -111,11 +114,12 @@ std::optional<storage::signal_record> run_journal::pending_signal(const std::str
 std::optional<storage::run_record> run_journal::find_run(const std::string& id) { return reads_.find_run(id); }
 
 std::uint64_t run_journal::llm_tokens_spent() {
-  std::uint64_t spent = 0;
-  for (const auto& s : reads_.steps(run_id_))
-    if (s.result.kind == protocol::step_kind::tool && s.result.name == "llm.chat" && s.result.ok)
-      spent += tokens_counted(s.result.output);
-  return spent;
+  if (auto kept = kept_run_state(reads_, run_id_)) return kept->llm_tokens;
+  return derive_tokens(reads_, run_id_, tokens_counted);
+}
+
+std::uint64_t tokens_of_step(const protocol::step_result& step) {
+  return step.kind == protocol::step_kind::tool && step.name == "llm.chat" && step.ok ? tokens_counted(step.output) : 0;
 }
 
 }  // namespace cairn::engine

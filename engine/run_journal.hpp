@@ -41,4 +41,8 @@ class run_journal : public attempt_journal {
   journal_budget budget_;
 };
 
+// The model tokens a step's result counts: an llm.chat result's usage
+// (run_state.hpp keeps their sum).
+std::uint64_t tokens_of_step(const protocol::step_result& step);
+
 }  // namespace cairn::engine

@@ -4,12 +4,17 @@
 #include "engine/ledger.hpp"
 
 #include <algorithm>
+#include <random>
 #include <set>
 
 #include <catch2/catch.hpp>
 
 #include "engine/event_schema.hpp"
+#include "engine/run_state.hpp"
 #include "storage/memory/memory_journal.hpp"
+#include "tests/temp_dir.hpp"
+
+#include <SQLiteCpp/SQLiteCpp.h>
 
 using namespace cairn;
 using namespace cairn::engine;
@@ -147,4 +152,138 @@ TEST_CASE("every declared kind is declared once, and `cairn show` lists what it 
   CHECK_FALSE(declared_event("attempt_started")->notable);
   CHECK(declared_event("cancel_requested")->writer == event_writer::request);
   CHECK_FALSE(declared_event("written_by_a_newer_cairn"));
+}
+
+// The state the ledger keeps beside each run (engine/run_state.hpp) is held
+// to what scanning the run's history finds (the oracle, derive_run_state),
+// after every effect of many seeded histories.
+namespace {
+
+std::uint64_t usage_tokens(const json& result) { return result.value("usage", json::object()).value("total_tokens", 0u); }
+
+void check_kept_matches_history(storage::journal& reader, const std::string& run) {
+  const auto kept = kept_run_state(reader, run);
+  REQUIRE(kept);
+  const auto now = storage::now_ms();
+  const auto derived = derive_run_state(reader, run, usage_tokens, now);
+  const auto at = reader.step_count(run);
+  CHECK(kept->failures_at(at) == derived.failures_at(at));
+  CHECK(kept->tool_attempts_at(at) == derived.tool_attempts_at(at));
+  const auto kt = kept->timer_at(at), dt = derived.timer_at(at);
+  CHECK(kt.has_value() == dt.has_value());
+  if (kt && dt) CHECK((kt->until_ms == dt->until_ms && kt->in_past == dt->in_past));
+  const auto kw = kept->wait_at(at), dw = derived.wait_at(at);
+  CHECK(kw.has_value() == dw.has_value());
+  if (kw && dw) CHECK((kw->signal == dw->signal && kw->deadline_ms == dw->deadline_ms));
+  const auto kc = kept->tool_at(at), dc = derived.tool_at(at);
+  CHECK(kc.has_value() == dc.has_value());
+  if (kc && dc) CHECK((kc->tool == dc->tool && kc->idempotency == dc->idempotency && kc->args == dc->args));
+  CHECK(kept->llm_tokens == derived.llm_tokens);
+  CHECK(kept->suspensions_since(now - 3'600'000) == derived.suspensions_since(now - 3'600'000));
+  // And the readers the engine uses say the same.
+  CHECK(step_failures(reader, run, at) == derived.failures_at(at));
+  CHECK(tool_attempts(reader, run, at) == derived.tool_attempts_at(at));
+  CHECK(suspensions_since(reader, run, now - 3'600'000) == derived.suspensions_since(now - 3'600'000));
+}
+
+}  // namespace
+
+TEST_CASE("the kept run state equals what the run's history says, after every effect of 200 seeded histories") {
+  for (std::uint32_t seed = 1; seed <= 200; ++seed) {
+    INFO("seed " << seed);
+    bench b;
+    b.l.create_run(a_run("r"));
+    REQUIRE(b.l.claim_run("r", "", "me"));
+    std::mt19937 rng(seed);
+    std::uint64_t seq = 0;
+    for (int i = 0; i < 40; ++i) {
+      INFO("effect " << i);
+      auto s = a_step("r", seq);
+      switch (rng() % 9) {
+        case 0: b.l.apply("r", {effects::retry_due{seq, "s", 1, {"boom", "error"}, 10}}); break;
+        case 1:
+          b.l.apply("r", {effects::tool_started{seq, rng() % 2 ? "http.fetch" : "send_mail",
+                                                rng() % 2 ? "idempotent" : "at_most_once", {{"n", i}}}});
+          break;
+        case 2: b.l.apply("r", {effects::timer_set{seq, 1'000 + i, rng() % 2 == 0}}); break;
+        case 3:
+          b.l.apply("r", {effects::wait_started{seq, "go", rng() % 2 ? std::optional<std::int64_t>(5'000 + i)
+                                                                      : std::nullopt}});
+          break;
+        case 4: {  // a model call's result, with what it cost
+          s.result.kind = protocol::step_kind::tool;
+          s.result.name = "llm.chat";
+          s.result.output = {{"usage", {{"total_tokens", 10 + i}}}};
+          effects::step_committed c{s, std::nullopt, usage_tokens(s.result.output)};
+          b.l.apply("r", {c});
+          ++seq;
+          break;
+        }
+        case 5: {  // settled by hand, with a result or to be called again
+          const bool retry = rng() % 2;
+          effects::tool_settled settled{seq, retry ? "retry" : "result", std::nullopt};
+          if (!retry) {
+            s.result.kind = protocol::step_kind::tool;
+            s.result.name = "llm.chat";
+            s.result.output = {{"usage", {{"total_tokens", 7}}}};
+            settled.tokens = 7;
+            settled.step = s;
+            ++seq;
+          }
+          b.l.apply("r", {settled});
+          break;
+        }
+        case 6:
+          b.l.apply("r", {effects::suspended{.wait = {"timer", "", seq, storage::now_ms() + 1}}});
+          REQUIRE(b.l.claim_run("r", "", "me"));
+          break;
+        case 7:
+          b.l.apply("r", {effects::sandbox_warning{"noise"}});  // changes nothing kept
+          break;
+        default:
+          b.l.apply("r", {effects::step_committed{s, std::nullopt, 0}});
+          ++seq;
+          break;
+      }
+      check_kept_matches_history(*b.reader, "r");
+    }
+  }
+}
+
+TEST_CASE("a failed write changes no kept state") {
+  bench b;
+  b.l.create_run(a_run("r"));
+  REQUIRE(b.l.claim_run("r", "", "me"));
+  b.l.apply("r", {effects::step_committed{a_step("r", 0), std::nullopt, 0}});
+  b.l.apply("r", {effects::retry_due{1, "s", 1, {"boom", "error"}, 10}});
+  const auto before = b.reader->run_state("r");
+  // A write that throws part-way (a step journaled already) keeps nothing of its effects.
+  CHECK_THROWS(b.l.apply("r", {effects::retry_due{1, "s", 2, {"boom", "error"}, 10},
+                               effects::step_committed{a_step("r", 0), std::nullopt, 0}}));
+  CHECK(b.reader->run_state("r") == before);
+  CHECK(step_failures(*b.reader, "r", 1) == 1);
+}
+
+TEST_CASE("a run written before the journal kept state is read from its history, and left unkept") {
+  testing::temp_dir dir;
+  const auto db = dir / "cairn.db";
+  ledger l(db);
+  auto reader = storage::open_journal(db);
+  l.create_run(a_run("r"));
+  REQUIRE(l.claim_run("r", "", "me"));
+  l.apply("r", {effects::retry_due{0, "s", 1, {"boom", "error"}, 10}});
+  {  // as a journal migrated from schema 6 has it (storage/sqlite/schema.cpp)
+    SQLite::Database raw(db.string(), SQLite::OPEN_READWRITE);
+    raw.exec("UPDATE run_states SET state = NULL");
+  }
+  REQUIRE_FALSE(reader->run_state("r"));
+  l.apply("r", {effects::retry_due{0, "s", 2, {"boom", "error"}, 10},
+                effects::tool_started{0, "send_mail", "at_most_once", {{"to", "x"}}}});
+  CHECK_FALSE(reader->run_state("r"));
+  CHECK(step_failures(*reader, "r", 0) == 2);
+  CHECK(tool_attempts(*reader, "r", 0) == 1);
+  auto doubt = find_in_doubt(*reader, "r");
+  REQUIRE(doubt);
+  CHECK(doubt->tool == "send_mail");
+  CHECK(doubt->args == json{{"to", "x"}});
 }
