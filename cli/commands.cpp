@@ -183,36 +183,81 @@ int workspace_command(const paths& p, const std::string& run_id, const std::stri
   });
 }
 
+// Reads a history in chunks of about chunk_bytes (at least one record
+// each), handing each record to `each`: `cairn show` of a history of any
+// size holds one chunk at a time. A chunk the journal cannot read
+// (errc::unreadable) is noted, and the rest of that history skipped.
+template <class Read, class Each>
+void stream_history(Read read, Each each, std::vector<std::string>& unreadable) {
+  for (std::int64_t after = -1;;) {
+    auto chunk = readable([&] { return read(after); }, unreadable);
+    if (chunk.empty()) return;
+    for (auto& record : chunk) after = each(record);
+  }
+}
+
+constexpr std::uint64_t chunk_bytes = 4 << 20;
+
 int show_command(const paths& p, const std::string& run_id, bool as_json) {
   return guarded([&] {
     auto journal = storage::open_journal(p.db, {.read_only = true});
     auto run = journal->find_run(run_id);
     if (!run) throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", run_id, p.db.string()));
     std::vector<std::string> unreadable;
-    auto steps = readable([&] { return journal->steps(run_id); }, unreadable);
-    auto events = readable([&] { return journal->events(run_id); }, unreadable);
+    auto steps = [&](auto each) {
+      stream_history(
+          [&](std::int64_t after) {
+            return journal->steps_from(run_id, static_cast<std::uint64_t>(after + 1), UINT64_MAX, chunk_bytes);
+          },
+          [&](const storage::step_record& s) {
+            each(s);
+            return static_cast<std::int64_t>(s.result.seq);
+          },
+          unreadable);
+    };
+    auto events = [&](auto each) {
+      stream_history([&](std::int64_t after) { return journal->events_from(run_id, std::max<std::int64_t>(after, 0), chunk_bytes); },
+                     [&](const storage::event_record& e) {
+                       each(e);
+                       return e.id;
+                     },
+                     unreadable);
+    };
     auto signals = readable([&] { return journal->signals(run_id); }, unreadable);
+    const auto kept = readable([&] { return journal->run_state(run_id); }, unreadable);
+    const auto journal_bytes = journal->bytes_of_run(run_id);
     if (as_json) {
-      json out = {{"run", to_json(*run)}, {"steps", json::array()}, {"events", json::array()},
-                  {"signals", json::array()}, {"children", json::array()}};
-      for (const auto& s : steps) out["steps"].push_back(to_json(s));
-      for (const auto& e : events) out["events"].push_back(to_json(e));
-      for (const auto& sig : signals) out["signals"].push_back(to_json(sig));
-      for (const auto& c : journal->children(run_id)) out["children"].push_back(c.id);
-      if (!unreadable.empty()) out["unreadable"] = unreadable;
-      std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+      // Written as it is read: the same document `json::dump` would make, one
+      // step or event at a time.
+      const auto text = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+      std::cout << "{\"run\": " << text(to_json(*run)) << ",\n\"state\": " << text(kept ? *kept : json())
+                << ",\n\"journal_bytes\": " << journal_bytes << ",\n\"steps\": [";
+      const char* sep = "\n  ";
+      steps([&](const storage::step_record& s) { std::cout << std::exchange(sep, ",\n  ") << text(to_json(s)); });
+      std::cout << "],\n\"events\": [";
+      sep = "\n  ";
+      events([&](const storage::event_record& e) { std::cout << std::exchange(sep, ",\n  ") << text(to_json(e)); });
+      json rest = {{"signals", json::array()}, {"children", json::array()}};
+      for (const auto& sig : signals) rest["signals"].push_back(to_json(sig));
+      for (const auto& c : journal->children(run_id)) rest["children"].push_back(c.id);
+      if (!unreadable.empty()) rest["unreadable"] = unreadable;
+      std::cout << "],\n\"signals\": " << text(rest["signals"]) << ",\n\"children\": " << text(rest["children"]);
+      if (rest.contains("unreadable")) std::cout << ",\n\"unreadable\": " << text(rest["unreadable"]);
+      std::cout << "\n}" << std::endl;
       return 0;
     }
-    std::cout << run_summary(*run) << policy_summary(run->policy) << "\n" << steps_table(steps);
-    std::string notable;
-    for (const auto& e : events) {
+    std::cout << run_summary(*run) << policy_summary(run->policy) << state_summary(kept, journal_bytes, journal->step_count(run_id)) << "\n"
+              << steps_header();
+    steps([](const storage::step_record& s) { std::cout << step_row(s); });
+    bool any_notable = false;
+    events([&](const storage::event_record& e) {
       // What the schema marks notable; a kind written by a newer cairn, too.
       const auto* declared = engine::declared_event(e.kind);
-      if (!declared || declared->notable)
-        notable += fmt::format("  {}  {:<16} {}{}\n", format_time(e.at_ms), terminal_text(e.kind),
+      if (declared && !declared->notable) return;
+      if (!std::exchange(any_notable, true)) std::cout << "\nevents\n";
+      std::cout << fmt::format("  {}  {:<16} {}{}\n", format_time(e.at_ms), terminal_text(e.kind),
                                e.seq ? fmt::format("seq {} ", *e.seq) : "", preview(e.data, 90));
-    }
-    if (!notable.empty()) std::cout << "\nevents\n" << notable;
+    });
     if (!signals.empty()) std::cout << "\nsignals\n";
     for (const auto& sig : signals)
       std::cout << fmt::format("  {}  {:<16} {}  {}\n", format_time(sig.sent_at_ms), terminal_text(sig.name),

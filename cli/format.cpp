@@ -1,5 +1,7 @@
 #include "cli/format.hpp"
 
+#include "engine/run_state.hpp"
+
 #include <ctime>
 
 #include <fmt/chrono.h>
@@ -76,16 +78,16 @@ std::string step_line(const storage::step_record& step) {
                      format_duration_us(r.duration_us), step_preview(r, 60));
 }
 
-std::string steps_table(const std::vector<storage::step_record>& steps) {
-  std::string out = fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", "SEQ", "NAME", "KIND", "STATUS",
-                                "ATTEMPT", "DURATION", "OUTPUT");
-  for (const auto& s : steps) {
-    const auto& r = s.result;
-    out += fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", r.seq, protocol::clip(terminal_text(r.name), 26),
-                       protocol::to_string(r.kind),
-                       step_status(r), r.attempt, format_duration_us(r.duration_us), step_preview(r, 56));
-  }
-  return out;
+std::string steps_header() {
+  return fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", "SEQ", "NAME", "KIND", "STATUS", "ATTEMPT",
+                     "DURATION", "OUTPUT");
+}
+
+std::string step_row(const storage::step_record& s) {
+  const auto& r = s.result;
+  return fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", r.seq, protocol::clip(terminal_text(r.name), 26),
+                     protocol::to_string(r.kind), step_status(r), r.attempt, format_duration_us(r.duration_us),
+                     step_preview(r, 56));
 }
 
 std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs) {
@@ -170,6 +172,22 @@ std::string policy_summary(const json& policy) {
     out += fmt::format("  tool       {:<14} {}\n", terminal_text(name), detail);
   }
   return out;
+}
+
+std::string state_summary(const std::optional<json>& kept, std::uint64_t journal_bytes, std::uint64_t next_seq) {
+  std::string out = fmt::format("  journal    {} bytes\n", journal_bytes);
+  if (!kept) return out + "  state      (not kept: the run predates kept state; its history holds it)\n";
+  const auto s = engine::run_state_of(*kept);
+  const auto now = storage::now_ms();
+  std::string facts;
+  if (s.llm_tokens > 0) facts += fmt::format("{} model tokens, ", s.llm_tokens);
+  facts += fmt::format("{} suspensions in the last hour", s.suspensions_since(now - 3'600'000));
+  if (const int failed = s.failures_at(next_seq))
+    facts += fmt::format(", step {} failed {} time{} so far", next_seq, failed, failed == 1 ? "" : "s");
+  if (const auto call = s.tool_at(next_seq))
+    facts += fmt::format(", step {} called {} ({}) and has no result journaled", next_seq, terminal_text(call->tool),
+                         terminal_text(call->idempotency));
+  return out + "  state      " + facts + "\n";
 }
 
 json to_json(const storage::run_record& r) {

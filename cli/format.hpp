@@ -1,6 +1,7 @@
 // How runs and steps look in the terminal and in --json.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "storage/journal.hpp"
@@ -25,7 +26,14 @@ std::string format_duration_us(std::int64_t us);
 // One line per step, as `cairn run` prints them while journaling, with its
 // kind (step, tool, sleep, signal, child, join, now, random) before its name.
 std::string step_line(const storage::step_record& step);
-std::string steps_table(const std::vector<storage::step_record>& steps);
+// The table of a run's steps, printed a row at a time (a history of any
+// size is streamed): its header, then a row per step.
+std::string steps_header();
+// The run's kept state (engine/run_state.hpp; nullopt for a run that
+// predates it) and the bytes its history occupies, for `cairn show`;
+// `next_seq` is the step after the last journaled.
+std::string state_summary(const std::optional<json>& kept, std::uint64_t journal_bytes, std::uint64_t next_seq);
+std::string step_row(const storage::step_record& s);
 std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs);
 std::string run_summary(const storage::run_record& run);
 // What a waiting run waits for, and how to end the wait: "waits for signal
