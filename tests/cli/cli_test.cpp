@@ -98,10 +98,18 @@ TEST_CASE("cairn run shows each step, exits 0, and show --json has the journal")
     CHECK(s.contains("duration_us"));
     CHECK(s["output"].contains("nonce"));
   }
+  // Written as it is read, it is one document all the same, with every event and the kept state.
+  std::vector<std::string> kinds;
+  for (const auto& e : j["events"]) kinds.push_back(e["kind"]);
+  CHECK(kinds.front() == "attempt_started");
+  CHECK(kinds.back() == "run_completed");
+  CHECK(j["state"].is_object());
+  CHECK(j["journal_bytes"].get<std::uint64_t>() > 0);
 
   auto text = run_cli(dir, {"show", "r1"});
   CHECK_THAT(text.out, Catch::Contains("SEQ  NAME"));
   CHECK_THAT(text.out, Catch::Contains("step 1"));
+  CHECK_THAT(text.out, Catch::Contains("0 suspensions in the last hour"));
 
   auto ls = run_cli(dir, {"ls", "--json"});
   REQUIRE(ls.code == 0);
