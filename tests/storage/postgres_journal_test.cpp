@@ -147,6 +147,36 @@ TEST_CASE("postgres: a schema newer than this cairn is refused; a read-only jour
   }
 }
 
+TEST_CASE("postgres: a version 7 journal is migrated in place: its runs' bytes are counted once, their cancel "
+          "reasons kept") {
+  const auto url = testing::shared_pg_cluster().fresh_database();
+  std::uint64_t bytes_before = 0;
+  {
+    auto j = open_journal(url);
+    j->create_run(a_run("old"));
+    j->append_step(ok_step("old", 0, std::string(5000, 'x')));  // long enough to be a payload
+    j->append_event("old", "cancel_requested", {{"reason", "enough of it"}});
+    j->append_event("old", "note", {{"long", std::string(3000, 'y')}});
+    bytes_before = j->bytes_of_run("old");
+  }
+  // Version 7 is version 8 without run_states, its triggers and functions, and runs.cancel_reason.
+  raw_connection(url).exec(
+      "DROP TRIGGER runs_state ON runs; DROP TRIGGER steps_bytes ON steps; DROP TRIGGER events_bytes ON events; "
+      "DROP TRIGGER payloads_bytes ON payloads; DROP FUNCTION cairn_run_state_row(); DROP FUNCTION "
+      "cairn_step_bytes(); DROP FUNCTION cairn_event_bytes(); DROP FUNCTION cairn_payload_bytes(); DROP TABLE "
+      "run_states; ALTER TABLE runs DROP COLUMN cancel_reason; UPDATE runs SET cancel_requested_at_ms = 1; "
+      "UPDATE cairn_schema SET version = 7");
+  auto j = open_journal(url);
+  CHECK(j->bytes_of_run("old") == bytes_before);
+  CHECK(j->find_run("old")->cancel_reason == "enough of it");
+  CHECK_FALSE(j->run_state("old"));
+  j->append_event("old", "later", {{"n", 1}});
+  CHECK(j->bytes_of_run("old") == bytes_before + std::string("later").size() + json{{"n", 1}}.dump().size());
+  j->create_run(a_run("new"));
+  CHECK(j->run_state("new") == json::object());
+  CHECK(raw_connection(url).exec("SELECT version FROM cairn_schema") == "8");
+}
+
 TEST_CASE("postgres: a server that is not there is an io error naming host and port and what to check") {
   auto refused = error_from([] { auto j = open_journal("postgresql://cairn@127.0.0.1:1/none"); });
   REQUIRE(refused);
