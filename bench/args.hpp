@@ -5,7 +5,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 namespace bench {
 
@@ -24,6 +26,21 @@ inline int count_arg(int argc, char** argv, int index, int fallback, const char*
   std::fprintf(asked ? stdout : stderr, "%susage: %s %s\n", asked ? "" : ("not a count: '" + text + "'\n").c_str(),
                argv[0], usage);
   std::exit(asked ? 0 : 2);
+}
+
+// Removes a benchmark's folder once its figures are printed (flushed
+// first). A workspace image the host deletes in the background (a
+// ".NAME.img.doomed") may vanish under the walk: the walk is tried again,
+// and a folder that still will not go is left with a note, not a crash
+// that loses the figures.
+inline void remove_bench_folder(const std::filesystem::path& dir) {
+  std::fflush(stdout);
+  std::error_code ec;
+  for (int tries = 0; tries < 5; ++tries) {
+    std::filesystem::remove_all(dir, ec);
+    if (!ec) return;
+  }
+  std::fprintf(stderr, "left %s: %s\n", dir.c_str(), ec.message().c_str());
 }
 
 }  // namespace bench

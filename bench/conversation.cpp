@@ -119,6 +119,6 @@ int main(int argc, char** argv) {
               "journaled requests byte-identical to what was sent\n",
               run.output["requests_identical"].get<int>(), calls, run.output["replies_identical"].get<int>(), calls,
               journaled_identical, n);
-  fs::remove_all(dir);
+  bench::remove_bench_folder(dir);
   return 0;
 }

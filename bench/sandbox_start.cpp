@@ -174,6 +174,6 @@ int main(int argc, char** argv) {
                 m.whole.p50 / raw.p50, m.first_step.p50, m.cpu_ms_per_run / raw_cpu);
   std::printf("targets: cold whole run <= 1.5x raw; warm first step <= 3 ms; CPU <= 2x raw\n");
   if (!tree) std::printf("%s\n", bench::rusage_caveat);
-  fs::remove_all(dir);
+  bench::remove_bench_folder(dir);
   return 0;
 }

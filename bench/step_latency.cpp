@@ -104,6 +104,6 @@ int main(int argc, char** argv) {
               sn.p50 / (nm.p50 + rtt.p50), sn.p50);
   std::printf("ratio Python:     step p50 / C++ SDK step p50 (FULL) = %.2f (target <= 2.00)\n", py.p50 / sf.p50);
   std::printf("ratio JavaScript: step p50 / C++ SDK step p50 (FULL) = %.2f (target <= 1.50)\n", js.p50 / sf.p50);
-  fs::remove_all(dir);
+  bench::remove_bench_folder(dir);
   return 0;
 }

@@ -373,6 +373,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench: left %s in place for inspection\n", base.c_str());
     return 1;
   }
-  fs::remove_all(base);
+  bench::remove_bench_folder(base);
   return 0;
 }
