@@ -5,15 +5,17 @@
 #
 # address,undefined: the protocol, the journal on both backends, the tools,
 # the runtime (cold sandboxes, and the [serial] cases; the pooled,
-# started-ahead and normal-user runs repeat its cases), the engine and the
-# attacks on the host. Every suite would run here; left to `make test` for
+# started-ahead and normal-user runs repeat its cases), the engine, the
+# ledger (its group commit and the run state it keeps) and the attacks on
+# the host. Every suite would run here; left to `make test` for
 # their cost are those that drive the cairn command as a black box (cli,
 # daemon, crash, chaos, durability proofs), which the ones above cover from
 # inside, and the VM.
 #
 # thread: what runs the engine's threads: the event loop, the ledger's group
 # commit across live runs, the scheduler and the broker (engine_test, in
-# process), the ledger's acknowledgements against host deaths (ack_order_test),
+# process), the ledger's committer thread and its writers (ledger_test), the
+# ledger's acknowledgements against host deaths (ack_order_test),
 # `cairn serve` with many runs and workers (daemon_test), and the runtime's
 # own threads under them: the warm pool's, the output pump (runtime_test).
 set(reports ${CMAKE_BINARY_DIR}/sanitizer-reports)
@@ -36,6 +38,7 @@ endfunction()
 
 if(CAIRN_SANITIZE MATCHES "thread")
   sanitized_test(engine_test engine_test)
+  sanitized_test(ledger_test ledger_test)
   sanitized_test(ack_order_test ack_order_test)
   sanitized_test(daemon_test daemon_test "~[postgres]")
   sanitized_test(runtime_test runtime_test "~[serial]")
@@ -47,6 +50,7 @@ else()
   sanitized_test(runtime_test_serial runtime_test "[serial]")
   set_tests_properties(sanitized_runtime_test_serial PROPERTIES RUN_SERIAL TRUE)
   sanitized_test(engine_test engine_test)
+  sanitized_test(ledger_test ledger_test)
   sanitized_test(host_test host_test)
 endif()
 
