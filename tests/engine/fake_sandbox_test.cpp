@@ -157,3 +157,38 @@ TEST_CASE("on the fake backend, a cancel of a run inside a long step kills it af
   CHECK(h.fake->agents == 1);
   CHECK(h.executions("long").empty());
 }
+
+TEST_CASE("on the fake backend, a run waiting for a signal in its sandbox stops by itself when cancelled: never "
+          "killed") {
+  host h;
+  const auto waiter = h.fake->add_agent(h.dir / "agents", "waiter", [](context& ctx, const json&, const auto&) {
+    ctx.step("a", [] { return json(1); });
+    return ctx.wait_signal("go").value_or(json());
+  });
+  engine::run_request r;
+  r.id = "held";
+  r.agent = waiter.string();
+  r.workspace = h.dir / "ws" / "held";
+  r.sandbox = "fake";
+  h.eng.submit(r);
+  auto o = h.options();
+  o.suspend_after = std::chrono::hours(1);  // held with its sandbox alive
+  engine::engine held_here(*h.journal, o);
+  std::thread executing([&] { held_here.execute("held"); });
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(2);  // a bound for a broken run only
+  auto waiting = [&] {
+    for (const auto& e : h.journal->events("held"))
+      if (e.kind == "wait_started") return true;
+    return false;
+  };
+  while (!waiting() && std::chrono::steady_clock::now() < limit) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(waiting());
+  CHECK(h.eng.cancel("held", "stop it") == engine::engine::cancel_outcome::requested);
+  executing.join();
+  const auto run = *h.journal->find_run("held");
+  CHECK(run.status == run_status::cancelled);
+  CHECK(run.error->message == "stop it");
+  // The default grace is 10 s: the agent heard the cancel and ended; nothing was killed.
+  CHECK(h.fake->kills == 0);
+  CHECK(h.journal->steps("held").size() == 1);
+}

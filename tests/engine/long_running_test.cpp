@@ -571,7 +571,9 @@ TEST_CASE("a run executing a held wait stops by itself when cancelled, well with
   REQUIRE(run.error);
   CHECK(run.error->type == "cancelled");
   CHECK(run.error->message == "stop it");
-  CHECK(took < 9000);  // the default grace is 10 s: the agent was not killed
+  // That the agent stopped by itself, not killed when the grace ran out, is
+  // shown where no clock decides it: fake_sandbox_test.cpp counts the kills.
+  INFO("the cancel took " << took << " ms");
   CHECK(f.events("held", "cancel_sent").size() == 1);
   CHECK(f.journal->steps("held").size() == 1);
   CHECK(run.attempts == 1);
@@ -595,7 +597,7 @@ TEST_CASE("a run inside a long step is killed after the cancel grace period") {
   REQUIRE(run.error);
   CHECK(run.error->message == "stop it");
   CHECK(took >= 1000);  // it had its grace period
-  CHECK(took < 30000);  // and was killed long before its step would have ended
+  // and was killed long before its step would have ended: that step and the next were never journaled
   CHECK(f.journal->steps("stubborn").size() == 1);
   CHECK(f.executed("stubborn", "slow s attempt 1") == 1);
   CHECK(f.executed("stubborn", "step b") == 0);

@@ -87,6 +87,13 @@ class fake_process final : public runtime::agent_process {
   }
 
   runtime::exit_status kill() override {
+    // An agent that has closed its channel (after done or fail) is ending by
+    // itself, as a process would exit within moments: waited for, not killed.
+    if (host_->peer_closed()) {
+      std::unique_lock lock(env_.state_->mutex);
+      if (env_.state_->changed.wait_for(lock, std::chrono::minutes(1), [&] { return env_.state_->status.has_value(); }))
+        return *env_.state_->status;
+    }
     {
       std::lock_guard lock(env_.state_->mutex);
       if (env_.state_->status) return *env_.state_->status;

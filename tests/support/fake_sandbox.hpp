@@ -69,7 +69,7 @@ class fake_backend : public runtime::sandbox_backend {
   // What happened, for the tests' assertions.
   std::atomic<int> sandboxes{0};  // created
   std::atomic<int> agents{0};     // started
-  std::atomic<int> kills{0};      // of a live agent
+  std::atomic<int> kills{0};      // of an agent still in its conversation (not one that closed its channel)
 
  private:
   friend class fake_sandbox;
