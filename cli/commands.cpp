@@ -39,6 +39,7 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
   return guarded([&] {
     auto request = make_request(args);
     if (!request) return 2;
+    stop_follow_on_signals();
     auto journal = storage::open_journal(p.db);
     engine::engine eng(*journal, options_for(p));
     auto [run, created] = eng.start(*request);  // owned by this process: no daemon takes it meanwhile
@@ -52,12 +53,15 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
         return report_end(run, as_json);
       print_history(*journal, run.id, as_json);
     }
-    return report_end(follow(p, run.id, as_json), as_json);
+    auto end = follow(p, run.id, as_json);
+    if (const int signal = stop_signal()) return report_stopped(end, signal, as_json);
+    return report_end(end, as_json);
   });
 }
 
 int resume_command(const paths& p, const std::string& run_id, bool all, bool as_json) {
   return guarded([&] {
+    stop_follow_on_signals();
     auto journal = storage::open_journal(p.db);
     engine::engine eng(*journal, options_for(p));
     if (!all) {
@@ -67,7 +71,9 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
       print_history(*journal, run_id, as_json);
       if (run.status == storage::run_status::waiting && !as_json)
         std::cout << fmt::format("run {} {}", run_id, describe_wait(run)) << std::endl;
-      return report_end(follow(p, run_id, as_json), as_json);
+      auto end = follow(p, run_id, as_json);
+      if (const int signal = stop_signal()) return report_stopped(end, signal, as_json);
+      return report_end(end, as_json);
     }
     auto orphans = eng.orphaned_runs();
     if (orphans.empty() && !as_json) std::cout << "nothing to resume: no run was left unfinished" << std::endl;
@@ -85,6 +91,11 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
                               << std::endl;
       print_history(*journal, run.id, as_json);
       auto end = follow(p, run.id, as_json, true);
+      if (const int signal = stop_signal()) {
+        // The runs not reached yet stay as they were, for the next `cairn resume --all`.
+        if (as_json) std::cout << results.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+        return report_stopped(end, signal, false);
+      }
       results.push_back(to_json(end));
       const bool fine = end.status == storage::run_status::completed || end.status == storage::run_status::waiting;
       worst = std::max(worst, as_json ? (fine ? 0 : 1) : report_end(end, false));

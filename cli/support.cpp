@@ -1,5 +1,7 @@
 #include "cli/support.hpp"
 
+#include <csignal>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
@@ -160,6 +162,46 @@ std::optional<engine::run_request> make_request(const run_args& args) {
   return request;
 }
 
+namespace {
+
+engine::stop_flag& follow_stop() {
+  static engine::stop_flag flag;
+  return flag;
+}
+volatile std::sig_atomic_t stopped_by = 0;
+
+void stop_following(int signal) {
+  if (stopped_by == 0) stopped_by = signal;
+  follow_stop().raise();  // async-signal-safe
+}
+
+}  // namespace
+
+void stop_follow_on_signals() {
+  follow_stop();  // made before any handler can run
+  struct sigaction sa {};
+  sa.sa_handler = stop_following;
+  sigemptyset(&sa.sa_mask);
+  for (int signal : {SIGTERM, SIGHUP, SIGINT}) sigaction(signal, &sa, nullptr);
+}
+
+int stop_signal() { return stopped_by; }
+
+int report_stopped(const storage::run_record& run, int signal, bool as_json) {
+  if (as_json) std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+  const char* name = signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP" : signal == SIGINT ? "SIGINT" : "a signal";
+  std::string left;
+  if (run.status == storage::run_status::waiting) left = "is waiting (suspended, no sandbox)";
+  else if (run.status == storage::run_status::pending) left = "was handed back (pending, no sandbox)";
+  else left = "is " + std::string(storage::to_string(run.status));
+  std::cerr << fmt::format("cairn: stopped by {}: run {} {}; every journaled step is kept; continue it with `cairn "
+                           "resume {}`{}",
+                           name, terminal_text(run.id), left, terminal_text(run.id),
+                           run.status == storage::run_status::waiting ? " (or let `cairn serve` wake it)" : "")
+            << std::endl;
+  return 128 + signal;
+}
+
 storage::run_record follow(const paths& p, const std::string& root, bool quiet, bool until_idle) {
   engine::scheduler_options o;
   o.db = p.db;
@@ -189,7 +231,6 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
     std::cerr << terminal_text(fmt::format("warning: run {}: {}", id, error)) << std::endl;
   };
   engine::scheduler runs(std::move(o));
-  engine::stop_flag never;
   runs.run([&](storage::journal& journal) {
     auto run = journal.find_run(root);
     if (!run || stopped(run->status)) return true;
@@ -198,7 +239,7 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
     for (const auto& b : journal.schedulable(storage::now_ms()))
       if (tree.count(b.id) || tree.count(b.parent_id)) return false;
     return true;
-  }, never);
+  }, follow_stop());
   auto journal = storage::open_journal(p.db);
   return *journal->find_run(root);
 }

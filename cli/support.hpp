@@ -81,6 +81,21 @@ std::optional<engine::run_request> make_request(const run_args& args);
 // holds are left to it (and waited for). With `until_idle`, returns as soon
 // as nothing in the tree can move without outside help (the root may then
 // be waiting, e.g. for a signal).
+// SIGTERM, SIGHUP or SIGINT (from systemd, `timeout`, a closed terminal, a
+// shell's kill or Ctrl-C) stops it as they stop `cairn serve`: a run between
+// steps is handed back at once, one inside a step gets its drain period to
+// finish it, a waiting one is suspended; each sandbox is taken down and its
+// workspace released. It then returns the run as it was left.
 storage::run_record follow(const paths& p, const std::string& root, bool quiet, bool until_idle = false);
+
+// From now on SIGTERM, SIGHUP and SIGINT stop follow() gracefully (above)
+// instead of killing the command.
+void stop_follow_on_signals();
+// The signal that stopped follow(), 0 when none did.
+int stop_signal();
+// After follow() was stopped by `signal`: says (on stderr; with --json the
+// run also on stdout) what became of the run and how to continue it.
+// Returns 128 + signal, as a shell reports a command the signal ended.
+int report_stopped(const storage::run_record& run, int signal, bool as_json);
 
 }  // namespace cairn::cli
