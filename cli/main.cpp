@@ -1,14 +1,21 @@
 #include <sys/stat.h>
 
 #include <iostream>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.hpp"
 #include "cli/home_trust.hpp"
 #include "engine/host_memory.hpp"
+#include "protocol/messages.hpp"
+#include "protocol/version.hpp"
+#include "storage/postgres/postgres_journal.hpp"
+#include "storage/sqlite/sqlite_journal.hpp"
 
 namespace {
+
+using json = nlohmann::json;
 
 // What `cairn run` and `cairn submit` take: the agent and how to run it.
 void add_run_options(CLI::App* cmd, cairn::cli::run_args& args) {
@@ -25,12 +32,36 @@ void add_run_options(CLI::App* cmd, cairn::cli::run_args& args) {
                                            "tools, no network)");
 }
 
+
+// `cairn --version` (or -V), before any subcommand: the version, and the
+// protocol and journal schemas it speaks; with --json as JSON. Exit 0.
+int print_version(bool as_json) {
+  const json v = {{"cairn", cairn::protocol::cairn_version()},
+                  {"protocol", cairn::protocol::version},
+                  {"journal_schema",
+                   {{"sqlite", cairn::storage::sqlite::schema_version()},
+                    {"postgresql", cairn::storage::postgres::schema_version()}}}};
+  if (as_json) std::cout << v.dump(2) << std::endl;
+  else
+    std::cout << "cairn " << cairn::protocol::cairn_version() << "\nprotocol v" << cairn::protocol::version
+              << ", journal schema v" << v["journal_schema"]["sqlite"] << " (SQLite), v"
+              << v["journal_schema"]["postgresql"] << " (PostgreSQL)" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   cairn::engine::keep_heap_for_runs();
+  if (argc >= 2 && (std::string_view(argv[1]) == "--version" || std::string_view(argv[1]) == "-V")) {
+    bool as_json = false;
+    for (int i = 2; i < argc; ++i) as_json |= std::string_view(argv[i]) == "--json";
+    return print_version(as_json);
+  }
   CLI::App app{"cairn: durable, sandboxed AI agent workflows"};
   app.require_subcommand(1);
+  // Taken before parsing (print_version); here so that --help lists it.
+  app.add_flag("-V,--version", "print cairn's version, protocol and journal schemas (with --json: as JSON), then exit");
   std::string db;
   bool as_json = false;
   app.add_option("--db", db, "journal database (default $CAIRN_HOME/cairn.db, CAIRN_HOME defaults to ./.cairn)")

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt_driver.hpp"
+#include "protocol/version.hpp"
 #include "runtime/crash_point.hpp"
 #include "protocol/bounded_json.hpp"
 
@@ -78,6 +79,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   start.run_id = run_.id;
   start.input = run_.input;
   start.attempt = attempt_;
+  start.host = "cairn/" + std::string(protocol::cairn_version());
   start.history_steps = journal_.step_count();
   history_.emplace(journal_, start.history_steps);
   expected_seq_ = start.history_steps;

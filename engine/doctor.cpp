@@ -10,7 +10,11 @@
 #include "engine/owner.hpp"
 
 #include "engine/tools/llm_chat.hpp"
+#include "protocol/messages.hpp"
+#include "protocol/version.hpp"
 #include "storage/journal.hpp"
+#include "storage/postgres/postgres_journal.hpp"
+#include "storage/sqlite/sqlite_journal.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -71,7 +75,10 @@ std::vector<runtime::doctor_check> journal_checks(const std::filesystem::path& d
     reached.ok = true;
     reached.detail = fmt::format("{}: {}, {}", shown, j->backend(), j->server_version());
     schema.ok = true;
-    schema.detail = fmt::format("v{}, this cairn's", j->schema_version());
+    const auto made = j->versions();
+    schema.detail = fmt::format("v{}, this cairn's; created by {}, last written by {}", j->schema_version(),
+                                made.created_by.empty() ? "(not recorded)" : made.created_by,
+                                made.last_written_by.empty() ? "(not recorded)" : made.last_written_by);
   } catch (const storage::storage_error& e) {
     // Told apart by code where storage has one; an older schema is the
     // read-only open's errc::io naming it (journal.hpp's open).
@@ -131,7 +138,13 @@ runtime::doctor_check llm_check(const std::filesystem::path& config_file) {
 
 std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db, const std::string& shown_db,
                                           const std::filesystem::path& config_file) {
-  auto checks = runtime::make_bwrap_backend()->check();
+  std::vector<runtime::doctor_check> checks = {
+      {"version", true,
+       fmt::format("cairn {} (protocol v{}, journal schema v{} on SQLite, v{} on PostgreSQL)", protocol::cairn_version(),
+                   protocol::version, storage::sqlite::schema_version(),
+                   storage::postgres::schema_version()),
+       ""}};
+  for (auto& c : runtime::make_bwrap_backend()->check()) checks.push_back(std::move(c));
   for (auto& c : journal_checks(db, shown_db)) checks.push_back(std::move(c));
   checks.push_back(llm_check(config_file));
   return checks;

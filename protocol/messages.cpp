@@ -294,6 +294,7 @@ host_message parse_host_message(const json& j) {
     m.attempt = get_attempt(j, t);
     m.history_steps = get_seq(j, t, "history_steps");
     m.next_step_attempt = static_cast<int>(get_int(j, t, "next_step_attempt", 1, 1'000'000));
+    if (j.contains("host")) m.host = get_string(j, t, "host", max_name_size);
     return m;
   }
   if (t == "history") {
@@ -334,7 +335,7 @@ json to_json(const host_message& m) {
           [](const start_msg& s) -> json {
             return {{"t", "start"},         {"v", s.version},       {"run_id", s.run_id},
                     {"input", s.input},     {"attempt", s.attempt}, {"history_steps", s.history_steps},
-                    {"next_step_attempt", s.next_step_attempt}};
+                    {"next_step_attempt", s.next_step_attempt}, {"host", s.host}};
           },
           [](const ack_msg& a) -> json {
             json j = {{"t", "ack"}, {"seq", a.seq}};

@@ -147,6 +147,7 @@ struct start_msg {
   int attempt = 1;  // the run's attempt, 1-based
   std::uint64_t history_steps = 0;  // journaled steps, pulled with history_msg
   int next_step_attempt = 1;  // attempt number for the first step past the history
+  std::string host;           // "cairn/VERSION" of the host ("" from a host before 0.1.0 said it)
 };
 struct ack_msg {
   std::uint64_t seq = 0;

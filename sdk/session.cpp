@@ -1,5 +1,7 @@
 #include "session.hpp"
 
+#include "protocol/version.hpp"
+
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -13,7 +15,8 @@
 namespace cairn {
 namespace {
 
-constexpr std::string_view sdk_name = "cairn-cpp/0.1";
+// "cairn-cpp/VERSION": the SDK is built with the host, as one version.
+std::string sdk_name() { return "cairn-cpp/" + std::string(protocol::cairn_version()); }
 
 void write_all(int fd, const std::string& bytes) {
   std::size_t off = 0;
@@ -31,7 +34,7 @@ void write_all(int fd, const std::string& bytes) {
 }  // namespace
 
 session::session(int fd) : fd_(fd) {
-  send(protocol::hello_msg{protocol::version, std::string(sdk_name)});
+  send(protocol::hello_msg{protocol::version, sdk_name()});
   auto reply = receive(false);
   if (auto* r = std::get_if<protocol::reject_msg>(&reply)) throw host_gone("the host rejected this agent: " + r->error);
   auto* s = std::get_if<protocol::start_msg>(&reply);

@@ -201,6 +201,17 @@ struct journal_options {
   bool read_only = false;  // for inspection: never creates or migrates; no file is errc::not_found
 };
 
+// Which cairn ("cairn/0.1.0") created a journal and which last opened it to
+// write. A journal created before journals said so has created_by "a cairn
+// before 0.1.0 (schema N)"; "" where nothing was recorded yet.
+struct journal_versions {
+  std::string created_by;
+  std::string last_written_by;
+};
+
+// "cairn/VERSION": how this cairn names itself in the journal.
+std::string writer_name();
+
 class journal {
  public:
   journal() = default;
@@ -217,6 +228,7 @@ class journal {
   // version ("PostgreSQL 15.18", "SQLite 3.40.1").
   virtual std::string_view backend() const = 0;
   virtual std::string server_version() = 0;
+  virtual journal_versions versions() = 0;
 
   // Group commit: makes every write of `writes` (each calls this object's
   // write methods) in ONE transaction with one sync, each in a savepoint of

@@ -4,9 +4,20 @@
 #include <stdexcept>
 
 #include "protocol/bounded_json.hpp"
+#include "protocol/version.hpp"
 #include "storage/payloads.hpp"
 
+namespace cairn::storage {
+
+std::string writer_name() { return "cairn/" + std::string(protocol::cairn_version()); }
+
+}  // namespace cairn::storage
+
 namespace cairn::storage::detail {
+
+std::string created_by(int schema) {
+  return schema == 0 ? writer_name() : fmt::format("a cairn before 0.1.0 (schema {})", schema);
+}
 
 namespace {
 // What cairn ever stores: values that fit in a frame.

@@ -21,6 +21,10 @@
 
 namespace cairn::storage::detail {
 
+// What created_by records of a journal migrated from `schema` (0: one made
+// new now, by this cairn).
+std::string created_by(int schema);
+
 // The JSON text the journal stores: json::dump(), invalid UTF-8 replaced.
 std::string dump(const json& j);
 

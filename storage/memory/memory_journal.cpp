@@ -112,6 +112,7 @@ class memory_journal final : public journal {
   int schema_version() const override { return 1; }
   std::string_view backend() const override { return "memory"; }
   std::string server_version() override { return "in-memory journal"; }
+  journal_versions versions() override { return {writer_name(), writer_name()}; }
 
   std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes,
                                                  bool sync_later) override {

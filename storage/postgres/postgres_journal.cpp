@@ -34,6 +34,7 @@ class postgres_journal final : public journal {
   const std::filesystem::path& path() const override;
   const journal_options& options() const override;
   int schema_version() const override;
+  journal_versions versions() override;
   std::string_view backend() const override { return "postgresql"; }
   std::string server_version() override;
   std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes, bool sync_later) override;
@@ -98,7 +99,10 @@ struct postgres_journal::impl {
     try {
       set_up_session();
       if (options.read_only) check_schema_readable();
-      else migrate();
+      else {
+        migrate();
+        note_writer();
+      }
     } catch (const pg_failure& e) {
       PQfinish(conn);
       throw translate(e, {});
@@ -417,7 +421,19 @@ struct postgres_journal::impl {
       if (m.version > version) run(m.sql);
     run("DELETE FROM cairn_schema");
     exec("INSERT INTO cairn_schema (version) VALUES ($1)", latest_version());
+    exec("INSERT INTO journal_info (key, value) VALUES ('created_by', $1) ON CONFLICT (key) DO NOTHING",
+         detail::created_by(version));
     tx.commit();
+  }
+
+  // This cairn as the journal's last writer: a write only when another was.
+  void note_writer() {
+    const auto me = writer_name();
+    auto last = exec("SELECT value FROM journal_info WHERE key = 'last_written_by'");
+    if (last.rows() == 1 && pg_row{last, 0}.text(0) == me) return;
+    exec("INSERT INTO journal_info (key, value) VALUES ('last_written_by', $1) "
+         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+         me);
   }
 
   void check_schema_readable() {
@@ -1177,6 +1193,20 @@ std::optional<worker_record> postgres_journal::find_worker(std::string_view work
     auto r = j.exec(j.query(std::string(worker_select) + "WHERE id = $1"), worker_id);
     if (r.rows() == 0) return std::nullopt;
     return j.read_worker(r, 0);
+  });
+}
+
+journal_versions postgres_journal::versions() {
+  auto& j = *impl_;
+  return j.guard({}, [&] {
+    journal_versions v;
+    auto r = j.exec("SELECT key, value FROM journal_info");
+    for (int i = 0; i < r.rows(); ++i) {
+      const pg_row row{r, i};
+      if (row.text(0) == "created_by") v.created_by = row.text(1);
+      if (row.text(0) == "last_written_by") v.last_written_by = row.text(1);
+    }
+    return v;
   });
 }
 

@@ -198,6 +198,12 @@ UPDATE runs SET cancel_reason = (
   SELECT pg_temp.reason_of(e.data) FROM events e WHERE e.run_id = runs.id AND e.kind = 'cancel_requested'
   ORDER BY e.id DESC LIMIT 1)
 WHERE cancel_requested_at_ms IS NOT NULL;
+
+-- Which cairn created the journal and which last opened it to write.
+CREATE TABLE journal_info (
+  key   TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
 )sql";
 
 constexpr migration all_migrations[] = {{6, schema_v6}, {7, schema_v7}, {8, schema_v8}};

@@ -170,6 +170,7 @@ SQLite::Database open_writable(const fs::path& path, const journal_options& opti
     throw storage_error(errc::io, fmt::format("journal {} cannot use WAL mode (SQLite kept '{}')", path.string(), mode));
   db.exec(sync_pragma(options));
   retrying_busy([&] { migrate(db, path); });
+  retrying_busy([&] { note_writer(db); });
   db.exec("PRAGMA foreign_keys = ON");
   // SQLite syncs the file it creates but not the folder that names it: after
   // a power cut the new journal, and every step in it, could be gone.

@@ -212,6 +212,13 @@ UPDATE runs SET cancel_reason = (
     AND json_type(data, '$.reason') = 'text'
   ORDER BY id DESC LIMIT 1)
 WHERE cancel_requested_at_ms IS NOT NULL;
+
+-- Which cairn created the journal and which last opened it to write
+-- (created_by, last_written_by; written by migrate() and at each open).
+CREATE TABLE journal_info (
+  key   TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+) WITHOUT ROWID;
 )sql",
 };
 constexpr int latest = static_cast<int>(std::size(migrations));
@@ -242,8 +249,25 @@ void migrate(SQLite::Database& db, const fs::path& path) {
     throw storage_error(errc::corrupt, fmt::format("journal {}: migrating to schema {} left a row in {} without its "
                                                    "run; restore the journal from a backup",
                                                    path.string(), latest, broken.getColumn(0).getString()));
+  SQLite::Statement created(db, "INSERT OR IGNORE INTO journal_info (key, value) VALUES ('created_by', ?)");
+  created.bind(1, detail::created_by(version));
+  created.exec();
   db.exec(fmt::format("PRAGMA user_version = {}", latest));
   tx.commit();
 }
+
+void note_writer(SQLite::Database& db) {
+  const auto me = writer_name();
+  SQLite::Statement last(db, "SELECT value FROM journal_info WHERE key = 'last_written_by'");
+  if (last.executeStep() && last.getColumn(0).getString() == me) return;
+  last.reset();
+  SQLite::Transaction tx(db, SQLite::TransactionBehavior::IMMEDIATE);
+  SQLite::Statement note(db, "INSERT INTO journal_info (key, value) VALUES ('last_written_by', ?) "
+                             "ON CONFLICT (key) DO UPDATE SET value = excluded.value");
+  note.bind(1, me);
+  note.exec();
+  tx.commit();
+}
+
 
 }  // namespace cairn::storage::sqlite

@@ -41,6 +41,7 @@ class sqlite_journal final : public journal {
   int schema_version() const override { return latest_version(); }
   std::string_view backend() const override { return "sqlite"; }
   std::string server_version() override;
+  journal_versions versions() override;
   std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes, bool sync_later) override;
   std::pair<run_record, bool> create_run(const new_run& run) override;
   std::optional<run_record> find_run(std::string_view id) override;
@@ -721,6 +722,19 @@ std::optional<worker_record> sqlite_journal::find_worker(std::string_view worker
 }
 
 std::string sqlite_journal::server_version() { return fmt::format("SQLite {}", sqlite3_libversion()); }
+
+journal_versions sqlite_journal::versions() {
+  return c_.guard({}, [&] {
+    journal_versions v;
+    auto s = c_.statement("SELECT key, value FROM journal_info");
+    while (s.executeStep()) {
+      const auto key = s.getColumn(0).getString();
+      if (key == "created_by") v.created_by = s.getColumn(1).getString();
+      if (key == "last_written_by") v.last_written_by = s.getColumn(1).getString();
+    }
+    return v;
+  });
+}
 
 namespace {
 

@@ -394,3 +394,23 @@ TEST_CASE("doctor names the journal's backend and schema, times one read and one
   CHECK_THAT(schema["detail"].get<std::string>(), Catch::Contains("schema version 99"));
   CHECK_THAT(schema["fix"].get<std::string>(), Catch::Contains("upgrade cairn"));
 }
+
+TEST_CASE("cairn --version says its version, protocol and journal schemas, as text and as JSON") {
+  cairn::testing::temp_dir dir;
+  for (const char* flag : {"--version", "-V"}) {
+    auto text = run_cli(dir, {flag});
+    CHECK(text.code == 0);
+    CHECK_THAT(text.out, Catch::Matches(R"(cairn \d+\.\d+\.\d+\nprotocol v\d+, journal schema v\d+ \(SQLite\), v\d+ \(PostgreSQL\)\n)"));
+    auto as_json = run_cli(dir, {flag, "--json"});
+    CHECK(as_json.code == 0);
+    const auto v = json::parse(as_json.out);
+    CHECK_THAT(text.out, Catch::StartsWith("cairn " + v["cairn"].get<std::string>() + "\n"));
+    CHECK(v["protocol"] == 2);
+    CHECK(v["journal_schema"]["sqlite"].is_number_integer());
+    CHECK(v["journal_schema"]["postgresql"].is_number_integer());
+  }
+  CHECK_THAT(run_cli(dir, {"--help"}).out, Catch::Contains("-V,--version"));
+  auto none = run_cli(dir, {});
+  CHECK(none.code == 2);
+  CHECK_THAT(none.err, Catch::Contains("A subcommand is required"));
+}

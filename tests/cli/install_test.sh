@@ -59,4 +59,20 @@ if ! needs_libstdcxx "$work/dynamic/build/dynamic_agent"; then
 fi
 "$work/prefix/bin/cairn" run "$work/dynamic/build/dynamic_agent" --input '{"name":"shared"}' --id dyn --json |
   grep -q '"status": "completed"'
+# The installed cairn says its version, as the package does: find_package(cairn 0.1) takes it, a
+# project that needs another minor version is told it cannot.
+version="$("$work/prefix/bin/cairn" --version --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["cairn"])')"
+grep -q "^project(cairn VERSION $version " "$source_dir/CMakeLists.txt"
+next_minor="$(echo "$version" | cut -d. -f1).$(( $(echo "$version" | cut -d. -f2) + 1 ))"
+mkdir "$work/newer"
+cat > "$work/newer/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.25)
+project(newer LANGUAGES CXX)
+find_package(cairn $next_minor REQUIRED)
+EOF
+if cmake -S "$work/newer" -B "$work/newer/build" -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/newer.log" 2>&1; then
+  echo "find_package(cairn) accepted version $version for a project that asks for $next_minor" >&2
+  exit 1
+fi
+grep -q "version: $version" "$work/newer.log"
 echo "installed SDK and CLI work from an outside project"

@@ -37,15 +37,19 @@ struct home {
   std::tuple<std::string, std::string, int> row(const std::string& id) const {
     const auto db = dir / ".cairn" / "cairn.db";
     if (!std::filesystem::exists(db)) return {"", "", 0};
-    SQLite::Database reader(db.string(), SQLite::OPEN_READONLY);
-    reader.setBusyTimeout(10'000);
-    SQLite::Statement run(reader, "SELECT status, owner FROM runs WHERE id = ?");
-    run.bind(1, id);
-    if (!run.executeStep()) return {"", "", 0};
-    SQLite::Statement steps(reader, "SELECT count(*) FROM steps WHERE run_id = ?");
-    steps.bind(1, id);
-    steps.executeStep();
-    return {run.getColumn(0).getString(), run.getColumn(1).getString(), steps.getColumn(0).getInt()};
+    try {
+      SQLite::Database reader(db.string(), SQLite::OPEN_READONLY);
+      reader.setBusyTimeout(10'000);
+      SQLite::Statement run(reader, "SELECT status, owner FROM runs WHERE id = ?");
+      run.bind(1, id);
+      if (!run.executeStep()) return {"", "", 0};
+      SQLite::Statement steps(reader, "SELECT count(*) FROM steps WHERE run_id = ?");
+      steps.bind(1, id);
+      steps.executeStep();
+      return {run.getColumn(0).getString(), run.getColumn(1).getString(), steps.getColumn(0).getInt()};
+    } catch (const SQLite::Exception&) {
+      return {"", "", 0};  // the journal is being created: no schema yet
+    }
   }
 
   // Starts `cairn ARGS...`, waits until the run has `steps` journaled steps, sends `signal`; the exit code and stderr.

@@ -648,9 +648,10 @@ TEST_CASE("host messages map to the documented JSON and back", "[messages]") {
   r2.output = 0.5;
   s.history_steps = 3;
   s.next_step_attempt = 4;
+  s.host = "cairn/0.1.0";
 
   json expected = {{"t", "start"},    {"v", 2},           {"run_id", "run-1"},        {"input", {{"q", "why"}}},
-                   {"attempt", 2},    {"history_steps", 3}, {"next_step_attempt", 4}};
+                   {"attempt", 2},    {"history_steps", 3}, {"next_step_attempt", 4}, {"host", "cairn/0.1.0"}};
   CHECK(p::to_json(p::host_message{s}) == expected);
   CHECK(wire_round_trip(p::host_message{s}) == expected);
 
@@ -660,6 +661,11 @@ TEST_CASE("host messages map to the documented JSON and back", "[messages]") {
   CHECK(back.attempt == 2);
   CHECK(back.history_steps == 3);
   CHECK(back.next_step_attempt == 4);
+  CHECK(back.host == "cairn/0.1.0");
+  // A host from before 0.1.0 sent no host: the agent reads its start all the same.
+  json older = expected;
+  older.erase("host");
+  CHECK(std::get<p::start_msg>(p::parse_host_message(older)).host.empty());
 
   json chunk = {
       {"t", "history"},

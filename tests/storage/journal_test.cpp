@@ -256,6 +256,10 @@ TEST_CASE("a journal names its backend and the version of its database") {
       {"sqlite", "SQLite 3."}, {"postgresql", "PostgreSQL 1"}, {"memory", "in-memory journal"}};
   CHECK_THAT(j->server_version(), Catch::StartsWith(version_of.at(where_backend)));
   CHECK(j->path() == where.path());
+  // Made and last written by this cairn; a reader changes neither.
+  CHECK(j->versions().created_by == writer_name());
+  CHECK(j->versions().last_written_by == writer_name());
+  CHECK_THAT(writer_name(), Catch::Matches(R"(cairn/\d+\.\d+\.\d+)"));
 }
 
 TEST_CASE("runs_with_workspace_near finds the workspaces a folder would nest with, by whole names") {

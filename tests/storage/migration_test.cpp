@@ -214,7 +214,7 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
     // Schema 3 is schema 7 without schema 7's, then runs.epoch, the payloads table and schema 6's additions.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
     raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER payloads_bytes; "
-             "DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; "
+             "DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; DROP TABLE journal_info; "
              "DROP TABLE payloads; ALTER TABLE runs DROP COLUMN epoch; DROP TABLE workers; DROP INDEX runs_by_owner; "
              "ALTER TABLE runs DROP COLUMN workspace_host; PRAGMA user_version = 3");
   }
@@ -257,7 +257,7 @@ TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspa
     // Schema 5 is schema 7 without schema 7's, then the workers table, its index and runs.workspace_host.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
     raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER payloads_bytes; "
-             "DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; "
+             "DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; DROP TABLE journal_info; "
              "DROP TABLE workers; DROP INDEX runs_by_owner; ALTER TABLE runs DROP COLUMN workspace_host; "
              "PRAGMA user_version = 5");
   }
@@ -289,16 +289,19 @@ TEST_CASE("a version 6 journal is migrated in place: its runs' bytes are counted
     current->append_event("old", "cancel_requested", {{"reason", "enough of it"}});
     current->append_event("old", "note", {{"long", std::string(3000, 'y')}});
     bytes_before = current->bytes_of_run("old");
-    // Schema 6 is schema 7 without the run_states table, its triggers and runs.cancel_reason.
+    // Schema 6 is schema 7 without the run_states table, its triggers, runs.cancel_reason and journal_info.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
     raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER "
-             "payloads_bytes; DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; "
+             "payloads_bytes; DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; DROP TABLE journal_info; "
              "UPDATE runs SET cancel_requested_at_ms = 1; PRAGMA user_version = 6");
   }
   auto j = storage::open_journal(dir / "cairn.db");
   CHECK(j->bytes_of_run("old") == bytes_before);
   CHECK(j->find_run("old")->cancel_reason == "enough of it");
   CHECK_FALSE(j->run_state("old"));  // written before the journal kept state: the ledger derives it
+  // Made by an older cairn, written now by this one.
+  CHECK(j->versions().created_by == "a cairn before 0.1.0 (schema 6)");
+  CHECK(j->versions().last_written_by == storage::writer_name());
   // What the run writes from now on is counted as it is written.
   j->append_event("old", "later", {{"n", 1}});
   storage::step_record step;

@@ -164,12 +164,15 @@ TEST_CASE("postgres: a version 7 journal is migrated in place: its runs' bytes a
       "DROP TRIGGER runs_state ON runs; DROP TRIGGER steps_bytes ON steps; DROP TRIGGER events_bytes ON events; "
       "DROP TRIGGER payloads_bytes ON payloads; DROP FUNCTION cairn_run_state_row(); DROP FUNCTION "
       "cairn_step_bytes(); DROP FUNCTION cairn_event_bytes(); DROP FUNCTION cairn_payload_bytes(); DROP TABLE "
-      "run_states; ALTER TABLE runs DROP COLUMN cancel_reason; UPDATE runs SET cancel_requested_at_ms = 1; "
+      "run_states; ALTER TABLE runs DROP COLUMN cancel_reason; DROP TABLE journal_info; UPDATE runs SET "
+      "cancel_requested_at_ms = 1; "
       "UPDATE cairn_schema SET version = 7");
   auto j = open_journal(url);
   CHECK(j->bytes_of_run("old") == bytes_before);
   CHECK(j->find_run("old")->cancel_reason == "enough of it");
   CHECK_FALSE(j->run_state("old"));
+  CHECK(j->versions().created_by == "a cairn before 0.1.0 (schema 7)");
+  CHECK(j->versions().last_written_by == writer_name());
   j->append_event("old", "later", {{"n", 1}});
   CHECK(j->bytes_of_run("old") == bytes_before + std::string("later").size() + json{{"n", 1}}.dump().size());
   j->create_run(a_run("new"));

@@ -5,9 +5,10 @@
 
 import { CancelledError, HostGone, NondeterminismError } from "./errors.js";
 import { checkHostMessage, protocolVersion } from "./messages.js";
+import { version } from "./version.js";
 import { FrameDecoder, encodeFrame } from "./wire.js";
 
-const sdkName = "cairn-js/0.1";
+const sdkName = `cairn-js/${version}`;
 const longestTimer = 2 ** 31 - 1; // setTimeout fires at once for more
 
 export class Session {

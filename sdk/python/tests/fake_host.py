@@ -46,7 +46,7 @@ class FakeHost:
 
     def start(self, input: Any = None, history_steps: int = 0, attempt: int = 1, next_step_attempt: int = 1) -> None:
         hello = self.read()
-        assert hello == {"t": "hello", "v": 2, "sdk": "cairn-py/0.1"}, hello
+        assert hello == {"t": "hello", "v": 2, "sdk": "cairn-py/0.1.0"}, hello
         self.send({"t": "start", "v": 2, "run_id": "run-test", "input": input, "attempt": attempt,
                    "history_steps": history_steps, "next_step_attempt": next_step_attempt})
 
