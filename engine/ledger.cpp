@@ -385,6 +385,11 @@ void ledger::register_worker(const storage::worker_record& worker) {
   write([&](storage::journal& j) { j.register_worker(worker); });
 }
 
+task<void> ledger::register_worker_async(storage::worker_record worker) {
+  body write = [&](storage::journal& j) { j.register_worker(worker); };
+  co_await write_async(std::move(write));
+}
+
 task<bool> ledger::renew_lease_async(std::string worker_id, std::int64_t lease_expires_at_ms,
                                      std::int64_t fenced_writes) {
   bool renewed = false;

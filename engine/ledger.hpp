@@ -110,6 +110,7 @@ class ledger {
   void assign_workspace(const std::string& id, const std::string& workspace, const std::string& workspace_host);
   task<void> assign_workspace_async(std::string id, std::string workspace, std::string workspace_host);
   void register_worker(const storage::worker_record& worker);
+  task<void> register_worker_async(storage::worker_record worker);
   task<bool> renew_lease_async(std::string worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes);
   void remove_worker(const std::string& worker_id);
 

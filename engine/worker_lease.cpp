@@ -56,7 +56,7 @@ task<void> worker_lease::renew() {
         if (lost_) lost_();
         record_ = fresh_record();
         record_.fenced_writes = writes_.fenced_writes();
-        co_await offload([this] { writes_.register_worker(record_); });
+        co_await writes_.register_worker_async(record_);
       }
       if (failing && report_) report_("this worker's lease is renewed again");
       failing = false;
