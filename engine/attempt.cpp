@@ -139,11 +139,11 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   if (result.outcome == kind::completed || result.outcome == kind::failed || result.outcome == kind::cancelled) {
     co_await journal_.confirm_held();
     try {
-      co_await offload([&] { box->destroy_ending_run(); });
+      co_await offload([&] { box->destroy_ending_run(); }, pool::teardown);
     } catch (const runtime::sandbox_error&) {
     }
   }
-  co_await offload([&] { box.reset(); });
+  co_await offload([&] { box.reset(); }, pool::teardown);
   co_return result;
 }
 
@@ -227,7 +227,7 @@ task<void> attempt_driver::end(attempt_result result) {
 }
 
 task<void> attempt_driver::kill() {
-  co_await offload([this] { process_->kill(); });
+  co_await offload([this] { process_->kill(); }, pool::teardown);
 }
 
 void attempt_driver::take_wakes() {
@@ -469,7 +469,7 @@ attempt_driver::step attempt_driver::on(const protocol::tool_msg& m) {
   } else {
     const int previous = journal_.tool_attempts(m.seq);
     co_await apply_effect(std::get<effects::tool_started>(prepared));
-    record.result = co_await offload([&] { return tools_.perform(m, previous); });
+    record.result = co_await offload([&] { return tools_.perform(m, previous); }, pool::tools);
   }
   record.finished_at_ms = storage::now_ms();
   co_await commit(record);
@@ -594,8 +594,8 @@ task<std::optional<json>> attempt_driver::receive(clock::time_point until, bool 
 
 // The channel closed or the process ended without done/fail.
 task<attempt_result> attempt_driver::died(std::string how) {
-  auto status = co_await offload([this] { return process_->wait_for(options_.exit_grace); });
-  if (!status) status = co_await offload([this] { return process_->kill(); });
+  auto status = co_await offload([this] { return process_->wait_for(options_.exit_grace); }, pool::teardown);
+  if (!status) status = co_await offload([this] { return process_->kill(); }, pool::teardown);
   if (cancel_sent_) co_return cancelled_result();
   if (auto breach = process_->check_limits()) co_return co_await exceeded(breach->message, breach->limit);
   auto tail = process_->log_tail();

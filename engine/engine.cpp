@@ -211,7 +211,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
   }
   make_home_folders(home());
   run = journal_.find_run(run_id);
-  co_await offload([&] { ready_run_files(*run); });
+  co_await offload([&] { ready_run_files(*run); }, pool::starts);
   if (invalid_policy)
     co_return co_await end_run(
         run_id, storage::run_status::failed, nullptr,
@@ -366,7 +366,7 @@ task<storage::run_record> engine::end_run(const std::string& run_id, storage::ru
   auto run = *journal_.find_run(run_id);
   co_await ledger_->confirm_held_async(run_id);  // the workspace of a run taken over is the new owner's
   auto& sandboxes = backend(run.sandbox);
-  if (release_files) co_await offload([&] { release_workspace(sandboxes, run, watch); });
+  if (release_files) co_await offload([&] { release_workspace(sandboxes, run, watch); }, pool::teardown);
   std::optional<protocol::error_info> why;
   if (status != storage::run_status::completed) why = std::move(error);
   co_await ledger_->apply_async(run_id, effects::run_ended{status, std::move(output), std::move(why)});

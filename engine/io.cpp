@@ -3,18 +3,27 @@
 #include <unistd.h>
 
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include <boost/asio/deferred.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/this_coro.hpp>
 
 namespace cairn::engine {
 namespace {
 
 // Enough for the blocking moments of many runs at once (sandboxes being made
-// or killed, tools running); more wait their turn.
+// or killed); more wait their turn.
 constexpr int start_threads = 8;
-constexpr int other_threads = 8;
+constexpr int teardown_threads = 8;
+// Tool calls in flight with a thread each (io.hpp, pool::tools): a thread
+// idles at a few KiB resident, and the scheduler's max_concurrent (8 by
+// default) bounds the calls in flight long before this does; the bound is
+// for a host asked for thousands at once, whose calls then take turns.
+constexpr std::size_t most_tool_threads = 256;
 // Sandboxes starting at once: as many as can be made at once.
 constexpr std::size_t starting_at_once = start_threads;
 
@@ -22,11 +31,37 @@ constexpr std::size_t starting_at_once = start_threads;
 // while all are taken, a receive frees one.
 using places = asio::experimental::concurrent_channel<void(boost::system::error_code)>;
 
+// The threads of pool::tools: an event loop that each runs, one more
+// started whenever a call comes and every thread has one. Kept, never
+// joined, like the fixed pools.
+class tool_threads {
+ public:
+  asio::any_io_executor executor() { return io_.get_executor(); }
+
+  void take() {
+    std::lock_guard lock(mutex_);
+    if (++busy_ <= threads_.size() || threads_.size() >= most_tool_threads) return;
+    threads_.emplace_back([this] { io_.run(); });
+  }
+  void give_back() {
+    std::lock_guard lock(mutex_);
+    --busy_;
+  }
+
+ private:
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> open_{io_.get_executor()};
+  std::mutex mutex_;
+  std::size_t busy_ = 0;  // calls handed to the loop and not yet returned
+  std::vector<std::thread> threads_;
+};
+
 // What the engine keeps once per process.
 struct per_process {
   asio::thread_pool starts{start_threads};
-  asio::thread_pool other{other_threads};
-  places start_places{other.get_executor(), starting_at_once};
+  asio::thread_pool teardown{teardown_threads};
+  tool_threads tools;
+  places start_places{teardown.get_executor(), starting_at_once};
 };
 
 per_process& this_process() {
@@ -49,8 +84,25 @@ per_process& this_process() {
 std::atomic<int> live_attempts{0};
 std::atomic<int> begun_attempts{0};
 
-asio::thread_pool& blocking_pool(pool which) {
-  return which == pool::starts ? this_process().starts : this_process().other;
+asio::any_io_executor blocking_executor(pool which) {
+  auto& process = this_process();
+  switch (which) {
+    case pool::starts:
+      return process.starts.get_executor();
+    case pool::teardown:
+      return process.teardown.get_executor();
+    case pool::tools:
+      return process.tools.executor();
+  }
+  return process.teardown.get_executor();
+}
+
+pool_use::pool_use(pool which) : which_(which) {
+  if (which_ == pool::tools) this_process().tools.take();
+}
+
+pool_use::~pool_use() {
+  if (which_ == pool::tools) this_process().tools.give_back();
 }
 
 task<start_slot> start_slot::take() {

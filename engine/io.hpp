@@ -3,7 +3,7 @@
 // suspends on its agent's channel, its run's wake-ups and its deadlines, and a
 // few threads carry every live run. What must block (fork and exec, killing a
 // sandbox, a tool call, a commit's fsync) runs elsewhere: on the blocking
-// pool below, or on the ledger's committer.
+// pools below, or on the ledger's committer.
 #pragma once
 
 #include <atomic>
@@ -12,13 +12,13 @@
 #include <type_traits>
 #include <utility>
 
+#include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/experimental/concurrent_channel.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
@@ -28,15 +28,26 @@ namespace asio = boost::asio;
 template <class T>
 using task = asio::awaitable<T>;
 
-// The process's threads for blocking work: a small, fixed number, however
-// many runs are live. They live as long as the process, so that an agent
-// started from one (PR_SET_PDEATHSIG follows the thread) lives as long as
-// the host. A forked child gets pools of its own.
-//   starts: making sandboxes and starting agents in them;
-//   other:  everything else (killing and taking down sandboxes, tool calls).
+// The process's threads for blocking work. They live as long as the
+// process, so that an agent started from one (PR_SET_PDEATHSIG follows the
+// thread) lives as long as the host. A forked child gets pools of its own.
+//   starts:   making sandboxes, starting agents in them, readying a run's
+//             files; 8 threads.
+//   teardown: killing sandboxes, taking them down, releasing workspaces;
+//             8 threads. Each job is short and bounded by the host, so a
+//             kill waits at most behind other kills.
+//   tools:    tool calls (commands, http.fetch, llm.chat), whose length a
+//             remote server or the agent's grant decides: 30 s model calls
+//             are ordinary. A thread per call in flight, started when a
+//             call finds none idle and kept for the next, up to 256
+//             (tool_threads in io.cpp): an attempt has at most one call in
+//             flight, so under the scheduler's max_concurrent no call waits
+//             behind another; past the bound calls wait their turn, and
+//             nothing else ever does.
 // Apart, so that a run that is ending never waits behind a thousand that
-// are starting (under load a start takes seconds).
-enum class pool { starts, other };
+// are starting (under load a start takes seconds), and a cancel's kill
+// never waits behind slow tool calls.
+enum class pool { starts, teardown, tools };
 
 // Attempts of this process whose agent runs (engine/attempt.cpp counts them).
 // Alone, an attempt may spend its loop's time to answer sooner (look again
@@ -46,15 +57,29 @@ extern std::atomic<int> live_attempts;
 // superset of the live ones. An attempt that is the only one tells its agent
 // so (ack.alone), whose polling then takes the CPU of no other run's start.
 extern std::atomic<int> begun_attempts;
-asio::thread_pool& blocking_pool(pool which = pool::other);
+asio::any_io_executor blocking_executor(pool which);
+
+// Holds a thread of `which` for one job: for pool::tools, starts one when
+// none is idle (up to the bound). Nothing for the fixed pools.
+class pool_use {
+ public:
+  explicit pool_use(pool which);
+  ~pool_use();
+  pool_use(const pool_use&) = delete;
+  pool_use& operator=(const pool_use&) = delete;
+
+ private:
+  pool which_;
+};
 
 // Runs `fn` on a blocking pool; the coroutine resumes on its own executor
 // with what `fn` returned or threw.
 template <class F>
-auto offload(F fn, pool which = pool::other) -> task<std::invoke_result_t<F&>> {
+auto offload(F fn, pool which) -> task<std::invoke_result_t<F&>> {
   using T = std::invoke_result_t<F&>;
+  const pool_use use(which);
   co_return co_await asio::co_spawn(
-      blocking_pool(which), [fn = std::move(fn)]() mutable -> task<T> { co_return fn(); }, asio::use_awaitable);
+      blocking_executor(which), [fn = std::move(fn)]() mutable -> task<T> { co_return fn(); }, asio::use_awaitable);
 }
 
 // A place among the sandboxes of this process that are starting (from their
