@@ -50,11 +50,6 @@ engine_error taken_just_now(const std::string& run_id) {
 }
 
 // Takes the run for this process, or explains who has it.
-void claim(ledger& writes, storage::journal& journal, const storage::run_record& run) {
-  check_claimable(journal, run);
-  if (!writes.claim_run(run.id, run.owner, current_owner().str())) throw taken_just_now(run.id);
-}
-
 task<void> claim_async(ledger& writes, storage::journal& journal, const storage::run_record& run) {
   check_claimable(journal, run);
   const bool claimed = co_await writes.claim_run_async(run.id, run.owner, current_owner().str());
@@ -371,7 +366,7 @@ task<storage::run_record> engine::end_run(const std::string& run_id, storage::ru
   if (status != storage::run_status::completed) why = std::move(error);
   co_await ledger_->apply_async(run_id, effects::run_ended{status, std::move(output), std::move(why)});
   run = *journal_.find_run(run_id);
-  cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
+  co_await cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
   co_return run;
 }
 
@@ -400,11 +395,11 @@ task<bool> engine::pause(std::chrono::milliseconds delay, const std::string& run
 
 // Children of an ended run: idle ones are cancelled now (with theirs), running
 // ones are asked to stop by the process that runs them.
-void engine::cancel_children(const std::string& run_id, const std::string& reason) {
+task<void> engine::cancel_children(std::string run_id, std::string reason) {
   for (const auto& child : journal_.children(run_id)) {
     if (is_finished(child.status)) continue;
     try {
-      cancel(child.id, reason);
+      co_await cancel_async(child.id, reason);
     } catch (const engine_error&) {
       // it ended meanwhile
     }
@@ -439,6 +434,10 @@ storage::signal_record engine::signal(const std::string& run_id, const std::stri
 }
 
 engine::cancel_outcome engine::cancel(const std::string& run_id, const std::string& reason) {
+  return run_here(cancel_async(run_id, reason));
+}
+
+task<engine::cancel_outcome> engine::cancel_async(std::string run_id, std::string reason) {
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
   auto refuse = [&](const storage::run_record& r) {
@@ -448,28 +447,30 @@ engine::cancel_outcome engine::cancel(const std::string& run_id, const std::stri
   if (is_finished(run->status)) throw refuse(*run);
   // An idle run is cancelled in one write. Asking first would wake a scheduler,
   // which could take the run between the two writes.
-  if (ledger_->cancel_idle_run(run_id, reason)) {
+  if (co_await ledger_->cancel_idle_run_async(run_id, reason)) {
     // A suspended run's files go back to its plain folder, as at any run's
     // end; one whose files this host does not hold is left to their worker
     // (release_ended_runs at its start).
     if (files_are_ours(*run)) {
       null_observer quiet;
-      release_workspace(backend(run->sandbox), *run, quiet);
+      auto& sandboxes = backend(run->sandbox);
+      co_await offload([&] { release_workspace(sandboxes, *run, quiet); }, pool::teardown);
     }
-    cancel_children(run_id, fmt::format("its parent run {} was cancelled", run_id));
-    return cancel_outcome::cancelled;
+    co_await cancel_children(run_id, fmt::format("its parent run {} was cancelled", run_id));
+    co_return cancel_outcome::cancelled;
   }
-  if (!ledger_->request_cancel(run_id, reason)) throw refuse(*journal_.find_run(run_id));
+  if (!co_await ledger_->request_cancel_async(run_id, reason)) throw refuse(*journal_.find_run(run_id));
   // Held by nobody alive (in doubt, or its process died): cancel it here.
   run = journal_.find_run(run_id);
-  if (is_finished(run->status)) return cancel_outcome::cancelled;
+  if (is_finished(run->status)) co_return cancel_outcome::cancelled;
   if (run->owner.empty() || check_owner(journal_, run->owner) == owner_state::dead) {
-    claim(*ledger_, journal_, *run);
+    co_await claim_async(*ledger_, journal_, *run);
     null_observer quiet;
-    run_here(end_run(run_id, storage::run_status::cancelled, nullptr, protocol::error_info{reason, "cancelled"}, quiet));
-    return cancel_outcome::cancelled;
+    co_await end_run(run_id, storage::run_status::cancelled, nullptr, protocol::error_info{reason, "cancelled"},
+                     quiet);
+    co_return cancel_outcome::cancelled;
   }
-  return cancel_outcome::requested;
+  co_return cancel_outcome::requested;
 }
 
 bool wait_is_over(storage::journal& journal, const storage::run_record& run) {

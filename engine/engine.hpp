@@ -195,7 +195,8 @@ class engine {
     requested,  // a live process runs it: it tells the agent, and kills the sandbox after the grace period
   };
   // Cancels the run and, when it ends, its unfinished children. Refused
-  // (bad_request) for a run that has already ended.
+  // (bad_request) for a run that has already ended. Blocks (on an event
+  // loop of its own), like execute().
   cancel_outcome cancel(const std::string& run_id, const std::string& reason);
 
   storage::journal& journal() { return journal_; }
@@ -256,7 +257,10 @@ class engine {
   task<storage::run_record> end_run(const std::string& run_id, storage::run_status status, json output,
                                     protocol::error_info error, run_observer& watch, bool release_files = true);
   void release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run, run_observer& watch);
-  void cancel_children(const std::string& run_id, const std::string& reason);
+  // cancel() as a coroutine: end_run cancels children on the event loop
+  // that ends their parent, with no loop nested in it.
+  task<cancel_outcome> cancel_async(std::string run_id, std::string reason);
+  task<void> cancel_children(std::string run_id, std::string reason);
   // Sleeps `delay` unless the host starts shutting down (then false).
   task<bool> pause(std::chrono::milliseconds delay, const std::string& run_id);
 

@@ -439,27 +439,37 @@ storage::signal_record ledger::enqueue_signal(const std::string& run_id, const s
 }
 
 bool ledger::request_cancel(const std::string& id, const std::string& reason) {
+  return run_here(request_cancel_async(id, reason));
+}
+
+task<bool> ledger::request_cancel_async(std::string id, std::string reason) {
   bool marked = false;
-  write([&](storage::journal& j) {
+  body write = [&](storage::journal& j) {
     const auto mark = j.request_cancel(id, reason);
     marked = mark != storage::cancel_mark::run_finished;
     if (mark == storage::cancel_mark::marked_now) append(j, id, cancel_requested(reason));
-  });
+  };
+  co_await write_async(std::move(write));
   if (marked) announce(path_, id, storage::change::cancel_requested);
-  return marked;
+  co_return marked;
 }
 
 bool ledger::cancel_idle_run(const std::string& id, const std::string& message) {
+  return run_here(cancel_idle_run_async(id, message));
+}
+
+task<bool> ledger::cancel_idle_run_async(std::string id, std::string message) {
   bool cancelled = false;
   std::string parent;
-  write([&](storage::journal& j) {
+  body write = [&](storage::journal& j) {
     cancelled = j.cancel_idle_run(id, message);
     if (!cancelled) return;
     append(j, id, run_finished(storage::run_status::cancelled, protocol::error_info{message, "cancelled"}));
     if (auto run = j.find_run(id)) parent = run->parent_id;
-  });
+  };
+  co_await write_async(std::move(write));
   if (cancelled) announce_end(id, parent);
-  return cancelled;
+  co_return cancelled;
 }
 
 int step_failures(storage::journal& journal, const std::string& run_id, std::uint64_t seq) {

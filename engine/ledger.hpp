@@ -106,7 +106,9 @@ class ledger {
   storage::signal_record enqueue_signal(const std::string& run_id, const std::string& name, const json& payload,
                                         std::uint64_t max_signals);
   bool request_cancel(const std::string& id, const std::string& reason);
+  task<bool> request_cancel_async(std::string id, std::string reason);
   bool cancel_idle_run(const std::string& id, const std::string& message);
+  task<bool> cancel_idle_run_async(std::string id, std::string message);
   void assign_workspace(const std::string& id, const std::string& workspace, const std::string& workspace_host);
   task<void> assign_workspace_async(std::string id, std::string workspace, std::string workspace_host);
   void register_worker(const storage::worker_record& worker);
