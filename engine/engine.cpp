@@ -256,7 +256,10 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         // suspension cost (this attempt's mount and unmount) is the run's, and
         // the agent, which chooses how long it waits, may only suspend so often.
         const auto upkeep = sandboxes.upkeep(run->workspace);
-        const std::uint64_t count = suspensions_since(journal_, run_id, storage::now_ms() - 3'600'000) + 1;
+        const auto hour_ago = storage::now_ms() - 3'600'000;
+        const std::uint64_t count = co_await ledger_->read_async<std::uint64_t>([&](storage::journal& j) {
+          return suspensions_since(j, run_id, hour_ago);
+        }) + 1;
         if (count > rules.suspensions_per_hour) {
           std::string message = fmt::format(
               "the run waited long enough to be suspended more than {} times within an hour "
@@ -336,9 +339,12 @@ bool engine::must_end_before_attempt(const storage::run_record& run) {
 
 task<std::optional<storage::run_record>> engine::end_before_attempt(const storage::run_record& run,
                                                                     const policy& rules, run_observer& watch) {
-  if (run.cancel_requested_at_ms)
+  if (run.cancel_requested_at_ms) {
+    auto reason =
+        co_await ledger_->read_async<std::string>([&](storage::journal& j) { return cancel_reason(j, run.id); });
     co_return co_await end_run(run.id, storage::run_status::cancelled, nullptr,
-                               protocol::error_info{cancel_reason(journal_, run.id), "cancelled"}, watch);
+                               protocol::error_info{std::move(reason), "cancelled"}, watch);
+  }
   if (run.deadline_ms && storage::now_ms() >= *run.deadline_ms) {
     auto [message, type] = rules.deadline_passed();
     co_return co_await end_run(run.id, storage::run_status::failed, nullptr, protocol::error_info{message, type},

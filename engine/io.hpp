@@ -2,8 +2,8 @@
 // Boost.Asio io_context: where a thread per run used to sleep in poll(2), it
 // suspends on its agent's channel, its run's wake-ups and its deadlines, and a
 // few threads carry every live run. What must block (fork and exec, killing a
-// sandbox, a tool call, a commit's fsync) runs elsewhere: on the blocking
-// pools below, or on the ledger's committer.
+// sandbox, a tool call, a commit's fsync, a read of all of a run's events)
+// runs elsewhere: on the blocking pools below, or on the ledger's committer.
 #pragma once
 
 #include <atomic>

@@ -116,6 +116,18 @@ class ledger {
   task<bool> renew_lease_async(std::string worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes);
   void remove_worker(const std::string& worker_id);
 
+  // What `read` returns, read on the writing connection within the next
+  // group commit (alone, it costs no sync). For a coroutine on an event
+  // loop whose read may take long (all of a run's events): the loop goes on
+  // meanwhile, and the caller's connection stays with its thread. The group
+  // waits for the read, so keyed reads stay on the caller's connection.
+  template <class T>
+  task<T> read_async(std::function<T(storage::journal&)> read) {
+    std::optional<T> out;
+    co_await write_async([&](storage::journal& j) { out = read(j); }, /*sync_later=*/true);
+    co_return std::move(*out);
+  }
+
   // Writes the journal refused since this ledger opened because another
   // process had taken their run over (storage_error(fenced)).
   std::int64_t fenced_writes() const { return fenced_writes_.load(std::memory_order_relaxed); }
