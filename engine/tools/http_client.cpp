@@ -218,7 +218,8 @@ struct exchange::impl {
     throw tool_error("unavailable", fmt::format("{}: the connection to {} broke: {}", opts.who, where, ec.message()));
   }
 
-  // Resolves the host; an IP literal needs no lookup.
+  // Resolves the host; an IP literal needs no lookup. Waits on the tool
+  // call's thread (tool_broker::perform runs on pool::tools), never a loop's.
   std::vector<tcp::endpoint> resolve(const url& target) {
     error_code ec;
     auto address = net::ip::make_address(target.host, ec);

@@ -55,7 +55,9 @@ class name_resolver {
   name_resolver& operator=(const name_resolver&) = delete;
 
   // The addresses of `host`, or nullopt when they were not found by
-  // `deadline`. Too many names waiting is an answer with an error.
+  // `deadline`. Too many names waiting is an answer with an error. Blocks
+  // the caller until then: a tool call's thread (engine/io.hpp's
+  // pool::tools, where http.fetch and llm.chat run), never an event loop.
   std::optional<lookup_answer> resolve(const std::string& host, std::chrono::steady_clock::time_point deadline);
 
  private:
