@@ -51,6 +51,9 @@ struct serve_args {
   bool prestart = false;    // pooled sandboxes start the agent too (warm_pool_options::start_agents)
   int lease_seconds = 15;   // how long the worker's lease lasts unrenewed (engine/worker_lease.hpp)
   std::string workspace_root;  // shared storage for workspaces of runs made without one; empty: CAIRN_HOME's
+  std::string log_format = "text";  // or "json": one object per line (time, level, event, run, message)
+  std::string log_level = "info";   // the least level logged: debug, info, warn, error (--verbose: debug)
+  std::string config_file;          // --config: read again at SIGHUP for what can change live (the log's settings)
 };
 int submit_command(const paths& p, const run_args& args, bool as_json);
 // `cairn submit --from`: every run of the batch file args.from, queued in one transaction.

@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"cairn: durable, sandboxed AI agent workflows"};
   app.require_subcommand(1);
+  // A key of --config that no option has (a typo) is an error, not ignored; subcommands inherit it.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   // Taken before parsing (print_version); here so that --help lists it.
   app.add_flag("-V,--version", "print cairn's version, protocol and journal schemas (with --json: as JSON), then exit");
   std::string db;
@@ -73,6 +75,13 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"sandbox-none", "command-tools", "any-workspace"}))
       ->envname("CAIRN_ALLOW");
+  // Options from a file, for a service (packaging/cairn.service): the global
+  // ones at its top (db, allow), a subcommand's in its section ([serve]);
+  // what the command line gives wins.
+  app.set_config("--config", "",
+                 "read options from a TOML file: db and allow at the top, serve's under [serve] "
+                 "(max-concurrent = 16, log-format = \"json\", ...); the command line wins")
+      ->check(CLI::ExistingFile);
   // Global options are taken after the subcommand too: `cairn run AGENT --db X`.
   app.fallthrough();
   // Every usage error says where the usage is.
@@ -125,7 +134,12 @@ int main(int argc, char** argv) {
                       "for its run, so that agent's next runs skip its start (exec, loading, imports); such an agent "
                       "learns its run id from the start message only, not from CAIRN_RUN_ID")
       ->needs(warm_option);
-  serve_cmd->add_flag("--verbose", serve.verbose, "log every step, not only each run's start and end");
+  serve_cmd->add_flag("--verbose", serve.verbose, "log every step, not only each run's start and end (--log-level debug)");
+  serve_cmd->add_option("--log-format", serve.log_format,
+                        "text (default) or json: one object per line with time, level, event, run and message")
+      ->check(CLI::IsMember({"text", "json"}));
+  serve_cmd->add_option("--log-level", serve.log_level, "the least level logged: debug, info (default), warn, error")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
   serve_cmd->add_option("--lease", serve.lease_seconds,
                         "seconds this worker's lease lasts unrenewed (default 15): once it has expired (the "
                         "process died, was paused or cut off), other workers on the journal take its runs over")
@@ -225,7 +239,10 @@ int main(int argc, char** argv) {
   if (*doctor_cmd) return cairn::cli::doctor_command(paths, as_json);
   if (*settle_cmd) return cairn::cli::settle_command(paths, settle, as_json);
   if (*submit_cmd) return cairn::cli::submit_command(paths, submit, as_json);
-  if (*serve_cmd) return cairn::cli::serve_command(paths, serve);
+  if (*serve_cmd) {
+    if (auto* config = app.get_config_ptr(); config && config->count() > 0) serve.config_file = config->as<std::string>();
+    return cairn::cli::serve_command(paths, serve);
+  }
   if (*signal_cmd) return cairn::cli::signal_command(paths, signal_run, signal_name, signal_data, as_json);
   if (*cancel_cmd) return cairn::cli::cancel_command(paths, cancel_run, cancel_reason, !cancel_no_wait, as_json);
   return 2;

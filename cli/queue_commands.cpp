@@ -1,12 +1,19 @@
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdlib>
+#include <ctime>
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -31,38 +38,118 @@ void request_stop(int) {
   if (serve_stop) serve_stop->raise();
 }
 
+// SIGHUP (`systemctl reload`): read --config again.
+engine::wake_event* serve_reload = nullptr;
+
+void request_reload(int) {
+  if (serve_reload) serve_reload->signal();
+}
+
 std::string now_stamp() { return format_time(storage::now_ms()); }
 
-// One line each: whatever an agent put in it (names, errors) is escaped here.
-void log_line(const std::string& line) {
+// The log of `cairn serve`, on stdout: a line per record, as text ("TIME
+// MESSAGE") or as one JSON object (--log-format json), at the levels from
+// --log-level up. Whatever an agent put in a message (names, errors) is
+// escaped here: for a terminal in text, as \uXXXX in JSON (ensure_ascii).
+enum class level { debug, info, warn, error };
+constexpr std::string_view level_names[] = {"debug", "info", "warn", "error"};
+
+struct log_settings {
+  std::atomic<bool> json{false};
+  std::atomic<level> least{level::info};
+};
+log_settings logging;  // set by serve_command before its first record, and at a reload
+
+std::string iso_time(std::int64_t ms) {
+  const std::time_t secs = ms / 1000;
+  std::tm utc{};
+  gmtime_r(&secs, &utc);
+  return fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:03}Z", utc, ms % 1000);
+}
+
+// `lifecycle`: the daemon's start, stop and end, logged at any --log-level
+// (a supervisor waits for "started").
+void log_record(level l, std::string_view event, const std::string& run, const std::string& message,
+                bool lifecycle = false) {
+  if (l < logging.least && !lifecycle) return;
   static std::mutex mutex;
   std::lock_guard lock(mutex);
-  std::cout << now_stamp() << "  " << terminal_text(line) << std::endl;
+  if (!logging.json) {
+    std::cout << now_stamp() << "  " << terminal_text(message) << std::endl;
+    return;
+  }
+  json record = {{"time", iso_time(storage::now_ms())},
+                 {"level", level_names[static_cast<int>(l)]},
+                 {"event", event},
+                 {"message", message}};
+  if (!run.empty()) record["run"] = run;
+  std::cout << record.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace) << std::endl;
+}
+
+void log_line(const std::string& line) { log_record(level::info, "note", "", line); }
+
+// `format` and `least` as --log-format and --log-level take them (checked there).
+void set_logging(const std::string& format, const std::string& least) {
+  logging.json = format == "json";
+  const auto* found = std::find(std::begin(level_names), std::end(level_names), least);
+  logging.least = found == std::end(level_names) ? level::info : static_cast<level>(found - std::begin(level_names));
+}
+
+// At SIGHUP: the log's settings again from the [serve] section of the
+// config file (what the command line set stays); the rest of serve's
+// options take effect at its next start.
+void reload_logging(const serve_args& args) {
+  if (args.config_file.empty()) {
+    log_record(level::info, "reloaded", "", "SIGHUP: no --config file to read again; nothing changed",
+               /*lifecycle=*/true);
+    return;
+  }
+  std::string format = args.log_format, least = args.verbose ? "debug" : args.log_level;
+  try {
+    for (const auto& item : CLI::ConfigTOML().from_file(args.config_file)) {
+      if (item.parents != std::vector<std::string>{"serve"} || item.inputs.size() != 1) continue;
+      if (item.name == "log-format" && (item.inputs[0] == "text" || item.inputs[0] == "json")) format = item.inputs[0];
+      if (item.name == "log-level" && std::find(std::begin(level_names), std::end(level_names), item.inputs[0]) !=
+                                          std::end(level_names))
+        least = item.inputs[0];
+    }
+  } catch (const std::exception& e) {
+    log_record(level::error, "reloaded", "",
+               fmt::format("SIGHUP: {} cannot be read ({}); the log's settings are unchanged", args.config_file,
+                           e.what()),
+               /*lifecycle=*/true);
+    return;
+  }
+  set_logging(format, least);
+  log_record(level::info, "reloaded", "",
+             fmt::format("SIGHUP: read {} again: log-format {}, log-level {}; its other options take effect at the "
+                         "next start",
+                         args.config_file, format, least),
+             /*lifecycle=*/true);
 }
 
 // What `cairn serve` prints: each run's attempts and how each execution ends.
 class serve_log : public engine::run_observer {
  public:
-  explicit serve_log(bool verbose) : verbose_(verbose) {}
   void on_attempt(const storage::run_record& run, int attempt) override {
-    log_line(fmt::format("run {}: attempt {} ({})", run.id, attempt,
-                         std::filesystem::path(run.agent).filename().string()));
+    log_record(level::info, "attempt_started", run.id,
+               fmt::format("run {}: attempt {} ({})", run.id, attempt,
+                           std::filesystem::path(run.agent).filename().string()));
   }
   void on_step(const storage::step_record& step) override {
-    if (verbose_) log_line(fmt::format("run {}:{}", step.run_id, step_line(step)));
+    log_record(level::debug, "step", step.run_id, fmt::format("run {}:{}", step.run_id, step_line(step)));
   }
   void on_attempt_failed(int attempt, const std::string& reason, bool will_retry) override {
-    log_line(fmt::format("attempt {} crashed: {}{}", attempt, reason, will_retry ? "; retrying" : ""));
+    log_record(level::warn, "attempt_crashed", "",
+               fmt::format("attempt {} crashed: {}{}", attempt, reason, will_retry ? "; retrying" : ""));
   }
-  void on_warning(const std::string& message) override { log_line("warning: " + message); }
+  void on_warning(const std::string& message) override { log_record(level::warn, "warning", "", "warning: " + message); }
   void on_sandbox(const std::string& run_id, bool pooled, bool agent_started, std::chrono::microseconds took) override {
     if (pooled)
-      log_line(fmt::format("run {}: warm sandbox from the pool{}, ready in {:.1f} ms", run_id,
-                           agent_started ? ", its agent started already" : "", took.count() / 1000.0));
+      log_record(level::info, "warm_sandbox", run_id,
+                 fmt::format("run {}: warm sandbox from the pool{}, ready in {:.1f} ms", run_id,
+                             agent_started ? ", its agent started already" : "", took.count() / 1000.0));
   }
-
- private:
-  bool verbose_;
 };
 
 // Whether a `cairn serve` (a worker with a current lease) serves the journal.
@@ -164,8 +251,9 @@ int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
   });
 }
 
-int serve_command(const paths& p, const serve_args& args) {
-  return guarded([&] {
+namespace {
+
+int serve(const paths& p, const serve_args& args) {
     static engine::stop_flag stop_requested;
     serve_stop = &stop_requested;
     struct sigaction sa {};
@@ -173,6 +261,12 @@ int serve_command(const paths& p, const serve_args& args) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, nullptr);
     sigaction(SIGINT, &sa, nullptr);
+    static engine::wake_event reload_requested;
+    serve_reload = &reload_requested;
+    struct sigaction reload_action {};
+    reload_action.sa_handler = request_reload;
+    sigemptyset(&reload_action.sa_mask);
+    sigaction(SIGHUP, &reload_action, nullptr);
 
     engine::scheduler_options o;
     o.db = p.db;
@@ -190,7 +284,8 @@ int serve_command(const paths& p, const serve_args& args) {
       auto journal = storage::open_journal(p.db);
       engine::checked_workspace(*journal, p.home, o.engine.workspace_root / "RUN_ID", "RUN_ID");
       // What an older cairn kept in this home for runs of the root goes beside them, before any run is taken.
-      for (const auto& problem : engine::adopt_images_of_root(*journal, p.home, root)) log_line("warning: " + problem);
+      for (const auto& problem : engine::adopt_images_of_root(*journal, p.home, root))
+        log_record(level::warn, "warning", "", "warning: " + problem);
     }
     {
       // What a cancel elsewhere or a crash left in this host's image folders.
@@ -214,42 +309,55 @@ int serve_command(const paths& p, const serve_args& args) {
       for (const auto& check : o.engine.backends("bwrap")->check())
         if (check.name == "workspace quota" && check.ok && check.detail.find("FUSE") != std::string::npos &&
             warm.limits.max_workspace_bytes > 0)
-          log_line("cairn serve: --warm: without root a run's quota image is mounted through FUSE, where a pooled "
+          log_record(level::warn, "warning", "", "cairn serve: --warm: without root a run's quota image is mounted through FUSE, where a pooled "
                    "sandbox cannot see it: runs with limits.workspace_mb > 0 start cold; the pool serves runs "
                    "whose policy (and --warm-policy) sets workspace_mb 0");
     // For tests only: an idle check hours long proves that wake-ups, not the check, move runs.
     if (const char* ms = std::getenv("CAIRN_TEST_IDLE_CHECK_MS")) o.idle_check = std::chrono::milliseconds(std::atoll(ms));
-    serve_log log(args.verbose);
+    serve_log log;
     o.observer_for = [&log](const std::string&) { return &log; };
     o.on_return = [](const storage::run_record& run) {
       switch (run.status) {
         case storage::run_status::waiting:
-          log_line(fmt::format("run {} {}", run.id, describe_wait(run)));
+          log_record(level::info, "run_waiting", run.id, fmt::format("run {} {}", run.id, describe_wait(run)));
           break;
         case storage::run_status::pending:
-          log_line(fmt::format("run {} handed back: it continues from its journal when a host takes it", run.id));
+          log_record(level::info, "run_handed_back", run.id,
+                     fmt::format("run {} handed back: it continues from its journal when a host takes it", run.id));
           break;
         default:
-          log_line(fmt::format("run {} {}{}", run.id, storage::to_string(run.status),
-                               run.error ? ": " + run.error->message : ""));
+          log_record(run.status == storage::run_status::completed ? level::info : level::warn,
+                     "run_" + std::string(storage::to_string(run.status)), run.id,
+                     fmt::format("run {} {}{}", run.id, storage::to_string(run.status),
+                                 run.error ? ": " + run.error->message : ""));
       }
     };
     o.on_error = [](const std::string& id, const std::string& error) {
-      log_line(fmt::format("run {}: not executed: {}", id, error));
+      log_record(level::error, "run_not_executed", id, fmt::format("run {}: not executed: {}", id, error));
     };
-    log_line(fmt::format("cairn serve: journal {}, up to {} runs at once{}, pid {}, lease {} s (SIGTERM stops it "
+    log_record(level::info, "started", "", fmt::format("cairn serve: journal {}, up to {} runs at once{}, pid {}, lease {} s (SIGTERM stops it "
                          "gracefully)",
                          shown_db(p), args.max_concurrent,
                          warm.size > 0 ? fmt::format(", {} sandboxes kept warm{}", warm.size,
                                                      warm.start_agents ? " (agents started in them)" : "")
                                        : "",
-                         engine::current_owner().pid, args.lease_seconds));
+                         engine::current_owner().pid, args.lease_seconds),
+               /*lifecycle=*/true);
     engine::scheduler runs(std::move(o));
+    std::thread reloader([&args] {
+      for (;;) {
+        std::array<pollfd, 2> events{pollfd{reload_requested.fd(), POLLIN, 0}, pollfd{stop_requested.fd(), POLLIN, 0}};
+        if (::poll(events.data(), events.size(), -1) < 0 && errno != EINTR) return;
+        if (stop_requested.raised()) return;
+        if (reload_requested.take()) reload_logging(args);
+      }
+    });
     std::thread announce([&runs] {
       stop_requested.wait();
       const auto busy = runs.busy();
-      log_line(fmt::format("stopping: no new runs; {} run{} in flight finish{} the current step or suspend{}", busy,
-                           busy == 1 ? "" : "s", busy == 1 ? "es" : "", busy == 1 ? "s" : ""));
+      log_record(level::info, "stopping", "", fmt::format("stopping: no new runs; {} run{} in flight finish{} the current step or suspend{}", busy,
+                           busy == 1 ? "" : "s", busy == 1 ? "es" : "", busy == 1 ? "s" : ""),
+                 /*lifecycle=*/true);
     });
     {
       // However run() ends (it throws when the journal cannot be reached), the
@@ -257,15 +365,31 @@ int serve_command(const paths& p, const serve_args& args) {
       // process in std::terminate instead of with the error.
       struct join_announcer {
         std::thread& t;
+        std::thread& r;
         ~join_announcer() {
           stop_requested.raise();
           t.join();
+          r.join();
         }
-      } joined{announce};
+      } joined{announce, reloader};
       runs.run(nullptr, stop_requested);
     }
-    log_line("stopped; nothing journaled is lost");
+    log_record(level::info, "stopped", "", "stopped; nothing journaled is lost", /*lifecycle=*/true);
     return 0;
+}
+
+}  // namespace
+
+int serve_command(const paths& p, const serve_args& args) {
+  set_logging(args.log_format, args.verbose ? "debug" : args.log_level);
+  return guarded([&] {
+    try {
+      return serve(p, args);
+    } catch (const std::exception& e) {
+      // A machine reading the log learns why it ends; stderr says it as every command does.
+      if (logging.json) log_record(level::error, "fatal", "", std::string("cairn serve: ") + e.what(), /*lifecycle=*/true);
+      throw;
+    }
   });
 }
 

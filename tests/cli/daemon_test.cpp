@@ -552,6 +552,80 @@ TEST_CASE("serve --max-concurrent 2 runs every submitted run, never more than 2 
   serve.stop();
 }
 
+TEST_CASE("serve --log-format json: every line is one JSON object a machine reads, an agent's bytes escaped") {
+  cairn_home h;
+  const json plan = plan_of({step("a\x1b[2J\xc2\x9b"), step("b")});  // a name that would clear a terminal
+  h.submit("j1", plan);
+  daemon_process serve(h, "serve-json", {"--log-format", "json", "--log-level", "debug"});
+  eventually("the run completed", [&] { return every_run_ended(h); }, [&] { return serve.log() + show_runs(h); });
+  serve.stop();
+  const auto log = slurp(h.file("serve-json.log"));
+  INFO(log);
+  CHECK(log.find('\x1b') == std::string::npos);
+  CHECK(log.find("\xc2\x9b") == std::string::npos);
+  std::set<std::string> events;
+  std::set<std::string> levels;
+  std::istringstream lines(log);
+  int records = 0;
+  for (std::string line; std::getline(lines, line);) {
+    INFO(line);
+    const auto record = json::parse(line);  // nothing but records: no line of other text
+    REQUIRE(record.is_object());
+    CHECK(record["time"].get<std::string>().size() == std::string("2026-12-07T11:52:31.123Z").size());
+    CHECK(record["time"].get<std::string>().back() == 'Z');
+    CHECK(record.contains("message"));
+    levels.insert(record["level"].get<std::string>());
+    events.insert(record["event"].get<std::string>());
+    if (record["event"] == "step") CHECK(record["run"] == "j1");
+    ++records;
+  }
+  CHECK(records >= 6);
+  for (const char* e : {"started", "attempt_started", "step", "run_completed", "stopping", "stopped"})
+    CHECK(events.count(e) == 1);
+  CHECK(levels.count("debug") == 1);  // the steps, at --log-level debug
+
+  // At warn, a run that completes logs nothing.
+  h.submit("j2", plan);
+  daemon_process quiet(h, "serve-warn", {"--log-format", "json", "--log-level", "warn"});
+  eventually("the run completed", [&] { return every_run_ended(h); }, [&] { return quiet.log() + show_runs(h); });
+  quiet.stop();
+  CHECK(slurp(h.file("serve-warn.log")).find("j2") == std::string::npos);
+}
+
+TEST_CASE("serve --config reads its options from a TOML file; SIGHUP (systemctl reload) reads the log's again") {
+  cairn_home h;
+  const auto config = h.file("cairn.toml");
+  auto write_config = [&](const std::string& least) {
+    std::ofstream(config) << "[serve]\nmax-concurrent = 3\nlog-format = \"json\"\nlog-level = \"" << least << "\"\n";
+  };
+  write_config("warn");
+  daemon_process serve(h, "serve-config", {"--config", config.string()});
+  const auto log = [&] { return slurp(h.file("serve-config.log")); };
+  eventually("it started", [&] { return log().find("\"event\":\"started\"") != std::string::npos; },
+             [&] { return serve.log(); });
+  CHECK_THAT(log(), Catch::Contains("up to 3 runs at once"));  // from the file
+  const json plan = plan_of({step("a")});
+  h.submit("quiet", plan);
+  eventually("quiet completed", [&] { return every_run_ended(h); }, [&] { return serve.log() + show_runs(h); });
+  CHECK(log().find("\"run\":\"quiet\"") == std::string::npos);  // at warn, a completed run logs nothing
+
+  write_config("info");
+  ::kill(serve.pid(), SIGHUP);
+  eventually("it read its config again", [&] { return log().find("\"event\":\"reloaded\"") != std::string::npos; },
+             [&] { return serve.log(); });
+  h.submit("heard", plan);
+  eventually("heard completed", [&] { return every_run_ended(h); }, [&] { return serve.log() + show_runs(h); });
+  eventually("its end is logged", [&] { return log().find("\"run\":\"heard\"") != std::string::npos; },
+             [&] { return serve.log(); });
+  serve.stop();  // SIGHUP did not stop it; SIGTERM still stops it gracefully, exit 0
+
+  // A key no option has (a typo) is refused, naming it, rather than ignored.
+  std::ofstream(h.file("typo.toml")) << "[serve]\nmax_concurrent = 3\n";
+  auto typo = h.cli({"--config", h.file("typo.toml").string(), "serve"});
+  CHECK(typo.code == 2);
+  CHECK_THAT(typo.err, Catch::Contains("serve.max_concurrent"));
+}
+
 TEST_CASE("SIGTERM: the step in progress finishes, the run is handed back, exit 0; the next daemon completes it") {
   cairn_home h;
   const json busy_plan = plan_of({step("a"), slow("s", 1500), step("b")});

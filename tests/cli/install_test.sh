@@ -75,4 +75,17 @@ if cmake -S "$work/newer" -B "$work/newer/build" -DCMAKE_PREFIX_PATH="$work/pref
   exit 1
 fi
 grep -q "version: $version" "$work/newer.log"
+# The service: its unit, system user and config are installed, and the unit is one systemd
+# accepts (systemd-analyze verify, with the unit pointed at this prefix's files).
+for file in lib/systemd/system/cairn.service lib/sysusers.d/cairn.conf etc/cairn/cairn.toml share/doc/cairn/README.md; do
+  test -f "$work/prefix/$file" || { echo "not installed: $file" >&2; exit 1; }
+done
+if command -v systemd-analyze >/dev/null; then
+  configured_prefix="$(sed -n 's|^ExecStart=\(.*\)/bin/cairn .*|\1|p' "$work/prefix/lib/systemd/system/cairn.service")"
+  mkdir "$work/unit"
+  sed "s|$configured_prefix/|$work/prefix/|g" "$work/prefix/lib/systemd/system/cairn.service" >"$work/unit/cairn.service"
+  systemd-analyze verify "$work/unit/cairn.service"
+  # The config file it names is one cairn serve reads.
+  "$work/prefix/bin/cairn" --config "$work/prefix/etc/cairn/cairn.toml" serve --help >/dev/null
+fi
 echo "installed SDK and CLI work from an outside project"
