@@ -256,17 +256,10 @@ namespace {
 int serve(const paths& p, const serve_args& args) {
     static engine::stop_flag stop_requested;
     serve_stop = &stop_requested;
-    struct sigaction sa {};
-    sa.sa_handler = request_stop;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, nullptr);
-    sigaction(SIGINT, &sa, nullptr);
     static engine::wake_event reload_requested;
     serve_reload = &reload_requested;
-    struct sigaction reload_action {};
-    reload_action.sa_handler = request_reload;
-    sigemptyset(&reload_action.sa_mask);
-    sigaction(SIGHUP, &reload_action, nullptr);
+    on_signals({SIGTERM, SIGINT}, request_stop);
+    on_signals({SIGHUP}, request_reload);
 
     engine::scheduler_options o;
     o.db = p.db;

@@ -177,12 +177,16 @@ void stop_following(int signal) {
 
 }  // namespace
 
+void on_signals(std::initializer_list<int> signals, void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  for (int signal : signals) sigaction(signal, &sa, nullptr);
+}
+
 void stop_follow_on_signals() {
   follow_stop();  // made before any handler can run
-  struct sigaction sa {};
-  sa.sa_handler = stop_following;
-  sigemptyset(&sa.sa_mask);
-  for (int signal : {SIGTERM, SIGHUP, SIGINT}) sigaction(signal, &sa, nullptr);
+  on_signals({SIGTERM, SIGHUP, SIGINT}, stop_following);
 }
 
 int stop_signal() { return stopped_by; }

@@ -2,6 +2,7 @@
 // options for this machine, error handling, and the final report.
 #pragma once
 
+#include <initializer_list>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -88,6 +89,8 @@ std::optional<engine::run_request> make_request(const run_args& args);
 // workspace released. It then returns the run as it was left.
 storage::run_record follow(const paths& p, const std::string& root, bool quiet, bool until_idle = false);
 
+// `handler` for each of `signals` (sigaction, no flags).
+void on_signals(std::initializer_list<int> signals, void (*handler)(int));
 // From now on SIGTERM, SIGHUP and SIGINT stop follow() gracefully (above)
 // instead of killing the command.
 void stop_follow_on_signals();
