@@ -6,7 +6,7 @@ MAKEFLAGS += --no-print-directory
 # The OpenAI Agents example's packages, installed from its lock file (again only when the lock changes).
 OPENAI_AGENTS_MODULES := examples/js/openai_agents/node_modules/.package-lock.json
 
-.PHONY: all deps build test test-sanitize fuzz demo install bench clean
+.PHONY: all deps build test test-sanitize fuzz deb demo install bench clean
 
 all: build
 
@@ -22,9 +22,10 @@ $(OPENAI_AGENTS_MODULES): examples/js/openai_agents/package-lock.json
 	@npm ci --prefix examples/js/openai_agents --no-audit --no-fund --loglevel=error
 
 # The cgroup v2 test boots Debian's kernel in a virtual machine (tests/vm).
-test: build
+# deb_test installs the package `make deb` made into a clean Debian root.
+test: build deb
 	@scripts/test-kernel.sh $(BUILD)/test-kernel
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD) && CAIRN_DEB="$$(ls $(CURDIR)/$(DEB_BUILD)/cairn_*.deb)" ctest --output-on-failure -j $(JOBS)
 
 # The host's tests under sanitizers, each build in a folder of its own
 # (tests/sanitized.cmake says which tests): AddressSanitizer with
@@ -44,6 +45,15 @@ test-sanitize: deps $(OPENAI_AGENTS_MODULES)
 	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_SANITIZE=thread >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target sanitized
 	@cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L sanitized
+
+# cairn_VERSION_amd64.deb in $(DEB_BUILD) (cmake/package.cmake): a Release
+# build for the prefix /usr, without tests and benchmarks.
+DEB_BUILD ?= $(BUILD)-deb
+deb: deps
+	@cmake -S . -B $(DEB_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr -DBUILD_TESTING=OFF \
+	  -DCAIRN_BENCH=OFF >/dev/null
+	@cmake --build $(DEB_BUILD) -j $(JOBS)
+	@cd $(DEB_BUILD) && cpack -G DEB >/dev/null && ls $(CURDIR)/$(DEB_BUILD)/cairn_*.deb
 
 fuzz: deps
 	@$(CONFIGURE_ASAN)
@@ -70,4 +80,4 @@ install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	@rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) .cairn
+	@rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(DEB_BUILD) .cairn

@@ -9,6 +9,8 @@ packages=(
   catch2 bubblewrap libseccomp-dev libcli11-dev libfmt-dev
   libssl-dev ca-certificates e2fsprogs fuse2fs fuse3
   procps util-linux sqlite3
+  # make deb (CPack reads shared library dependencies with dpkg-shlibdeps) and its test in a clean root
+  dpkg-dev mmdebstrap
   python3 python3-venv python3-setuptools python3-mypy
   libpq-dev postgresql-15
   qemu-system-x86 busybox-static cpio
