@@ -18,18 +18,24 @@ namespace {
 using json = nlohmann::json;
 
 // What `cairn run` and `cairn submit` take: the agent and how to run it.
+// A value that is a path is named FILE or DIR: --help shows it, and the shell
+// completions (scripts/completions.py) complete it as one.
 void add_run_options(CLI::App* cmd, cairn::cli::run_args& args) {
-  cmd->add_option("agent", args.agent, "the agent program (built with the cairn SDK)")->required();
+  cmd->add_option("agent", args.agent, "the agent program (built with the cairn SDK)")
+      ->required()
+      ->type_name("FILE");
   cmd->add_option("--input", args.input, "the run's input, a JSON value");
   cmd->add_option("--id", args.id, "run id; also the idempotency key (default: generated); letters, digits, '.', "
                                    "'_', '-', at most 128");
-  cmd->add_option("--workspace", args.workspace, "host folder mounted at /workspace (default $CAIRN_HOME/workspaces/ID)");
+  cmd->add_option("--workspace", args.workspace, "host folder mounted at /workspace (default $CAIRN_HOME/workspaces/ID)")
+      ->type_name("DIR");
   cmd->add_option("--sandbox", args.sandbox, "bwrap (default) or none (no isolation)")
       ->check(CLI::IsMember({"bwrap", "none"}));
   cmd->add_option("--max-attempts", args.max_attempts, "sandbox crashes tolerated before the run fails")
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--policy", args.policy, "policy file: the tools the run may call, its limits (default: no "
-                                           "tools, no network)");
+                                           "tools, no network)")
+      ->type_name("FILE");
 }
 
 
@@ -110,6 +116,7 @@ int main(int argc, char** argv) {
                    "(- for stdin). A line is the run's input, or {\"input\": ..., \"id\": \"...\"} when it has "
                    "the key \"input\" (id optional, as --id); blank lines are skipped. Prints one run id per line. "
                    "At most 10,000 runs and 64 MiB per file")
+      ->type_name("FILE")
       ->excludes(submit_cmd->get_option("--input"))
       ->excludes(submit_cmd->get_option("--id"))
       ->excludes(submit_cmd->get_option("--workspace"));
@@ -146,7 +153,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 3600));
   serve_cmd->add_option("--workspace-root", serve.workspace_root,
                         "a folder on storage every worker reaches: workspaces this worker assigns are made there, "
-                        "so any worker may resume their runs (default: $CAIRN_HOME/workspaces, this machine only)");
+                        "so any worker may resume their runs (default: $CAIRN_HOME/workspaces, this machine only)")
+      ->type_name("DIR");
 
   std::string signal_run, signal_name, signal_data = "null";
   auto* signal_cmd = app.add_subcommand("signal", "send a signal to a run (ctx.wait_signal); queued until it waits");
