@@ -88,4 +88,49 @@ if command -v systemd-analyze >/dev/null; then
   # The config file it names is one cairn serve reads.
   "$work/prefix/bin/cairn" --config "$work/prefix/etc/cairn/cairn.toml" serve --help >/dev/null
 fi
+# The man pages, cairn(1) and one per subcommand, are installed and show every option their
+# --help names (packaging/: they are written from it).
+render_man() {
+  if command -v man >/dev/null; then
+    man -l "$1"
+  else
+    zcat "$1" | groff -man -Tutf8 -P-cbou  # -P-cbou: plain text, without bold or underline
+  fi
+}
+for sub in "" serve; do
+  page="$work/prefix/share/man/man1/cairn${sub:+-$sub}.1.gz"
+  test -f "$page" || { echo "not installed: ${page#"$work/prefix/"}" >&2; exit 1; }
+  rendered="$(render_man "$page")"
+  for option in $("$work/prefix/bin/cairn" $sub --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
+    if ! grep -q -- "$option" <<<"$rendered"; then
+      echo "man page ${page##*/} does not show $option, which \`cairn $sub --help\` names:" >&2
+      echo "$rendered" >&2
+      exit 1
+    fi
+  done
+done
+# The bash completion completes subcommands, their options and a file where one is asked for.
+completions() {  # the words of a command line, the last the one being completed
+  bash -c 'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _cairn; printf "%s\n" "${COMPREPLY[@]}"' \
+    completion "$work/prefix/share/bash-completion/completions/cairn" "$@"
+}
+expect_completion() {  # the completion expected, then the command line
+  local expected="$1"
+  shift
+  if ! completions "$@" | grep -qx -- "$expected"; then
+    echo "bash completion of '$*' does not offer $expected; it offers:" >&2
+    completions "$@" >&2
+    exit 1
+  fi
+}
+expect_completion serve cairn se
+expect_completion --max-concurrent cairn serve --max
+touch "$work/policy.toml"
+expect_completion "$work/policy.toml" cairn run --policy "$work/pol"
+# The zsh completion is installed, and is zsh if zsh is here to say.
+zsh_completion="$work/prefix/share/zsh/vendor-completions/_cairn"
+test -f "$zsh_completion" || { echo "not installed: share/zsh/vendor-completions/_cairn" >&2; exit 1; }
+if command -v zsh >/dev/null; then
+  zsh -n "$zsh_completion"
+fi
 echo "installed SDK and CLI work from an outside project"
