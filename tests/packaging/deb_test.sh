@@ -37,7 +37,8 @@ cp "$deb" "$root/tmp/"
 version="$(dpkg-deb -f "$deb" Version)"
 in_root cairn --version | grep -qx "cairn $version"
 for file in /usr/lib/systemd/system/cairn.service /usr/lib/sysusers.d/cairn.conf /etc/cairn/cairn.toml \
-            /usr/include/cairn/cairn.hpp /usr/share/doc/cairn/README.md; do
+            /usr/include/cairn/cairn.hpp /usr/share/doc/cairn/README.md /usr/share/man/man1/cairn.1.gz \
+            /usr/share/man/man1/cairn-serve.1.gz /usr/share/bash-completion/completions/cairn; do
   [ -f "$root$file" ] || { echo "the package did not install $file" >&2; exit 1; }
 done
 in_root getent passwd cairn >/dev/null || { echo "postinst made no cairn user" >&2; exit 1; }
