@@ -8,11 +8,12 @@ set(CPACK_PACKAGE_NAME cairn)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_CONTACT "cairn maintainers <maintainers@cairn.invalid>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "durable, sandboxed workflows for AI agents")
-set(CPACK_PACKAGE_DESCRIPTION "cairn runs a multi-step AI agent inside a sandbox (bubblewrap, seccomp,
-resource limits, no network) and checkpoints every step to a journal on the host,
-so that after any crash the run resumes where it stopped. Tools that need a
-credential, HTTP requests and model calls cross the boundary as messages the
-host checks against the run's policy. Agents in C++, Python and TypeScript.")
+set(CPACK_PACKAGE_DESCRIPTION "cairn runs a multi-step AI agent inside a sandbox (bubblewrap,
+seccomp, resource limits, no network) and checkpoints every step to a
+journal on the host, so that after any crash the run resumes where it
+stopped. Tools that need a credential, HTTP requests and model calls cross
+the boundary as messages the host checks against the run's policy. Agents
+in C++, Python and TypeScript.")
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # cairn_VERSION_amd64.deb
 set(CPACK_DEBIAN_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
