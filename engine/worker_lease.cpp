@@ -1,5 +1,7 @@
 #include "engine/worker_lease.hpp"
 
+#include <future>
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -24,7 +26,16 @@ worker_lease::worker_lease(ledger& writes, asio::io_context& io, lease_settings 
 
 worker_lease::~worker_lease() {
   stopping_ = true;
-  asio::post(io_, [this] { timer_.cancel(); });
+  // Waits for the cancel itself too, not only for renew() to end: renew()
+  // may end on its own first (it saw stopping_ at a wake-up), and the
+  // cancel must not touch timer_ once this object is gone (ThreadSanitizer
+  // saw that race in cairn serve's stop).
+  std::promise<void> cancelled;
+  asio::post(io_, [this, &cancelled] {
+    timer_.cancel();
+    cancelled.set_value();
+  });
+  cancelled.get_future().wait();
   stopped_.get_future().wait();
   try {
     writes_.remove_worker(record_.id);
