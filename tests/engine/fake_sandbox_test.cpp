@@ -54,6 +54,15 @@ json step_workflow(context& ctx, const json& input, const testing::fake_agent_en
   return json{{"steps", outputs.size()}, {"outputs", outputs}};
 }
 
+// Whether `condition` came true: looked at until it does, within a bound
+// that only a broken run reaches (what happens, not a clock, decides the test).
+template <class F>
+bool once(F condition) {
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!condition() && std::chrono::steady_clock::now() < limit) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return condition();
+}
+
 struct host {
   testing::temp_dir dir;
   std::shared_ptr<testing::fake_backend> fake = std::make_shared<testing::fake_backend>();
@@ -144,9 +153,7 @@ TEST_CASE("on the fake backend, a cancel of a run inside a long step kills it af
     std::string line;
     return static_cast<bool>(std::getline(log, line));
   };
-  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(2);  // a bound for a broken run only
-  while (!began() && std::chrono::steady_clock::now() < limit) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  REQUIRE(began());
+  REQUIRE(once(began));
   CHECK(h.eng.cancel("long", "enough") == engine::engine::cancel_outcome::requested);
   executing.join();
   const auto run = *h.journal->find_run("long");
@@ -175,14 +182,12 @@ TEST_CASE("on the fake backend, a run waiting for a signal in its sandbox stops 
   o.suspend_after = std::chrono::hours(1);  // held with its sandbox alive
   engine::engine held_here(*h.journal, o);
   std::thread executing([&] { held_here.execute("held"); });
-  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(2);  // a bound for a broken run only
   auto waiting = [&] {
     for (const auto& e : h.journal->events("held"))
       if (e.kind == "wait_started") return true;
     return false;
   };
-  while (!waiting() && std::chrono::steady_clock::now() < limit) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  REQUIRE(waiting());
+  REQUIRE(once(waiting));
   CHECK(h.eng.cancel("held", "stop it") == engine::engine::cancel_outcome::requested);
   executing.join();
   const auto run = *h.journal->find_run("held");
