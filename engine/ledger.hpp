@@ -49,6 +49,13 @@ class ledger {
   explicit ledger(const std::filesystem::path& db, storage::journal_options options = {});
   // Commits through `journal` (any implementation: a test's in-memory one).
   explicit ledger(std::unique_ptr<storage::journal> journal);
+  // The same without a committer thread: every write commits on its
+  // writer's thread, as a leading writer's does. For a process with one
+  // thread of writers (the deterministic simulator, tests/sim); a second
+  // writer while one commits is a logic_error.
+  struct single_thread_t {};
+  static constexpr single_thread_t single_thread{};
+  ledger(std::unique_ptr<storage::journal> journal, single_thread_t);
   // Commits what is queued, then stops the committer.
   ~ledger();
   ledger(const ledger&) = delete;
@@ -170,6 +177,7 @@ class ledger {
   std::deque<writer> queue_;
   bool committing_ = false;  // the committer, or a leading writer, is committing
   bool closing_ = false;
+  bool single_thread_ = false;  // no committer: every writer leads
   std::atomic<std::int64_t> fenced_writes_{0};
   std::thread committer_;
 };

@@ -1,5 +1,6 @@
 #include "storage/journal.hpp"
 
+#include <atomic>
 #include <chrono>
 
 #include "storage/postgres/postgres_journal.hpp"
@@ -31,10 +32,17 @@ bool is_finished(run_status s) {
   return s == run_status::completed || s == run_status::failed || s == run_status::cancelled;
 }
 
+namespace {
+std::atomic<std::int64_t (*)()> test_clock{nullptr};
+}  // namespace
+
 std::int64_t now_ms() {
+  if (auto clock = test_clock.load(std::memory_order_relaxed)) return clock();
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
+
+void set_now_ms_for_testing(std::int64_t (*clock)()) { test_clock.store(clock, std::memory_order_relaxed); }
 std::unique_ptr<journal> open_journal(const std::filesystem::path& path, journal_options options) {
   if (is_postgres_url(path.string())) return postgres::open_journal(path, options);
   return sqlite::open_journal(path, options);

@@ -429,5 +429,9 @@ std::string without_password(const std::string& db);
 
 // Milliseconds since the Unix epoch, the journal's time unit.
 std::int64_t now_ms();
+// A test seam: the clock now_ms() reads instead of the system's (the
+// deterministic simulator's virtual time, tests/sim); null gives the
+// system's back. cairn itself never sets it.
+void set_now_ms_for_testing(std::int64_t (*clock)());
 
 }  // namespace cairn::storage

@@ -709,6 +709,9 @@ class memory_journal final : public journal {
     const holds::claim* h = held_.find(run_id);
     if (!h) return;
     const auto& r = existing_run(run_id);
+#ifdef CAIRN_TEST_UNSAFE_NO_EPOCH_FENCE  // cairn_unsafe_memory_no_epoch_fence, with which the simulator must fail
+    if (r.owner == h->owner) return;
+#endif
     if (r.owner == h->owner && r.epoch == h->epoch) return;
     throw fenced_error(run_id, r.owner, r.epoch, h->epoch);
   }

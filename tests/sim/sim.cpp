@@ -1,0 +1,661 @@
+#include "tests/sim/sim.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "engine/ledger.hpp"
+#include "engine/liveness.hpp"
+#include "engine/run_journal.hpp"
+#include "storage/memory/memory_journal.hpp"
+
+namespace cairn::sim {
+namespace {
+
+using json = nlohmann::json;
+namespace effects = engine::effects;
+
+constexpr std::int64_t lease_ms = 15'000;
+constexpr std::int64_t epoch_ms = 1'800'000'000'000;  // the virtual clock starts here (2027)
+constexpr std::size_t max_drivers = 3;               // runs one worker drives at once
+
+// The virtual clock: storage::now_ms() and the journal read it while a
+// simulation runs (one at a time per process).
+std::int64_t virtual_now = epoch_ms;
+std::int64_t read_virtual_now() { return virtual_now; }
+
+// What a scripted agent does at one step.
+struct op {
+  enum kind_t { step, at_most_once, idempotent, sleep, signal } kind = step;
+  std::int64_t ms = 0;  // sleep's length
+};
+
+std::string signal_name(std::uint64_t seq) { return fmt::format("s{}", seq); }
+
+// A run's progress through one attempt: one effect per advance.
+struct driver {
+  std::string run;
+  engine::journal_limits limits;
+  std::unique_ptr<engine::run_journal> port;  // the attempt's journal port, as the real driver has it
+  std::uint64_t seq = 0;
+  int phase = 0;
+  json tool_output;
+};
+
+// A worker process: its journal objects (the ledger's and its reads), its
+// lease, the runs it drives. A crash drops it; a paused one does nothing
+// until its time comes.
+struct worker {
+  int slot = 0;
+  std::string tag;    // w<slot>.<n>, for the trace
+  std::string owner;  // its owner id (engine/owner.hpp's form, of another host)
+  std::unique_ptr<engine::ledger> writes;
+  std::unique_ptr<storage::journal> reads;
+  bool registered = false;  // its worker row is in the journal: it may take runs
+  std::int64_t renew_at = 0;
+  std::int64_t paused_until = 0;
+  std::map<std::string, std::unique_ptr<driver>> drivers;
+};
+
+// A violation of what users rely on: ends the simulation.
+struct violation {
+  std::string what;
+};
+
+class world {
+ public:
+  explicit world(const options& o) : o_(o), rng_(o.seed) {
+    virtual_now = epoch_ms;
+    storage::set_now_ms_for_testing(read_virtual_now);
+    db_ = std::make_unique<storage::memory::database>("memory:sim", read_virtual_now);
+    db_->never_sync(o.no_sync);
+    reopen_clients();
+    make_workload();
+  }
+  ~world() {
+    workers_.clear();
+    signaller_.reset();
+    observer_.reset();
+    db_.reset();
+    storage::set_now_ms_for_testing(nullptr);
+  }
+
+  outcome run() {
+    outcome out;
+    try {
+      for (int slot = 0; slot < slots_; ++slot) start_worker(slot, std::nullopt);
+      for (;; ++events_) {
+        const bool quiet = events_ >= static_cast<std::uint64_t>(o_.fault_events);
+        if (quiet && !quiet_) begin_quiet();
+        if (quiet && all_ended()) break;
+        if (quiet && events_ > static_cast<std::uint64_t>(o_.fault_events) + 30'000) liveness_failed();
+        step(quiet);
+        // What an event that wrote nothing (a clock tick, a pause, a read)
+        // cannot have changed is not read again.
+        if (std::exchange(written_, false)) check();
+      }
+      check_ends();
+    } catch (const violation& v) {
+      out.ok = false;
+      out.failure = fmt::format("{} (after {} events, at {} ms)", v.what, events_, virtual_now - epoch_ms);
+    }
+    out.trace_hash = hash_;
+    out.events = events_;
+    out.runs = ended_runs();
+    return out;
+  }
+
+ private:
+  // ---- the workload ----
+
+  void make_workload() {
+    const int runs = 2 + static_cast<int>(below(4));
+    for (int i = 0; i < runs; ++i) {
+      const std::string id = fmt::format("r{}", i);
+      std::vector<op> script;
+      const int ops = 3 + static_cast<int>(below(6));
+      for (int k = 0; k < ops; ++k) {
+        const auto r = below(100);
+        op o;
+        o.kind = r < 40 ? op::step : r < 55 ? op::at_most_once : r < 70 ? op::idempotent : r < 85 ? op::sleep : op::signal;
+        if (o.kind == op::sleep) o.ms = 100 + static_cast<std::int64_t>(below(20'000));
+        script.push_back(o);
+      }
+      scripts_[id] = std::move(script);
+      storage::new_run run;
+      run.id = id;
+      run.agent = "/sim/agent";
+      run.sandbox = "none";
+      run.workspace = "/sim/" + id;
+      run.max_attempts = 1'000;
+      signaller_->create_run(run);
+      trace(fmt::format("submit {} ({} ops)", id, scripts_[id].size()));
+    }
+  }
+
+  // ---- the schedule ----
+
+  std::uint64_t below(std::uint64_t n) { return rng_() % n; }
+
+  void step(bool quiet) {
+    const auto r = below(1000);
+    if (!quiet && r < 15) return crash();
+    if (!quiet && r < 30) return pause();
+    if (!quiet && r < 38) return zombie();
+    if (!quiet && r < 42) return lose_power();
+    if (!quiet && r < 60) return toggle_faults();
+    if (r < 90) return restart();
+    if (r < 120) return send_signal(false);
+    if (r < 320) return advance_clock();
+    std::vector<worker*> active;
+    for (auto& w : workers_)
+      if (w->paused_until <= virtual_now) active.push_back(w.get());
+    if (active.empty()) return advance_clock();
+    work(*active[below(active.size())]);
+  }
+
+  void advance_clock() {
+    const std::int64_t by = below(10) < 7 ? 1 + static_cast<std::int64_t>(below(200))
+                                          : 1 + static_cast<std::int64_t>(below(2 * lease_ms));
+    virtual_now += by;
+    trace(fmt::format("clock +{} ms", by));
+  }
+
+  void begin_quiet() {
+    quiet_ = true;
+    db_->inject_faults(nullptr);
+    trace("quiet: no more faults");
+    send_signal(true);
+  }
+
+  // ---- faults ----
+
+  void crash() {
+    if (workers_.empty()) return;
+    const auto at = below(workers_.size());
+    trace(fmt::format("crash {}", workers_[at]->tag));
+    workers_.erase(workers_.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+
+  void pause() {
+    if (workers_.empty()) return;
+    auto& w = *workers_[below(workers_.size())];
+    const std::int64_t ms = 1 + static_cast<std::int64_t>(below(3 * lease_ms));
+    w.paused_until = virtual_now + ms;
+    trace(fmt::format("pause {} for {} ms", w.tag, ms));
+  }
+
+  // A paused worker's id comes back in a new process while the old one
+  // sleeps (a reused owner id): the journal's epoch must refuse whatever the
+  // old one writes after the new one takes a run over.
+  void zombie() {
+    for (auto& w : workers_) {
+      if (w->paused_until <= virtual_now) continue;
+      const auto same = std::count_if(workers_.begin(), workers_.end(),
+                                      [&](const auto& other) { return other->owner == w->owner; });
+      if (same > 1) continue;
+      const auto owner = w->owner;
+      const int slot = w->slot;
+      trace(fmt::format("zombie: {} comes back while {} is paused", owner, w->tag));
+      start_worker(slot, owner);
+      return;
+    }
+  }
+
+  void lose_power() {
+    written_ = true;
+    trace("power cut");
+    workers_.clear();
+    signaller_.reset();
+    observer_.reset();
+    db_->lose_power();
+    reopen_clients();
+    check_acknowledged_signals();
+  }
+
+  void toggle_faults() {
+    faulty_ = !faulty_;
+    trace(faulty_ ? "journal faults on" : "journal faults off");
+    if (!faulty_) return db_->inject_faults(nullptr);
+    db_->inject_faults([this](storage::memory::fault_point) {
+      const auto r = below(100);
+      if (r < 85) return;
+      static constexpr storage::errc codes[] = {storage::errc::locked, storage::errc::io, storage::errc::disk_full};
+      throw storage::storage_error(codes[r % 3], "injected by the simulator");
+    });
+  }
+
+  void restart() {
+    for (int slot = 0; slot < slots_; ++slot) {
+      const bool present = std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) { return w->slot == slot; });
+      if (!present) return start_worker(slot, std::nullopt);
+    }
+  }
+
+  void start_worker(int slot, std::optional<std::string> owner) {
+    auto w = std::make_unique<worker>();
+    w->slot = slot;
+    w->tag = fmt::format("w{}.{}", slot, ++incarnations_);
+    w->owner = owner ? *owner : fmt::format("sim-{}:boot:{}:1", slot, 1000 + incarnations_);
+    w->writes = std::make_unique<engine::ledger>(db_->open(), engine::ledger::single_thread);
+    w->reads = db_->open();
+    trace(fmt::format("start {} as {}", w->tag, w->owner));
+    workers_.push_back(std::move(w));
+    register_lease(*workers_.back());
+  }
+
+  void register_lease(worker& w) {
+    written_ = true;
+    storage::worker_record r;
+    r.id = w.owner;
+    r.host = fmt::format("sim-{}", w.slot);
+    r.started_at_ms = r.renewed_at_ms = virtual_now;
+    r.lease_expires_at_ms = virtual_now + lease_ms;
+    try {
+      w.writes->register_worker(r);
+      w.registered = true;
+      w.renew_at = virtual_now + lease_ms / 3;
+    } catch (const storage::storage_error& e) {
+      trace(fmt::format("{} cannot register: {}", w.tag, e.what()));
+    }
+  }
+
+  void reopen_clients() {
+    signaller_ = std::make_unique<engine::ledger>(db_->open(), engine::ledger::single_thread);
+    observer_ = db_->open();
+  }
+
+  void send_signal(bool all) {
+    written_ = true;
+    for (const auto& [run, script] : scripts_) {
+      for (std::uint64_t seq = 0; seq < script.size(); ++seq) {
+        if (script[seq].kind != op::signal || sent_.count({run, seq})) continue;
+        if (!all && below(3) != 0) continue;
+        try {
+          auto s = signaller_->enqueue_signal(run, signal_name(seq), json{{"for", seq}}, 1'000);
+          sent_.insert({run, seq});
+          acked_signals_[run].insert(s.id);
+          trace(fmt::format("signal {} {} (id {})", run, signal_name(seq), s.id));
+        } catch (const storage::storage_error& e) {
+          trace(fmt::format("signal {} {} refused: {}", run, signal_name(seq), e.what()));
+        }
+        if (!all) return;
+      }
+    }
+  }
+
+  // ---- a worker's loop ----
+
+  void work(worker& w) {
+    if (!w.registered) return register_lease(w);
+    if (virtual_now >= w.renew_at) return renew(w);
+    if (!w.drivers.empty() && (w.drivers.size() >= max_drivers || below(4) != 0)) {
+      auto it = w.drivers.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(below(w.drivers.size())));
+      return advance(w, *it->second);
+    }
+    look(w);
+  }
+
+  void renew(worker& w) {
+    written_ = true;
+    bool current = false;
+    try {
+      current = engine::run_here(w.writes->renew_lease_async(w.owner, virtual_now + lease_ms, 0));
+    } catch (const storage::storage_error& e) {
+      trace(fmt::format("{} renewal failed: {}", w.tag, e.what()));
+      w.renew_at = virtual_now + 100;
+      return;
+    }
+    w.renew_at = virtual_now + lease_ms / 3;
+    trace(fmt::format("{} renews: {}", w.tag, current ? "current" : "lost"));
+    if (current) return;
+    // Lost (worker_lease.hpp): register afresh; every run in flight checks it still holds its run.
+    register_lease(w);
+    for (auto it = w.drivers.begin(); it != w.drivers.end();) {
+      try {
+        engine::run_here(w.writes->confirm_held_async(it->first));
+        ++it;
+      } catch (const storage::storage_error& e) {
+        trace(fmt::format("{} gives up {}: {}", w.tag, it->first, e.what()));
+        it = w.drivers.erase(it);
+      }
+    }
+  }
+
+  // What the scheduler takes (scheduler.cpp's look, with liveness.hpp's rule).
+  void look(worker& w) {
+    std::vector<storage::run_record> candidates;
+    for (const auto& brief : w.reads->schedulable(virtual_now)) {
+      if (w.drivers.count(brief.id)) continue;
+      auto run = w.reads->find_run(brief.id);
+      if (!run) continue;
+      bool take = false;
+      if (run->status == storage::run_status::pending) take = run->owner.empty() || run->owner == w.owner;
+      else if (run->status == storage::run_status::waiting) take = engine::wait_is_over(*w.reads, *run);
+      else if (run->status == storage::run_status::running)
+        take = run->owner == w.owner || engine::check_owner(*w.reads, run->owner) == engine::owner_state::dead;
+      if (take) candidates.push_back(std::move(*run));
+    }
+    if (candidates.empty()) return advance_clock();
+    take(w, candidates[below(candidates.size())]);
+  }
+
+  void take(worker& w, const storage::run_record& run) {
+    written_ = true;
+    try {
+      if (!w.writes->claim_run(run.id, run.owner, w.owner)) {
+        trace(fmt::format("{} loses the race for {}", w.tag, run.id));
+        return;
+      }
+    } catch (const storage::storage_error& e) {
+      trace(fmt::format("{} cannot claim {}: {}", w.tag, run.id, e.what()));
+      return;
+    }
+    holder_[run.id] = w.tag;
+    trace(fmt::format("{} takes {} (was {}, owner '{}')", w.tag, run.id, storage::to_string(run.status), run.owner));
+    auto d = std::make_unique<driver>();
+    d->run = run.id;
+    d->port = std::make_unique<engine::run_journal>(*w.writes, *w.reads, home_, d->run, d->limits);
+    d->seq = d->port->step_count();
+    auto& held = *d;
+    w.drivers[run.id] = std::move(d);
+    // engine::end_before_attempt: a call in doubt stops the run.
+    if (auto doubt = engine::find_in_doubt(*w.reads, run.id)) {
+      trace(fmt::format("{} finds step {} of {} in doubt", w.tag, doubt->seq, run.id));
+      finish(w, held, effects::run_ended{storage::run_status::in_doubt, nullptr,
+                                         protocol::error_info{doubt->message, "in_doubt"}});
+      return;
+    }
+    try {
+      const int attempt = w.writes->begin_attempt(run.id);
+      trace(fmt::format("{} begins attempt {} of {} at step {}", w.tag, attempt, run.id, held.seq));
+      confirm_holder(w, run.id);
+    } catch (const storage::storage_error& e) {
+      dropped(w, held, e);
+    }
+  }
+
+  // ---- an agent's conversation, one effect at a time ----
+
+  void advance(worker& w, driver& d) {
+    const auto& script = scripts_.at(d.run);
+    if (d.seq == script.size())
+      return finish(w, d, effects::run_ended{storage::run_status::completed, json{{"steps", d.seq}}, std::nullopt});
+    const op& o = script[d.seq];
+    switch (o.kind) {
+      case op::step: {
+        // A stale attempt (its run taken over while its worker was paused)
+        // may still compute a step; only its write is refused. The attempt
+        // that holds the run replays what was acknowledged.
+        if (acked_.count({d.run, d.seq}) && holds(w, d.run))
+          throw violation{fmt::format("step {} of {} was acknowledged, yet {} executes it again", d.seq, d.run, w.tag)};
+        commit(w, d, record(d, "step", protocol::step_kind::step, json{{"run", d.run}, {"seq", d.seq}}));
+        return;
+      }
+      case op::at_most_once:
+      case op::idempotent: {
+        const bool amo = o.kind == op::at_most_once;
+        if (d.phase == 0) {
+          effects::tool_started started{d.seq, amo ? "charge" : "fetch", amo ? "at_most_once" : "idempotent",
+                                        json{{"seq", d.seq}}};
+          if (apply(w, d, started)) d.phase = 1;
+        } else if (d.phase == 1) {
+          // The tool's effect on the world: it happened, whatever the journal says next.
+          const int n = ++tool_calls_[{d.run, d.seq}];
+          trace(fmt::format("{} calls the {} tool of {} step {} ({} time)", w.tag, amo ? "at-most-once" : "idempotent",
+                            d.run, d.seq, n));
+          if (amo && n > 1)
+            throw violation{fmt::format("the at-most-once tool of {} step {} was called {} times", d.run, d.seq, n)};
+          d.tool_output = json{{"seq", d.seq}};
+          d.phase = 2;
+        } else {
+          commit(w, d, record(d, amo ? "charge" : "fetch", protocol::step_kind::tool, d.tool_output));
+        }
+        return;
+      }
+      case op::sleep: {
+        auto timer = d.port->timer_at(d.seq);
+        if (!timer) {
+          if (d.phase == 1 && holds(w, d.run))
+            throw violation{fmt::format("the timer of {} step {} was set, then lost", d.run, d.seq)};
+          if (apply(w, d, effects::timer_set{d.seq, virtual_now + o.ms, false})) d.phase = 1;
+          return;
+        }
+        d.phase = 1;
+        if (virtual_now >= timer->until_ms) {
+          auto r = record(d, "sleep", protocol::step_kind::sleep, nullptr);
+          commit(w, d, std::move(r));
+        } else if (below(2) == 0) {
+          suspend(w, d, storage::wait_spec{"timer", "", d.seq, timer->until_ms});
+        }
+        return;
+      }
+      case op::signal: {
+        const auto name = signal_name(d.seq);
+        if (!d.port->wait_at(d.seq)) {
+          apply(w, d, effects::wait_started{d.seq, name, std::nullopt});
+          return;
+        }
+        if (auto s = d.port->pending_signal(name)) {
+          commit(w, d, record(d, "wait " + name, protocol::step_kind::signal, s->payload),
+                 effects::delivered_signal{s->id, name});
+        } else if (below(2) == 0) {
+          suspend(w, d, storage::wait_spec{"signal", name, d.seq, std::nullopt});
+        }
+        return;
+      }
+    }
+  }
+
+  storage::step_record record(const driver& d, std::string name, protocol::step_kind kind, json output) const {
+    storage::step_record r;
+    r.run_id = d.run;
+    r.result.seq = d.seq;
+    r.result.name = std::move(name);
+    r.result.kind = kind;
+    r.result.output = std::move(output);
+    r.started_at_ms = r.finished_at_ms = virtual_now;
+    return r;
+  }
+
+  void commit(worker& w, driver& d, storage::step_record r, std::optional<effects::delivered_signal> signal = {}) {
+    const auto seq = d.seq;
+    const auto output = r.result.output;
+    if (!apply(w, d, effects::step_committed{std::move(r), signal})) return;
+    // The agent is answered: from now on the step is the user's.
+    acked_[{d.run, seq}] = output;
+    if (signal) {
+      const int n = ++deliveries_[signal->id];
+      if (n > 1) throw violation{fmt::format("signal {} of {} was delivered {} times", signal->id, d.run, n)};
+    }
+    trace(fmt::format("{} commits {} step {}", w.tag, d.run, seq));
+    ++d.seq;
+    d.phase = 0;
+  }
+
+  void suspend(worker& w, driver& d, storage::wait_spec wait) {
+    effects::suspended s;
+    s.wait = std::move(wait);
+    s.count = 1;
+    const auto run = d.run;
+    if (!apply(w, d, std::move(s))) return;
+    holder_.erase(run);
+    trace(fmt::format("{} suspends {}", w.tag, run));
+    w.drivers.erase(run);
+  }
+
+  void finish(worker& w, driver& d, effects::run_ended end) {
+    const auto run = d.run;
+    const auto status = end.status;
+    if (!apply(w, d, std::move(end))) return;
+    holder_.erase(run);
+    trace(fmt::format("{} ends {}: {}", w.tag, run, storage::to_string(status)));
+    w.drivers.erase(run);
+  }
+
+  // One effect through the attempt's journal port; false when it was not
+  // written (the driver is gone then).
+  bool apply(worker& w, driver& d, engine::effect e) {
+    written_ = true;
+    try {
+      engine::run_here(d.port->apply(std::move(e)));
+    } catch (const storage::storage_error& e) {
+      dropped(w, d, e);
+      return false;
+    }
+    confirm_holder(w, d.run);
+    return true;
+  }
+
+  bool holds(const worker& w, const std::string& run) const {
+    auto it = holder_.find(run);
+    return it != holder_.end() && it->second == w.tag;
+  }
+
+  // Only the worker that took a run last may write to it.
+  void confirm_holder(const worker& w, const std::string& run) {
+    auto it = holder_.find(run);
+    if (it == holder_.end() || it->second != w.tag)
+      throw violation{fmt::format("{} wrote to {}, which {} holds now: two workers execute one run",
+                                  w.tag, run, it == holder_.end() ? "nobody" : it->second)};
+  }
+
+  void dropped(worker& w, driver& d, const storage::storage_error& e) {
+    const auto run = d.run;
+    if (e.code() == storage::errc::fenced) {
+      auto it = holder_.find(run);
+      if (it != holder_.end() && it->second == w.tag)
+        throw violation{fmt::format("{} was fenced off {}, which it holds: {}", w.tag, run, e.what())};
+    }
+    trace(fmt::format("{} stops driving {}: {}", w.tag, run, e.what()));
+    w.drivers.erase(run);
+  }
+
+  // ---- what users rely on ----
+
+  // After every event: every acknowledged step is in the journal as it was
+  // acknowledged (a power cut keeps what was synced, and only acknowledged
+  // steps were synced first).
+  void check() {
+    for (auto it = acked_.begin(); it != acked_.end();) {
+      const auto& run = it->first.first;
+      const auto steps = observer_->steps(run);
+      for (; it != acked_.end() && it->first.first == run; ++it) {
+        const auto seq = it->first.second;
+        const auto found = std::find_if(steps.begin(), steps.end(), [&](const auto& s) { return s.result.seq == seq; });
+        if (found == steps.end())
+          throw violation{fmt::format("acknowledged step {} of {} is not in the journal", seq, run)};
+        if (found->result.output != it->second)
+          throw violation{fmt::format("acknowledged step {} of {} changed: {} became {}", seq, run, it->second.dump(),
+                                      found->result.output.dump())};
+      }
+    }
+  }
+
+  void check_acknowledged_signals() {
+    for (const auto& [run, ids] : acked_signals_) {
+      std::set<std::int64_t> kept;
+      for (const auto& s : observer_->signals(run)) kept.insert(s.id);
+      for (auto id : ids)
+        if (!kept.count(id)) throw violation{fmt::format("acknowledged signal {} of {} is not in the journal", id, run)};
+    }
+  }
+
+  bool ended(storage::run_status s) const { return storage::is_finished(s) || s == storage::run_status::in_doubt; }
+
+  bool all_ended() {
+    for (const auto& [id, script] : scripts_)
+      if (!ended(observer_->find_run(id)->status)) return false;
+    return true;
+  }
+
+  int ended_runs() {
+    int n = 0;
+    if (!observer_) return n;
+    for (const auto& [id, script] : scripts_)
+      if (ended(observer_->find_run(id)->status)) ++n;
+    return n;
+  }
+
+  [[noreturn]] void liveness_failed() {
+    std::string stuck;
+    for (const auto& [id, script] : scripts_) {
+      auto run = observer_->find_run(id);
+      if (!ended(run->status))
+        stuck += fmt::format(" {} is {} at step {} of {} (owner '{}')", id, storage::to_string(run->status),
+                             observer_->step_count(id), script.size(), run->owner);
+    }
+    throw violation{"liveness: faults stopped, yet runs did not end:" + stuck};
+  }
+
+  // Once every run ended: a completed run made every step once, its timers
+  // fired no earlier than set, each of its signals was delivered once.
+  void check_ends() {
+    check_acknowledged_signals();
+    for (const auto& [id, script] : scripts_) {
+      auto run = observer_->find_run(id);
+      if (run->status != storage::run_status::completed) continue;
+      const auto steps = observer_->steps(id);
+      if (steps.size() != script.size())
+        throw violation{fmt::format("{} completed with {} steps of {}", id, steps.size(), script.size())};
+      for (const auto& s : steps) {
+        if (script[s.result.seq].kind != op::sleep) continue;
+        // The timer as its event recorded it (the kept state speaks only of the next step).
+        std::optional<std::int64_t> until;
+        for (const auto& e : observer_->events_at(id, s.result.seq))
+          if (e.kind == "timer_set") until = e.data.at("until_ms").get<std::int64_t>();
+        if (!until) throw violation{fmt::format("{} step {} slept without a timer in the journal", id, s.result.seq)};
+        if (s.finished_at_ms < *until)
+          throw violation{fmt::format("the timer of {} step {} fired early: at {}, set for {}", id, s.result.seq,
+                                      s.finished_at_ms, *until)};
+      }
+    }
+  }
+
+  void trace(const std::string& line) {
+    for (unsigned char c : line) hash_ = (hash_ ^ c) * 0x100000001b3ULL;
+    hash_ = (hash_ ^ '\n') * 0x100000001b3ULL;
+    if (o_.verbose) std::cerr << fmt::format("{:>6} {:>9} {}\n", events_, virtual_now - epoch_ms, line);
+  }
+
+  options o_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<storage::memory::database> db_;
+  std::unique_ptr<engine::ledger> signaller_;  // `cairn signal` and `cairn submit`: a process of their own
+  std::unique_ptr<storage::journal> observer_;  // the simulator's own view of the journal
+  std::vector<std::unique_ptr<worker>> workers_;
+  const int slots_ = 2 + static_cast<int>(rng_() % 2);
+  int incarnations_ = 0;
+  std::filesystem::path home_ = "/sim/home";
+  std::map<std::string, std::vector<op>> scripts_;
+  // The truth outside the journal.
+  std::map<std::pair<std::string, std::uint64_t>, json> acked_;  // steps whose agent was answered
+  std::map<std::pair<std::string, std::uint64_t>, int> tool_calls_;
+  std::map<std::int64_t, int> deliveries_;
+  std::set<std::pair<std::string, std::uint64_t>> sent_;
+  std::map<std::string, std::set<std::int64_t>> acked_signals_;
+  std::map<std::string, std::string> holder_;  // run -> the worker whose claim is the latest
+  bool quiet_ = false, faulty_ = false;
+  bool written_ = false;  // the event may have changed the journal (it wrote, or the power went)
+  std::uint64_t events_ = 0;
+  std::uint64_t hash_ = 0xcbf29ce484222325ULL;
+};
+
+}  // namespace
+
+outcome simulate(const options& o) {
+  world w(o);
+  return w.run();
+}
+
+}  // namespace cairn::sim

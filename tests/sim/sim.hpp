@@ -1,0 +1,46 @@
+// The deterministic simulator (issue 41, in the manner of FoundationDB's
+// simulation and TigerBeetle's VOPR), first layer: the real ledger, the
+// real in-memory journal and the engine's real rules for taking a run
+// (engine/liveness.hpp's owner check, wait_is_over, find_in_doubt, the
+// run's kept state read through run_journal, the attempt's journal port),
+// in one thread, on a virtual clock, every choice drawn from one seeded
+// PRNG. What stands in for the rest is a model: the workers' loops (take a
+// run, drive its agent one effect at a time, renew a lease) and the agents
+// (scripted steps, at-most-once and idempotent tools, sleeps, signals).
+// The attempt driver and the scheduler are not in it yet: they need the
+// engine's clock and its blocking pools behind seams first.
+//
+// Faults, at any effect boundary: a worker crashes (restarts from the
+// journal), pauses past its lease, comes back under the same id while its
+// old self is paused (a zombie), the machine loses power (everything not
+// synced is gone), the journal fails writes (busy, I/O, disk full). After
+// every event it checks what users rely on (see invariant in sim.cpp) and,
+// once faults stop, that every run ends.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cairn::sim {
+
+struct options {
+  std::uint64_t seed = 1;
+  // Events with faults before the quiet phase in which every run must end.
+  int fault_events = 400;
+  // Test-only unsafe switch of the in-memory journal: no commit syncs (a
+  // power cut forgets what was acknowledged).
+  bool no_sync = false;
+  bool verbose = false;  // every event on stderr
+};
+
+struct outcome {
+  bool ok = true;
+  std::string failure;  // the invariant that broke, and where
+  std::uint64_t trace_hash = 0;  // of every event, in order: a replay of the seed gives the same
+  std::uint64_t events = 0;
+  int runs = 0;  // simulated runs that reached their end
+};
+
+outcome simulate(const options& o);
+
+}  // namespace cairn::sim
