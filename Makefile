@@ -75,6 +75,7 @@ bench: build
 	@$(BUILD)/bench/replay
 	@$(BUILD)/bench/conversation
 	@$(BUILD)/bench/scale_out
+	@$(BUILD)/bench/sim
 
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

@@ -6,8 +6,8 @@
 # address,undefined: the protocol, the journal on both backends, the tools,
 # the runtime (cold sandboxes, and the [serial] cases; the pooled,
 # started-ahead and normal-user runs repeat its cases), the engine, the
-# ledger (its group commit and the run state it keeps) and the attacks on
-# the host. Every suite would run here; left to `make test` for
+# ledger (its group commit and the run state it keeps), the attacks on
+# the host and the deterministic simulator (300 of its seeds). Every suite would run here; left to `make test` for
 # their cost are those that drive the cairn command as a black box (cli,
 # daemon, crash, chaos, durability proofs), which the ones above cover from
 # inside, and the VM.
@@ -52,6 +52,7 @@ else()
   sanitized_test(engine_test engine_test)
   sanitized_test(ledger_test ledger_test)
   sanitized_test(host_test host_test)
+  sanitized_test(sim sim --seeds 300 --twice)
 endif()
 
 # Every report of every instrumented process (the cairn commands a test runs

@@ -2,7 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <functional>
+#include <system_error>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -66,6 +73,55 @@ struct worker {
   std::map<std::string, std::unique_ptr<driver>> drivers;
 };
 
+// Where the journal lives: what opens a connection to it, and the faults
+// the backend can play.
+class database {
+ public:
+  virtual ~database() = default;
+  virtual std::unique_ptr<storage::journal> open() = 0;
+  virtual bool faults() const { return false; }  // power cuts and failing writes
+  virtual void lose_power() {}
+  virtual void inject_faults(std::function<void(storage::memory::fault_point)>) {}
+};
+
+class memory_database : public database {
+ public:
+  explicit memory_database(bool no_sync) { db_.never_sync(no_sync); }
+  std::unique_ptr<storage::journal> open() override { return db_.open(); }
+  bool faults() const override { return true; }
+  void lose_power() override { db_.lose_power(); }
+  void inject_faults(std::function<void(storage::memory::fault_point)> hook) override {
+    db_.inject_faults(std::move(hook));
+  }
+
+ private:
+  storage::memory::database db_{"memory:sim", read_virtual_now};
+};
+
+class sqlite_database : public database {
+ public:
+  sqlite_database() {
+    // In memory when the machine has a tmpfs: a simulated journal's fsyncs need not reach a disk.
+    std::error_code ec;
+    const auto shm = std::filesystem::path("/dev/shm");
+    auto base = (std::filesystem::is_directory(shm, ec) && ::access(shm.c_str(), W_OK) == 0
+                     ? shm
+                     : std::filesystem::temp_directory_path()) /
+                "cairn-sim.XXXXXX";
+    std::string name = base.string();
+    if (!::mkdtemp(name.data())) throw std::system_error(errno, std::generic_category(), "mkdtemp " + name);
+    dir_ = name;
+  }
+  ~sqlite_database() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  std::unique_ptr<storage::journal> open() override { return storage::open_journal(dir_ / "cairn.db"); }
+
+ private:
+  std::filesystem::path dir_;
+};
+
 // A violation of what users rely on: ends the simulation.
 struct violation {
   std::string what;
@@ -76,8 +132,8 @@ class world {
   explicit world(const options& o) : o_(o), rng_(o.seed) {
     virtual_now = epoch_ms;
     storage::set_now_ms_for_testing(read_virtual_now);
-    db_ = std::make_unique<storage::memory::database>("memory:sim", read_virtual_now);
-    db_->never_sync(o.no_sync);
+    if (o.backend == "sqlite") db_ = std::make_unique<sqlite_database>();
+    else db_ = std::make_unique<memory_database>(o.no_sync);
     reopen_clients();
     make_workload();
   }
@@ -151,8 +207,8 @@ class world {
     if (!quiet && r < 15) return crash();
     if (!quiet && r < 30) return pause();
     if (!quiet && r < 38) return zombie();
-    if (!quiet && r < 42) return lose_power();
-    if (!quiet && r < 60) return toggle_faults();
+    if (!quiet && r < 42 && db_->faults()) return lose_power();
+    if (!quiet && r < 60 && db_->faults()) return toggle_faults();
     if (r < 90) return restart();
     if (r < 120) return send_signal(false);
     if (r < 320) return advance_clock();
@@ -630,7 +686,7 @@ class world {
 
   options o_;
   std::mt19937_64 rng_;
-  std::unique_ptr<storage::memory::database> db_;
+  std::unique_ptr<database> db_;
   std::unique_ptr<engine::ledger> signaller_;  // `cairn signal` and `cairn submit`: a process of their own
   std::unique_ptr<storage::journal> observer_;  // the simulator's own view of the journal
   std::vector<std::unique_ptr<worker>> workers_;

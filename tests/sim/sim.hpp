@@ -25,6 +25,11 @@ namespace cairn::sim {
 
 struct options {
   std::uint64_t seed = 1;
+  // "memory": the in-memory journal, with power cuts and failing writes.
+  // "sqlite": a SQLite journal in a fresh folder (in /dev/shm, else $TMPDIR), the real
+  // storage code and its fence; no power cuts or injected faults there
+  // (tests/engine's power_loss_test cuts SQLite's power).
+  std::string backend = "memory";
   // Events with faults before the quiet phase in which every run must end.
   int fault_events = 400;
   // Test-only unsafe switch of the in-memory journal: no commit syncs (a

@@ -2,6 +2,7 @@
 //   sim --seed S [--verbose]      one seed, its trace on stderr with --verbose
 //   sim --seeds N [--from K]      seeds K .. K+N-1; stops at the first failure
 //   --twice                       each seed twice: the same trace hash, or a failure
+//   --backend memory|sqlite       the journal simulated (sim.hpp's options)
 //   --no-sync                     the in-memory journal's unsafe switch: no commit syncs
 // A failure prints "FAILED: seed S: what broke" and how to replay it, and exits 1.
 #include <chrono>
@@ -25,10 +26,16 @@ int main(int argc, char** argv) {
   app.add_option("--seeds", seeds, "How many seeds to run");
   app.add_option("--from", from, "The first seed");
   app.add_option("--fault-events", o.fault_events, "Events with faults before the quiet phase");
+  app.add_option("--backend", o.backend, "memory (power cuts, failing writes) or sqlite (the real storage code)")
+      ->check(CLI::IsMember({"memory", "sqlite"}));
   app.add_flag("--twice", twice, "Run each seed twice and compare the traces");
   app.add_flag("--no-sync", o.no_sync, "Unsafe: the journal never syncs");
   app.add_flag("--verbose", o.verbose, "Print every event");
   CLI11_PARSE(app, argc, argv);
+  if (o.no_sync && o.backend != "memory") {
+    std::cerr << "sim: --no-sync is the in-memory journal's switch; SQLite's is the cairn_unsafe_no_sync build\n";
+    return 2;
+  }
   if (seed) {
     from = *seed;
     seeds = 1;
@@ -42,8 +49,8 @@ int main(int argc, char** argv) {
     events += out.events;
     runs += static_cast<std::uint64_t>(out.runs);
     if (!out.ok) {
-      std::cout << fmt::format("FAILED: seed {}: {}\nreplay it: {} --seed {} --verbose{}\n", s, out.failure, argv[0], s,
-                               o.no_sync ? " --no-sync" : "");
+      std::cout << fmt::format("FAILED: seed {}: {}\nreplay it: {} --seed {} --backend {} --verbose{}\n", s, out.failure,
+                               argv[0], s, o.backend, o.no_sync ? " --no-sync" : "");
       return 1;
     }
     if (twice) {
