@@ -2,8 +2,9 @@
 # The Debian package as a user meets it: installed with apt into a clean
 # Debian 12 root made from Debian's packages (mmdebstrap), nothing of the
 # build tree in it. There `cairn --version` names the package's version, the
-# unit, its user and its config are in place, a Python agent runs to its end
-# with the installed SDK, host-side Python imports the SDK, and `dpkg -r`
+# unit, its user and its config are in place, a Python agent and a
+# JavaScript agent (with Debian's nodejs, 18) run to their end with the
+# installed SDKs, host-side Python and Node find them, and `dpkg -r`
 # leaves only what the package says it keeps (/etc/cairn until purged,
 # /var/lib/cairn). Prints the time from an empty folder to the first run and
 # the installed size.
@@ -33,7 +34,7 @@ in_root() {
 
 cp "$deb" "$root/tmp/"
 { in_root apt-get update -qq && in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-    python3 "/tmp/$(basename "$deb")"; } >"$work/apt.log" 2>&1 || { cat "$work/apt.log" >&2; exit 1; }
+    python3 nodejs "/tmp/$(basename "$deb")"; } >"$work/apt.log" 2>&1 || { cat "$work/apt.log" >&2; exit 1; }
 
 version="$(dpkg-deb -f "$deb" Version)"
 in_root cairn --version | grep -qx "cairn $version"
@@ -45,6 +46,10 @@ done
 in_root getent passwd cairn >/dev/null || { echo "postinst made no cairn user" >&2; exit 1; }
 in_root cairn --config /etc/cairn/cairn.toml serve --help >/dev/null
 in_root python3 -c 'import cairn' || { echo "host-side Python does not find the installed SDK" >&2; exit 1; }
+# Node's CommonJS resolver searches /usr/share/nodejs, where the package links
+# the SDK; an ES module's bare import does not (see below).
+in_root node -e 'import(require.resolve("cairn")).then((m) => process.exit(typeof m.main === "function" ? 0 : 1))' ||
+  { echo "host-side Node does not find the installed SDK in /usr/share/nodejs" >&2; exit 1; }
 
 # A real agent, with the installed files only, in a folder the sandbox's uid
 # may enter (as the docs say; /root may not be).
@@ -62,7 +67,27 @@ def workflow(ctx, input):
 
 cairn.main(workflow)
 AGENT
-chmod 755 "$root/srv/demo/agent/count.py"
+cat >"$root/srv/demo/agent/count.mjs" <<'AGENT'
+#!/usr/bin/env node
+import { main } from "cairn";
+
+main(async (ctx, input) => {
+  let total = 0;
+  for (let i = 0; i < input.steps; i++) total = await ctx.step(`add ${i}`, () => total + i);
+  return { total };
+});
+AGENT
+chmod 755 "$root/srv/demo/agent/count.py" "$root/srv/demo/agent/count.mjs"
+# An ES module outside the sandbox finds the SDK as docs/typescript.md says:
+# a link in a node_modules folder above it (ESM has no global folders). The
+# sandbox does not see /srv/demo: an agent there is given its own copy.
+mkdir -p "$root/srv/demo/node_modules"
+ln -s /usr/share/nodejs/cairn "$root/srv/demo/node_modules/cairn"
+cat >"$root/srv/demo/check.mjs" <<'CHECK'
+import { main } from "cairn";
+if (typeof main !== "function") process.exit(1);
+CHECK
+in_root node /srv/demo/check.mjs || { echo "an ES module does not import the SDK through node_modules/cairn" >&2; exit 1; }
 sandbox=bwrap
 # bwrap needs user namespaces and pivot_root, which a chroot may not give; then
 # the package is still tested without a sandbox (sandboxing is tested in tests/runtime).
@@ -72,6 +97,10 @@ out="$(in_root sh -c "cd /srv/demo && cairn run agent/count.py --sandbox $sandbo
 echo "$out" | grep -q '"status": "completed"'
 echo "$out" | grep -q '"total": 6'
 t1=$(date +%s.%N)
+out="$(in_root sh -c "cd /srv/demo && cairn run agent/count.mjs --sandbox $sandbox --id js --input '{\"steps\":4}' --json")" ||
+  { echo "$out"; cat "$work/doctor.txt"; exit 1; } >&2
+echo "$out" | grep -q '"status": "completed"'
+echo "$out" | grep -q '"total": 6'
 
 size_kib="$(in_root dpkg-query -W -f='${Installed-Size}' cairn)"
 files="$(in_root dpkg -L cairn)"

@@ -7,6 +7,7 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import { ChildError, ChildFailed, StepFailed, TerminalError, ToolError } from "./errors.js";
 import { maxDurationMs, maxErrorMessageBytes, maxNameBytes } from "./messages.js";
+import { toWellFormed } from "./well_formed.js";
 import { FrameTooLarge, clip, safeString, toJsonText } from "./wire.js";
 
 const defaultRetry = {
@@ -21,7 +22,7 @@ const defaultRetry = {
 // `value` as a name the protocol accepts (a step, tool, signal or agent name, a run id).
 function nameOf(value, what) {
   if (typeof value !== "string") throw new TypeError(`${what} must be a string, not ${typeof value}`);
-  const name = value.toWellFormed();
+  const name = toWellFormed(value);
   const bytes = Buffer.byteLength(name);
   if (bytes === 0 || bytes > maxNameBytes)
     throw new RangeError(`${what} must be 1 to ${maxNameBytes} bytes of UTF-8, not ${bytes}`);
@@ -75,7 +76,7 @@ function asReplayed(value, text) {
     case "number":
       return value + 0; // -0 is journaled as 0
     case "string":
-      return value.isWellFormed() ? value : value.toWellFormed();
+      return toWellFormed(value);
     default:
       return value === null ? null : JSON.parse(text);
   }

@@ -3,6 +3,7 @@
 // UTF-8 JSON object; 16 MiB at most each way.
 
 import { HostGone } from "./errors.js";
+import { isWellFormed, toWellFormed } from "./well_formed.js";
 
 export const maxFrame = 16 * 1024 * 1024;
 const headerSize = 4;
@@ -22,7 +23,7 @@ function describeKey(holder, key) {
 function strict(key, value) {
   switch (typeof value) {
     case "string":
-      return value.isWellFormed() ? value : value.toWellFormed();
+      return toWellFormed(value);
     case "number":
       if (Number.isFinite(value)) return value;
       throw new NotJson(`${value}${describeKey(this, key)}`);
@@ -48,8 +49,8 @@ function strictWithKeys(key, value) {
   const v = strict.call(this, key, value);
   if (v === null || typeof v !== "object" || Array.isArray(v)) return v;
   const keys = Object.keys(v);
-  if (keys.every((k) => k.isWellFormed())) return v;
-  return Object.fromEntries(keys.map((k) => [k.toWellFormed(), v[k]]));
+  if (keys.every(isWellFormed)) return v;
+  return Object.fromEntries(keys.map((k) => [toWellFormed(k), v[k]]));
 }
 
 // JSON.stringify writes a lone surrogate as an escape like \udc00; a match

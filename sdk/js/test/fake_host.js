@@ -8,8 +8,10 @@ import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
 
-export const agentsDir = path.join(import.meta.dirname, "agents");
+// Not import.meta.dirname (Node 20): the tests run on Node 18 too.
+export const agentsDir = fileURLToPath(new URL("agents", import.meta.url));
 // A loaded 2-core machine must pass: the longest wait for a message, and the
 // longest attempt (96 MiB of steps under a 64 MiB heap takes 6 s unloaded).
 const deadlineMs = 60_000;
