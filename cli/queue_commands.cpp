@@ -441,7 +441,7 @@ int cancel_command(const paths& p, const std::string& run_id, const std::string&
       while (run.status != storage::run_status::cancelled && run.status != storage::run_status::completed &&
              run.status != storage::run_status::failed) {
         // A host that dies announces nothing: its death is looked for once a second.
-        ended.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+        ended.wait_until(engine::clock::now() + std::chrono::seconds(1));
         run = *journal->find_run(run_id);
         if (run.owner.empty() || engine::check_owner(*journal, run.owner) == engine::owner_state::dead) {
           if (run.status == storage::run_status::cancelled) break;

@@ -249,7 +249,7 @@ task<void> attempt_driver::check_limits() {
   throw attempt_end{std::move(result)};
 }
 
-attempt_driver::clock::time_point attempt_driver::next_deadline() const {
+clock::time_point attempt_driver::next_deadline() const {
   auto next = last_limits_check_ + limits_period;
   if (policy_.wall_time.count() > 0) next = std::min(next, started_ + policy_.wall_time);
   if (in_step_) {
@@ -572,8 +572,9 @@ std::optional<json> attempt_driver::spin_receive() {
   }();
   if (!may_spin || live_attempts.load(std::memory_order_relaxed) != 1) return std::nullopt;
   if (++receives_ % 64 == 0) spin_ = full_spin;
-  const auto until = clock::now() + spin_;
-  while (clock::now() < until) {
+  // The machine's clock, not the engine's: a spin is CPU spent, not a wait a fake clock may stretch.
+  const auto until = std::chrono::steady_clock::now() + spin_;
+  while (std::chrono::steady_clock::now() < until) {
     if (auto frame = process_->io().try_receive()) return frame;
     ::sched_yield();  // the agent may be waiting for this core
   }

@@ -38,7 +38,6 @@ class attempt_driver {
   task<attempt_result> drive(runtime::sandbox_backend& backend);
 
  private:
-  using clock = std::chrono::steady_clock;
   using step = task<std::optional<attempt_result>>;
 
   // The conversation, with its endings turned into results.

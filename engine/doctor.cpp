@@ -24,20 +24,20 @@ namespace {
 runtime::doctor_check latency_check(const std::filesystem::path& db, const std::string& shown) {
   runtime::doctor_check c;
   c.name = "journal latency";
-  using clock = std::chrono::steady_clock;
-  const auto ms_since = [](clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(clock::now() - t).count();
+  using steady = std::chrono::steady_clock;
+  const auto ms_since = [](steady::time_point t) {
+    return std::chrono::duration<double, std::milli>(steady::now() - t).count();
   };
   try {
     auto j = storage::open_journal(db);
     const std::string probe = "doctor:" + current_owner().str();
     double read = 1e9, write = 1e9;
     for (int i = 0; i < 3; ++i) {
-      auto t = clock::now();
+      auto t = steady::now();
       j->find_worker(probe);
       read = std::min(read, ms_since(t));
       const auto now = storage::now_ms();
-      t = clock::now();
+      t = steady::now();
       j->register_worker({probe, current_owner().hostname, "", now, now, now, 0, 0});
       write = std::min(write, ms_since(t));
       j->remove_worker(probe);

@@ -390,7 +390,7 @@ task<bool> engine::pause(std::chrono::milliseconds delay, const std::string& run
   wake_event woken;
   wake_registration watching(run_id, woken);
   watched_fd event(co_await asio::this_coro::executor, woken.fd());
-  const auto until = std::chrono::steady_clock::now() + delay;
+  const auto until = clock::now() + delay;
   while (!(options_.stopping && options_.stopping->load())) {
     const auto why = co_await wait_any(event, asio::posix::descriptor_base::wait_read, nullptr, until);
     if (why == woken_by::deadline) co_return true;

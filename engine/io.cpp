@@ -115,24 +115,24 @@ start_slot::~start_slot() {
 }
 
 task<woken_by> wait_any(watched_fd& first, asio::posix::descriptor_base::wait_type first_wait, watched_fd* second,
-                        std::chrono::steady_clock::time_point deadline) {
+                        clock::time_point deadline) {
   // One parallel group of plain waits: the first to complete cancels the
   // others, whose operation_aborted is a value here, not an exception (this
   // runs for every frame an agent sends).
   namespace x = asio::experimental;
-  asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
+  timer deadline_timer(co_await asio::this_coro::executor, deadline);
   if (second) {
     auto [order, e1, e2, e3] =
         co_await x::make_parallel_group(
             first.get().async_wait(first_wait, asio::deferred),
             second->get().async_wait(asio::posix::descriptor_base::wait_read, asio::deferred),
-            timer.async_wait(asio::deferred))
+            deadline_timer.async_wait(asio::deferred))
             .async_wait(x::wait_for_one(), asio::use_awaitable);
     co_return static_cast<woken_by>(order[0]);
   }
   auto [order, e1, e2] =
       co_await x::make_parallel_group(first.get().async_wait(first_wait, asio::deferred),
-                                      timer.async_wait(asio::deferred))
+                                      deadline_timer.async_wait(asio::deferred))
           .async_wait(x::wait_for_one(), asio::use_awaitable);
   co_return order[0] == 0 ? woken_by::first : woken_by::deadline;
 }

@@ -22,6 +22,8 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include "engine/clock.hpp"
+
 namespace cairn::engine {
 
 namespace asio = boost::asio;
@@ -119,7 +121,7 @@ enum class woken_by { first, second, deadline };
 // Waits until `first` is ready for `first_wait`, `second` (when given) is
 // readable, or `deadline` has come; says which came first.
 task<woken_by> wait_any(watched_fd& first, asio::posix::descriptor_base::wait_type first_wait, watched_fd* second,
-                        std::chrono::steady_clock::time_point deadline);
+                        clock::time_point deadline);
 
 // Runs `t` to its end on a private event loop on this thread, for a caller
 // that blocks; returns what it returned, throws what it threw.

@@ -25,7 +25,6 @@
 namespace cairn::engine {
 namespace {
 
-using clock = std::chrono::steady_clock;
 constexpr auto error_pause = std::chrono::seconds(5);
 // Looking again at a journal out of reach: from first_outage_pause, doubled each time, up to max_outage_pause.
 constexpr auto first_outage_pause = std::chrono::milliseconds(250);
@@ -119,7 +118,7 @@ std::size_t scheduler::busy() const {
 
 // Starts every run that may start now; returns when to look again, or
 // nullopt when `done` says so.
-std::optional<std::chrono::steady_clock::time_point> scheduler::look(
+std::optional<clock::time_point> scheduler::look(
     storage::journal& journal, const std::string& me, const std::function<bool(storage::journal&)>& done) {
   {
     std::lock_guard lock(pool_->mutex);

@@ -76,7 +76,7 @@ class scheduler {
   std::size_t busy() const;
 
  private:
-  std::optional<std::chrono::steady_clock::time_point> look(storage::journal& journal, const std::string& me,
+  std::optional<clock::time_point> look(storage::journal& journal, const std::string& me,
                                                             const std::function<bool(storage::journal&)>& done);
   void note(const std::string& line) const;
 

@@ -9,7 +9,8 @@
 namespace cairn::engine {
 namespace {
 
-using clock = std::chrono::steady_clock;
+// A tool call's duration, as the machine measured it.
+using steady = std::chrono::steady_clock;
 
 // A tool call's outcome before it is known.
 protocol::step_result outcome_of(const protocol::tool_msg& m) {
@@ -61,7 +62,7 @@ std::variant<protocol::step_result, effects::tool_started> tool_broker::prepare(
 }
 
 protocol::step_result tool_broker::perform(const protocol::tool_msg& m, int previous_attempts) {
-  const auto started = clock::now();
+  const auto started = steady::now();
   runtime::crash_point("tool_started");
   runtime::crash_point("tool_started." + m.name);
   tool_call call;
@@ -84,7 +85,7 @@ protocol::step_result tool_broker::perform(const protocol::tool_msg& m, int prev
   }
   runtime::crash_point("tool_returned");
   runtime::crash_point("tool_returned." + m.name);
-  r.duration_us = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - started).count();
+  r.duration_us = std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - started).count();
   return r;
 }
 

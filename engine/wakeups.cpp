@@ -55,7 +55,7 @@ bool wake_event::take() const noexcept {
   return ::read(fd_, &count, sizeof count) == sizeof count;
 }
 
-bool wake_event::wait_until(std::chrono::steady_clock::time_point until) const {
+bool wake_event::wait_until(clock::time_point until) const {
   for (;;) {
     if (take()) return true;
     const int timeout = poll_timeout(until);
@@ -131,11 +131,6 @@ void stop_flag::wait() const {
   while (!raised())
     if (::poll(&p, 1, -1) < 0 && errno != EINTR)
       throw std::system_error(errno, std::generic_category(), "poll on a stop flag");
-}
-
-int poll_timeout(std::chrono::steady_clock::time_point t) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
-  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 24 * 3600 * 1000));
 }
 
 }  // namespace cairn::engine

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <string>
 
+#include "engine/clock.hpp"
 #include "storage/wakeup.hpp"
 
 namespace cairn::engine {
@@ -32,7 +33,7 @@ class wake_event {
   // Consumes what was signalled; whether anything was.
   bool take() const noexcept;
   // Blocks until signalled (true, consumed) or `until` (false).
-  bool wait_until(std::chrono::steady_clock::time_point until) const;
+  bool wait_until(clock::time_point until) const;
   int fd() const { return fd_; }
 
  private:
@@ -69,10 +70,6 @@ class attempt_wakeups {
   // Consumes pending wake-ups; whether there was one.
   virtual bool take() const = 0;
 };
-
-// The ms until `t` from now for a poll(2) timeout: 0 when past, capped at a
-// day (no deadline: the waiter merely looks again).
-int poll_timeout(std::chrono::steady_clock::time_point t);
 
 // Wakes whoever in this process waits on `run_id`, and every watcher of all runs.
 void wake_run(const std::string& run_id);

@@ -52,7 +52,7 @@ class worker_lease {
   std::function<void(const std::string&)> report_;
   storage::worker_record record_;
   std::atomic<bool> stopping_{false};
-  asio::steady_timer timer_;
+  timer timer_;
   std::promise<void> stopped_;
 };
 

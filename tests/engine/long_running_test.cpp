@@ -588,15 +588,13 @@ TEST_CASE("a run inside a long step is killed after the cancel grace period") {
   REQUIRE(eventually([&] {
     return f.executing("stubborn", "slow s attempt 1") == 1 && f.journal->steps("stubborn").size() == 1;
   }));
-  const auto t0 = steady::now();
   CHECK(f.eng->cancel("stubborn", "stop it") == engine::engine::cancel_outcome::requested);
   REQUIRE(done.wait_for(20s) == std::future_status::ready);
   auto run = done.get();
-  const auto took = ms_since(t0);
   CHECK(run.status == run_status::cancelled);
   REQUIRE(run.error);
   CHECK(run.error->message == "stop it");
-  CHECK(took >= 1000);  // it had its grace period
+  // That it had its grace period, to the millisecond, is shown on the engine's fake clock (fake_clock_test.cpp).
   // and was killed long before its step would have ended: that step and the next were never journaled
   CHECK(f.journal->steps("stubborn").size() == 1);
   CHECK(f.executed("stubborn", "slow s attempt 1") == 1);
@@ -621,11 +619,9 @@ TEST_CASE("cancelling an ended or unknown run is refused and changes nothing") {
 
 TEST_CASE("a step over its timeout is killed and retried, its new sandbox counted against the run's attempts") {
   fixture f;
-  const auto t0 = steady::now();
   auto run =
       f.run("slowpoke", plan({op_slow("s", 60000, 300, 2, true), op_step("after")}), engine::default_policy(), 2);
   REQUIRE(run.status == run_status::completed);
-  CHECK(ms_since(t0) < 30000);  // long before the first attempt's step would have ended
   CHECK(run.output == json({"s", "after"}));
   auto retries = f.events("slowpoke", "step_retry");
   REQUIRE(retries.size() == 1);
@@ -666,10 +662,8 @@ TEST_CASE("a step out of attempts after a timeout is journaled failed with type 
 TEST_CASE("the policy's step timeout applies to a step that sets none") {
   fixture f;
   auto p = engine::parse_policy({{"timeouts", {{"step_seconds", 1}}}});
-  const auto t0 = steady::now();
   auto run = f.run("policed", plan({op_slow("s", 60000)}), p);
   REQUIRE(run.status == run_status::failed);
-  CHECK(ms_since(t0) < 30000);
   auto step = f.journal->steps("policed").at(0).result;
   CHECK(step.error.type == "timeout");
   CHECK_THAT(step.error.message, Catch::Contains("1000 ms"));
@@ -681,13 +675,11 @@ TEST_CASE("a run over timeouts.run_seconds fails with type timeout, held or susp
   auto p = engine::parse_policy({{"timeouts", {{"run_seconds", 1}}}});
   SECTION("held: the host stops the agent at the deadline") {
     fixture f(60s);
-    const auto t0 = steady::now();
     auto run = f.run("deadline", plan({op_sleep(50000), op_step("after")}), p);
     REQUIRE(run.status == run_status::failed);
     REQUIRE(run.error);
     CHECK(run.error->type == "timeout");
     CHECK_THAT(run.error->message, Catch::Contains("run_seconds"));
-    CHECK(ms_since(t0) < 30000);  // at the deadline, long before the sleep's end
     CHECK(f.journal->steps("deadline").empty());
   }
   SECTION("suspended: executed after the deadline, it fails without a new attempt") {
