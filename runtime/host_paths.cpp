@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -126,9 +127,31 @@ unique_fd open_log(const fs::path& log_file) {
   }
 }
 
+namespace {
+
+// Whether the node on PATH takes --disable-wasm-trap-handler in NODE_OPTIONS:
+// Node 20.15 and 22.2 on. An older one (Debian 12's is 18) refuses to start
+// with it ("not allowed in NODE_OPTIONS", exit 9), and reserves no 10 GiB
+// for WebAssembly either. Asked once per process; no node: not set.
+bool node_takes_wasm_trap_flag() {
+  static const bool takes = [] {
+    FILE* p = ::popen("node --version 2>/dev/null", "r");
+    if (!p) return false;
+    char line[64] = {};
+    const bool read = std::fgets(line, sizeof line, p) != nullptr;
+    ::pclose(p);
+    int major = 0, minor = 0;
+    if (!read || std::sscanf(line, "v%d.%d", &major, &minor) != 2) return false;
+    return (major == 20 && minor >= 15) || (major == 22 && minor >= 2) || major > 22;
+  }();
+  return takes;
+}
+
+}  // namespace
+
 void add_address_space_environment(std::map<std::string, std::string>& base) {
   base["MALLOC_ARENA_MAX"] = "2";
-  base["NODE_OPTIONS"] = "--disable-wasm-trap-handler";
+  if (node_takes_wasm_trap_flag()) base["NODE_OPTIONS"] = "--disable-wasm-trap-handler";
 }
 
 std::map<std::string, std::string> agent_environment(const sandbox_spec& spec,

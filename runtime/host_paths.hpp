@@ -53,7 +53,8 @@ unique_fd open_log(const std::filesystem::path& log_file);
 // RLIMIT_AS, which stands in for a cgroup's memory total where there is none
 // and counts address space only reserved: glibc reserves 64 MiB per thread's
 // malloc arena (MALLOC_ARENA_MAX=2), Node 20 about 10 GiB for WebAssembly on
-// its first fetch (NODE_OPTIONS=--disable-wasm-trap-handler). Measured: the
+// its first fetch (NODE_OPTIONS=--disable-wasm-trap-handler, set only for a
+// node on PATH that takes it: 20.15 and 22.2 on). Measured: the
 // OpenAI Agents example needed 1.2 GiB and 12 GiB of it without them, and
 // runs under 1 GiB with them.
 void add_address_space_environment(std::map<std::string, std::string>& base);
