@@ -397,3 +397,224 @@ TEST_CASE("a journal of every earlier schema migrates with every row and resumes
   }
   CHECK(raw->rows_of("runs", columns.at("runs"), "id IN ('completed', 'failed')") == before_finished);
 }
+
+TEST_CASE("a journal newer than this cairn is refused, naming both versions and the fix, and left as it was") {
+  const auto& f = GENERATE(fixtures[5], fixtures[7]);  // the last earlier schema of each backend
+  INFO("fixture " << f.file);
+  restored db(f);
+  storage::open_journal(db.journal());
+  auto raw = db.raw();
+  const int newer = latest(f) + 1;
+  raw->exec(on_postgres(f) ? fmt::format("UPDATE cairn_schema SET version = {}", newer)
+                           : fmt::format("PRAGMA user_version = {}", newer));
+  const auto before = contents_of(*raw);
+  const auto message = fmt::format("journal {} has schema version {}, newer than this cairn knows ({}); upgrade cairn "
+                                   "to open it",
+                                   db.journal(), newer, latest(f));
+  try {
+    storage::open_journal(db.journal());
+    FAIL("a journal of schema " << newer << " was opened");
+  } catch (const storage::storage_error& e) {
+    CHECK(e.code() == storage::errc::schema_too_new);
+    CHECK(std::string(e.what()) == message);
+  }
+  // The CLI, reading and writing, says the same and stops.
+  for (std::vector<std::string> args : {std::vector<std::string>{"ls"}, {"resume", "--all"}}) {
+    auto r = db.cairn(args);
+    INFO("cairn " << args[0] << ": " << r.out << r.err);
+    CHECK(r.code != 0);
+    CHECK_THAT(r.err, Catch::Contains(message));
+  }
+  CHECK(contents_of(*raw) == before);
+}
+
+namespace {
+
+// Test seams for a child process that is to die in the middle of a
+// migration: SIGKILL (as an OOM kill or a power cut stops it) at the n-th
+// SQL statement any SQLite connection of the process starts, or at its n-th
+// write to any file (the WAL frames of the commit).
+int kill_at_statement = 0, kill_at_write = 0;
+int statements = 0, writes = 0;
+
+int count_statement(unsigned, void*, void*, void*) {
+  if (++statements == kill_at_statement) raise(SIGKILL);
+  return 0;
+}
+
+int trace_statements(sqlite3* db, char**, const sqlite3_api_routines*) {
+  sqlite3_trace_v2(db, SQLITE_TRACE_STMT, count_statement, nullptr);
+  return SQLITE_OK;
+}
+
+sqlite3_vfs* real_vfs = nullptr;
+sqlite3_vfs killing_vfs;
+// The unix VFS's method tables (one per locking style) and ours, the same but for xWrite.
+struct method_tables {
+  const sqlite3_io_methods* real;
+  sqlite3_io_methods counted;
+};
+std::array<method_tables, 8> tables;
+std::size_t table_count = 0;
+
+int counted_write(sqlite3_file* file, const void* data, int n, sqlite3_int64 offset) {
+  if (++writes == kill_at_write) raise(SIGKILL);
+  for (std::size_t i = 0; i < table_count; ++i)
+    if (file->pMethods == &tables[i].counted) return tables[i].real->xWrite(file, data, n, offset);
+  abort();
+}
+
+// The default VFS's files, with their writes counted: each file is the real
+// one, only its method table is ours.
+int open_counted(sqlite3_vfs*, const char* name, sqlite3_file* file, int flags, int* out_flags) {
+  const int rc = real_vfs->xOpen(real_vfs, name, file, flags, out_flags);
+  if (rc != SQLITE_OK || !file->pMethods) return rc;
+  std::size_t i = 0;
+  while (i < table_count && tables[i].real != file->pMethods) ++i;
+  if (i == table_count) {
+    if (table_count == tables.size()) abort();
+    tables[table_count++] = {file->pMethods, *file->pMethods};
+    tables[i].counted.xWrite = counted_write;
+  }
+  file->pMethods = &tables[i].counted;
+  return rc;
+}
+
+// How the child ended: true when the seam killed it, false when it opened
+// the journal and exited. Fails the test on any other end.
+bool open_and_die_at(const std::string& journal, int statement, int write) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    kill_at_statement = statement;
+    kill_at_write = write;
+    sqlite3_auto_extension(reinterpret_cast<void (*)()>(trace_statements));
+    real_vfs = sqlite3_vfs_find(nullptr);
+    killing_vfs = *real_vfs;
+    killing_vfs.zName = "killing";
+    killing_vfs.xOpen = open_counted;
+    sqlite3_vfs_register(&killing_vfs, 1);
+    try {
+      storage::open_journal(journal);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) return true;
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("sqlite: a migration killed at any statement or write leaves the old journal or the migrated one, whole") {
+  const auto& f = GENERATE(fixtures[0], fixtures[5]);  // the longest migration and the last
+  const auto& mode = GENERATE(as<std::string>{}, "statement", "write");
+  INFO("fixture " << f.file << ", killed at each " << mode);
+  restored reference(f);
+  const auto old = contents_of(*reference.raw());
+  storage::open_journal(reference.journal());
+  const auto migrated = contents_of(*reference.raw());
+  REQUIRE(migrated.version == latest(f));
+  // Migrated, killed before the open's next transaction noted this cairn as the last writer.
+  auto unnoted = migrated;
+  auto& info = unnoted.tables.at("journal_info");
+  REQUIRE(std::erase_if(info, [](const std::string& row) { return row.find("'last_written_by'") == 0; }) == 1);
+
+  int killed_old = 0, killed_migrated = 0;
+  for (int n = 1;; ++n) {
+    INFO("killed at " << mode << " " << n);
+    REQUIRE(n < 10'000);
+    restored db(f);
+    const bool killed = open_and_die_at(db.journal(), mode == "statement" ? n : 0, mode == "write" ? n : 0);
+    const auto now = contents_of(*db.raw());
+    if (now.version == f.version) {
+      CHECK(now == old);
+      REQUIRE(killed);
+      ++killed_old;
+    } else {
+      CHECK((now == migrated || now == unnoted));
+    }
+    if (!killed) break;
+    if (now.version != f.version) ++killed_migrated;
+    // Opened again, it migrates whole.
+    storage::open_journal(db.journal());
+    CHECK(contents_of(*db.raw()) == migrated);
+  }
+  // The seam did kill it in the middle: at every statement of the migration's
+  // transaction, or at every write of its commit.
+  CHECK(killed_old >= (mode == "statement" ? 3 * (latest(f) - f.version) : 2));
+  UNSCOPED_INFO("killed " << killed_old << " times before the commit, " << killed_migrated << " after");
+}
+
+TEST_CASE("a migration whose statement fails midway leaves the journal as it was; the next open migrates it") {
+  // A table the last migration creates is there already (a stray one): the
+  // earlier migrations of the chain ran in the transaction before it failed.
+  const auto& f = GENERATE(fixtures[0], fixtures[4], fixtures[6]);
+  INFO("fixture " << f.file);
+  restored db(f);
+  auto raw = db.raw();
+  raw->exec("CREATE TABLE run_states (stray INTEGER)");
+  const auto before = contents_of(*raw);
+  try {
+    storage::open_journal(db.journal());
+    FAIL("a migration that could not create run_states succeeded");
+  } catch (const storage::storage_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("run_states") && Catch::Contains("already exists"));
+  }
+  CHECK(contents_of(*raw) == before);
+  raw->exec("DROP TABLE run_states");
+  auto j = storage::open_journal(db.journal());
+  CHECK(raw->schema_version() == latest(f));
+  CHECK(j->list_runs().size() == 3);
+}
+
+TEST_CASE("postgres: a migration whose process is killed midway leaves the journal as it was") {
+  const auto& f = GENERATE(fixtures[6], fixtures[7]);
+  INFO("fixture " << f.file);
+  restored db(f);
+  auto raw = db.raw();
+  const auto before = contents_of(*raw);
+  // The last migration reads payloads to count each run's bytes; held here,
+  // it waits there, in the middle of its transaction, until this lets go.
+  postgres_db holder(db.journal());
+  holder.exec("BEGIN; LOCK TABLE payloads IN ACCESS EXCLUSIVE MODE");
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    try {
+      storage::open_journal(db.journal());
+    } catch (...) {
+      _exit(1);
+    }
+    _exit(0);
+  }
+  std::string backend;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (backend.empty() && std::chrono::steady_clock::now() < deadline) {
+    backend = raw->value("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                         "AND wait_event_type = 'Lock' AND query LIKE '%CREATE TABLE run_states%'");
+    if (backend.empty()) std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE_FALSE(backend.empty());
+  kill(child, SIGKILL);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  holder.exec("COMMIT");
+  // The server ends the dead client's session once its statement can go on.
+  const auto gone = std::chrono::steady_clock::now() + 60s;
+  while (raw->value("SELECT count(*) FROM pg_stat_activity WHERE pid = " + backend) != "0") {
+    REQUIRE(std::chrono::steady_clock::now() < gone);
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(contents_of(*raw) == before);
+  auto j = storage::open_journal(db.journal());
+  CHECK(raw->schema_version() == latest(f));
+  CHECK(j->list_runs().size() == 3);
+}
