@@ -249,14 +249,6 @@ std::string hostname() {
   return name;
 }
 
-// The pid of a process that has exited (reaped): an owner naming it on this host is dead.
-pid_t a_dead_pid() {
-  const pid_t pid = fork();
-  if (pid == 0) _exit(0);
-  waitpid(pid, nullptr, 0);
-  return pid;
-}
-
 std::vector<std::string> lines_of(const fs::path& file) {
   std::vector<std::string> out;
   std::istringstream in(testing::slurp(file));
@@ -340,8 +332,9 @@ TEST_CASE("a journal of every earlier schema migrates with every row and resumes
   // The journal moved to this machine with its workspaces: its unfinished
   // run's agent is the same test agent built now (the old build is gone),
   // its workspace a folder here (empty: the fixtures keep no files), and
-  // (schemas 1 and 2) the host process that owned it a dead one of this
-  // host, as `cairn resume` would find it where it died.
+  // (schemas 1 and 2) the host process that owned it, dead, is named as one
+  // of this host (HOST:BOOT_ID:PID:START_TICKS: another boot, or the pid
+  // gone), as `cairn resume` would find it on the machine where it died.
   const std::string agent = f.waits ? WAIT_AGENT : STEP_AGENT;
   const auto workspace = db.home() / "workspaces" / unfinished;
   fs::create_directories(workspace);
@@ -349,8 +342,12 @@ TEST_CASE("a journal of every earlier schema migrates with every row and resumes
                         unfinished));
   if (run->workspace_host != "")
     raw->exec(fmt::format("UPDATE runs SET workspace_host = '{}' WHERE id = '{}'", hostname(), unfinished));
-  if (!f.waits)
-    raw->exec(fmt::format("UPDATE runs SET owner = '{}:{}' WHERE id = '{}'", hostname(), a_dead_pid(), unfinished));
+  if (!f.waits) {
+    const auto colon = run->owner.find(':');
+    REQUIRE(colon != std::string::npos);
+    raw->exec(fmt::format("UPDATE runs SET owner = '{}{}' WHERE id = '{}'", hostname(), run->owner.substr(colon),
+                          unfinished));
+  }
 
   if (f.waits) {
     auto signalled = db.cairn({"signal", unfinished, "go", "--data", R"({"ok":true})"});
