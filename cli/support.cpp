@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -230,12 +231,18 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
     std::lock_guard lock(output);
     std::cout << fmt::format("  [{}] child run {}", terminal_text(run.id), storage::to_string(run.status)) << std::endl;
   };
-  o.on_error = [](const std::string& id, const std::string& error) {
+  // A child that fails to start is tried again (a scheduler's way); the run
+  // followed itself is not: this command ends with why (its workspace is
+  // not here, say), rather than repeat it every few seconds.
+  std::optional<std::string> refused;
+  o.on_error = [&root, &refused](const std::string& id, const std::string& error) {
     std::lock_guard lock(output);
-    std::cerr << terminal_text(fmt::format("warning: run {}: {}", id, error)) << std::endl;
+    if (id == root) refused = error;
+    else std::cerr << terminal_text(fmt::format("warning: run {}: {}", id, error)) << std::endl;
   };
   engine::scheduler runs(std::move(o));
   runs.run([&](storage::journal& journal) {
+    if (std::lock_guard lock(output); refused) return true;
     auto run = journal.find_run(root);
     if (!run || stopped(run->status)) return true;
     if (!until_idle) return false;
@@ -244,6 +251,7 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
       if (tree.count(b.id) || tree.count(b.parent_id)) return false;
     return true;
   }, follow_stop());
+  if (refused) throw engine::engine_error(engine::errc::busy, *refused);
   auto journal = storage::open_journal(p.db);
   return *journal->find_run(root);
 }

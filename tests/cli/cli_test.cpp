@@ -414,3 +414,31 @@ TEST_CASE("cairn --version says its version, protocol and journal schemas, as te
   CHECK(none.code == 2);
   CHECK_THAT(none.err, Catch::Contains("A subcommand is required"));
 }
+
+TEST_CASE("resuming a run whose files are on another machine ends at once with why, and changes nothing") {
+  cairn::testing::temp_dir dir;
+  REQUIRE(run_cli(dir, run_steps("moved", 3)).code == 0);
+  // As a journal copied without its workspaces: the run was left mid-way by
+  // a process of this host that is gone, and its folder is not here.
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  {
+    SQLite::Database db((dir / ".cairn" / "cairn.db").string(), SQLite::OPEN_READWRITE);
+    SQLite::Statement update(db, "UPDATE runs SET status = 'running', output = NULL, finished_at_ms = NULL, owner = ?, "
+                                 "workspace = '/nonexistent/cairn-test/moved' WHERE id = 'moved'");
+    update.bind(1, std::string(host) + ":4194303");  // no such process
+    REQUIRE(update.exec() == 1);
+  }
+  const auto events_before = json::parse(run_cli(dir, {"show", "moved", "--json"}).out)["events"].size();
+  auto r = run_cli(dir, {"resume", "moved"});
+  CHECK(r.code == 4);
+  CHECK_THAT(r.err, Catch::Contains("/nonexistent/cairn-test/moved does not exist on this machine"));
+  CHECK_THAT(r.err, Catch::Contains("mount it, or resume the run where it is"));
+  // Said once, as the command's error: not a warning repeated until someone stops it.
+  CHECK(r.err.find("warning:") == std::string::npos);
+  auto show = json::parse(run_cli(dir, {"show", "moved", "--json"}).out);
+  CHECK(show["steps"].size() == 3);
+  CHECK(show["run"]["status"] == "running");
+  // The refusal is journaled once, for `cairn show`.
+  CHECK(show["events"].size() == events_before + 1);
+}
