@@ -1,11 +1,14 @@
 #include <sys/stat.h>
 
 #include <iostream>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/format.hpp"
 #include "cli/home_trust.hpp"
 #include "engine/host_memory.hpp"
 #include "protocol/messages.hpp"
@@ -53,6 +56,29 @@ int print_version(bool as_json) {
               << ", journal schema v" << v["journal_schema"]["sqlite"] << " (SQLite), v"
               << v["journal_schema"]["postgresql"] << " (PostgreSQL)" << std::endl;
   return 0;
+}
+
+}  // namespace
+
+namespace {
+
+// The first word of the command line that is no option nor an option's
+// value, when it names no subcommand of `app`; nullopt when it names one
+// (or there is none: CLI11 says what is missing).
+std::optional<std::string> unknown_command(CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word == "--") return std::nullopt;
+    if (word.starts_with("-")) {
+      // The options of the top level that take a value as the next word.
+      if (word == "--db" || word == "--allow" || word == "--config") ++i;
+      continue;
+    }
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (sub->check_name(std::string(word))) return std::nullopt;
+    return std::string(word);
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -211,6 +237,17 @@ int main(int argc, char** argv) {
   outcome->add_flag("--retry", settle.retry, "it did not happen: call it again");
   settle_cmd->add_flag("--json", as_json, "print the run as JSON");
 
+  // A command cairn does not have is named, with those it has: CLI11 alone
+  // would say "A subcommand is required" of `cairn logs RUN`.
+  if (auto unknown = unknown_command(app, argc, argv)) {
+    std::string known;
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+    std::cerr << "cairn: no command '" << cairn::cli::terminal_text(*unknown) << "'"
+              << (*unknown == "version" ? " (the version is `cairn --version`)" : "") << "; the commands are " << known
+              << "\nRun 'cairn --help' for what it takes.\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -442,3 +442,22 @@ TEST_CASE("resuming a run whose files are on another machine ends at once with w
   // The refusal is journaled once, for `cairn show`.
   CHECK(show["events"].size() == events_before + 1);
 }
+
+TEST_CASE("a command cairn does not have is named, with the commands it has") {
+  cairn::testing::temp_dir dir;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"logs", "run-1"}, {"rm", "x"}, {"--db", "other.db", "lgs"}}) {
+    auto r = run_cli(dir, args);
+    const auto& name = args[0] == "--db" ? args[2] : args[0];
+    INFO(name);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("cairn: no command '" + name + "'; the commands are run, submit, serve"));
+    CHECK_THAT(r.err, Catch::Contains("Run 'cairn --help' for what it takes."));
+  }
+  CHECK_THAT(run_cli(dir, {"version"}).err, Catch::Contains("the version is `cairn --version`"));
+  // A name an agent could have planted reaches the terminal escaped.
+  CHECK_THAT(run_cli(dir, {"\x1b[2Jwipe"}).err, !Catch::Contains("\x1b"));
+  // Nothing was created on the way.
+  CHECK_FALSE(std::filesystem::exists(dir / ".cairn"));
+  CHECK_FALSE(std::filesystem::exists(dir / "other.db"));
+}
