@@ -1,11 +1,15 @@
 #include "cli/support.hpp"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -137,6 +141,28 @@ void print_history(storage::journal& journal, const std::string& run_id, bool qu
   std::cout << std::flush;
 }
 
+namespace {
+
+// Why `agent` cannot start as an agent, said before any run is made: not
+// executable, or neither a compiled program nor a script naming its
+// interpreter (execvp would hand such a file to /bin/sh, whose errors then
+// crash the run once per attempt).
+std::optional<std::string> agent_program_problem(const std::string& agent) {
+  if (::access(agent.c_str(), X_OK) != 0)
+    return fmt::format("agent program '{}' is not executable: chmod +x it", agent);
+  char head[4] = {};
+  std::ifstream in(agent, std::ios::binary);
+  in.read(head, sizeof head);
+  const auto got = in.gcount();
+  if (got >= 2 && head[0] == '#' && head[1] == '!') return std::nullopt;
+  if (got == 4 && std::string_view(head, 4) == "\x7f" "ELF") return std::nullopt;
+  return fmt::format("agent program '{}' is neither a compiled program nor a script that names its interpreter: "
+                     "make its first line one such as `#!/usr/bin/env python3` or `#!/usr/bin/env node`",
+                     agent);
+}
+
+}  // namespace
+
 // The run request of `cairn run` and `cairn submit`; nullopt (after saying
 // why) when the arguments are wrong.
 std::optional<engine::run_request> make_request(const run_args& args) {
@@ -152,6 +178,10 @@ std::optional<engine::run_request> make_request(const run_args& args) {
     std::cerr << (ec && ec != std::errc::no_such_file_or_directory
                       ? fmt::format("cairn: cannot reach agent program '{}': {}\n", args.agent, ec.message())
                       : fmt::format("cairn: agent program '{}' not found (build it first: make build)\n", args.agent));
+    return std::nullopt;
+  }
+  if (auto problem = agent_program_problem(args.agent)) {
+    std::cerr << "cairn: " << terminal_text(*problem) << "\n";
     return std::nullopt;
   }
   request.id = args.id.empty() ? engine::new_run_id() : args.id;

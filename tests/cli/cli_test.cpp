@@ -461,3 +461,21 @@ TEST_CASE("a command cairn does not have is named, with the commands it has") {
   CHECK_FALSE(std::filesystem::exists(dir / ".cairn"));
   CHECK_FALSE(std::filesystem::exists(dir / "other.db"));
 }
+
+TEST_CASE("an agent that cannot start is refused before a run is made: a script without #!, a file not executable") {
+  cairn::testing::temp_dir dir;
+  const auto script = dir / "agent.py";
+  {
+    std::ofstream(script) << "import cairn\nprint('hello')\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto r = run_cli(dir, {"run", script.string()});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("neither a compiled program nor a script that names its interpreter"));
+  CHECK_THAT(r.err, Catch::Contains("#!/usr/bin/env python3"));
+  std::filesystem::permissions(script, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  r = run_cli(dir, {"submit", script.string()});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("is not executable: chmod +x it"));
+  CHECK_FALSE(std::filesystem::exists(dir / ".cairn" / "cairn.db"));
+}
