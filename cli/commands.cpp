@@ -105,16 +105,38 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
   });
 }
 
-int ls_command(const paths& p, bool as_json) {
+int ls_command(const paths& p, const ls_args& args, bool as_json) {
   return guarded([&] {
+    storage::run_query q;
+    if (!args.status.empty()) q.status = storage::parse_run_status(args.status);
+    q.agent = args.agent;
+    if (!args.since.empty()) try {
+        q.since_ms = time_since(args.since, storage::now_ms());
+      } catch (const std::invalid_argument& e) {
+        throw engine::engine_error(engine::errc::bad_request, std::string("--since: ") + e.what());
+      }
+    q.before = args.before;
+    q.limit = args.limit;
     auto journal = storage::open_journal(p.db, {.read_only = true});
-    auto runs = journal->list_runs();
+    if (!q.before.empty() && !journal->find_run(q.before))
+      throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {} to list the runs before",
+                                                                      q.before, shown_db(p)));
+    auto runs = journal->list_runs(q);
     if (as_json) {
       json out = json::array();
-      for (const auto& r : runs) out.push_back(to_json(r));
+      for (const auto& r : runs) {
+        // A listing's row: what a run's page (`cairn show`) adds is left there.
+        auto row = to_json(r);
+        for (const char* heavy : {"input", "output", "policy"}) row.erase(heavy);
+        out.push_back(std::move(row));
+      }
       std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     } else {
       std::cout << runs_table(*journal, runs);
+      if (q.limit && !runs.empty() && runs.size() == static_cast<std::size_t>(*q.limit))
+        std::cout << fmt::format("(the first {}; the next: cairn ls --before {} --limit {})", runs.size(),
+                                 terminal_text(runs.back().id), *q.limit)
+                  << std::endl;
     }
     return 0;
   });

@@ -33,7 +33,12 @@ int run_command(const paths& p, const run_args& args, bool as_json);
 int resume_command(const paths& p, const std::string& run_id, bool all, bool as_json);
 // `cairn workers`: the workers sharing the journal, their leases and runs.
 int workers_command(const paths& p, bool as_json);
-int ls_command(const paths& p, bool as_json);
+// `cairn ls`: its filters, as given (checked by ls_command).
+struct ls_args {
+  std::string status, agent, since, before;
+  std::optional<std::int64_t> limit;
+};
+int ls_command(const paths& p, const ls_args& args, bool as_json);
 int show_command(const paths& p, const std::string& run_id, bool as_json);
 int doctor_command(const paths& p, bool as_json);
 // Lists the files of a run's workspace under `path` ("" all), or prints the

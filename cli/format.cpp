@@ -3,6 +3,8 @@
 #include "engine/run_state.hpp"
 
 #include <ctime>
+#include <regex>
+#include <stdexcept>
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -58,6 +60,32 @@ std::string terminal_text(std::string_view text, bool keep_newlines) {
 
 std::string preview(const json& value, std::size_t width) {
   return protocol::clip(terminal_text(value.dump(-1, ' ', false, json::error_handler_t::replace)), width);
+}
+
+std::int64_t time_since(const std::string& text, std::int64_t now_ms) {
+  static const std::regex ago(R"((\d{1,9})([smhd]))");
+  static const std::regex date(R"((\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2}))?)?)");
+  std::smatch m;
+  if (std::regex_match(text, m, ago)) {
+    const std::int64_t unit_s = m[2] == "s" ? 1 : m[2] == "m" ? 60 : m[2] == "h" ? 3600 : 86400;
+    return now_ms - std::stoll(m[1]) * unit_s * 1000;
+  }
+  if (std::regex_match(text, m, date)) {
+    const auto field = [&](int i) { return m[i].matched ? std::stoi(m[i]) : 0; };
+    std::tm t{};
+    t.tm_year = field(1) - 1900;
+    t.tm_mon = field(2) - 1;
+    t.tm_mday = field(3);
+    t.tm_hour = field(4);
+    t.tm_min = field(5);
+    t.tm_sec = field(6);
+    if (t.tm_mon >= 0 && t.tm_mon < 12 && t.tm_mday >= 1 && t.tm_mday <= 31 && t.tm_hour < 24 && t.tm_min < 60 &&
+        t.tm_sec < 60)
+      return static_cast<std::int64_t>(::timegm(&t)) * 1000;
+  }
+  throw std::invalid_argument(fmt::format("'{}' is no time: give a time ago (90s, 15m, 2h, 3d) or a UTC date "
+                                          "(2026-12-07, 2026-12-07T14:30)",
+                                          terminal_text(text)));
 }
 
 std::string format_time(std::int64_t ms) {

@@ -21,6 +21,10 @@ std::string terminal_text(std::string_view text, bool keep_newlines = false);
 // `value` on one line, terminal-safe, at most `width` bytes.
 std::string preview(const json& value, std::size_t width = 60);
 std::string format_time(std::int64_t ms);
+// The time `text` names, in ms since the epoch: a time ago from `now_ms`
+// ("90s", "15m", "2h", "3d") or a UTC date ("2026-12-07", "2026-12-07T14:30",
+// "2026-12-07T14:30:05"). Anything else is std::invalid_argument, saying so.
+std::int64_t time_since(const std::string& text, std::int64_t now_ms);
 std::string format_duration_us(std::int64_t us);
 
 // One line per step, as `cairn run` prints them while journaling, with its

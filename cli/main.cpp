@@ -205,8 +205,16 @@ int main(int argc, char** argv) {
   resume_cmd->add_flag("--all", resume_all, "every run left unfinished by a dead host process");
   resume_cmd->add_flag("--json", as_json, "print the final runs as JSON");
 
+  cairn::cli::ls_args ls;
   auto* ls_cmd = app.add_subcommand("ls", "list runs, newest first");
-  ls_cmd->add_flag("--json", as_json, "JSON output");
+  ls_cmd->add_option("--status", ls.status, "only runs with this status")
+      ->check(CLI::IsMember({"pending", "running", "waiting", "completed", "failed", "cancelled", "in_doubt"}));
+  ls_cmd->add_option("--agent", ls.agent, "only runs of this agent: its path, or its last components (count.py)");
+  ls_cmd->add_option("--since", ls.since, "only runs created since: a time ago (90s, 15m, 2h, 3d) or a UTC date "
+                                          "(2026-12-07, 2026-12-07T14:30)");
+  ls_cmd->add_option("--limit", ls.limit, "at most this many runs")->check(CLI::NonNegativeNumber);
+  ls_cmd->add_option("--before", ls.before, "the runs created before this run: the next page after it");
+  ls_cmd->add_flag("--json", as_json, "JSON output: each run's row, without its input, output and policy (cairn show has them)");
 
   auto* workers_cmd = app.add_subcommand("workers", "the `cairn serve` workers sharing the journal: their host, the "
                                                    "runs each holds, their lease and refused writes");
@@ -277,7 +285,7 @@ int main(int argc, char** argv) {
     }
     return cairn::cli::resume_command(paths, resume_id, resume_all, as_json);
   }
-  if (*ls_cmd) return cairn::cli::ls_command(paths, as_json);
+  if (*ls_cmd) return cairn::cli::ls_command(paths, ls, as_json);
   if (*workers_cmd) return cairn::cli::workers_command(paths, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
   if (*workspace_cmd) return cairn::cli::workspace_command(paths, workspace_id, workspace_path, as_json);

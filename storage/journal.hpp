@@ -188,6 +188,16 @@ struct event_record {
   std::int64_t at_ms = 0;
 };
 
+// Which runs list_runs returns, newest first: all that match every field
+// given, from the newest or from the one after `before`, at most `limit`.
+struct run_query {
+  std::optional<run_status> status;
+  std::string agent;  // the agent's path, or its last components ("count.py", "agents/count.py")
+  std::optional<std::int64_t> since_ms;  // created at or after
+  std::string before;  // a run's id: the runs created before it (the next page); "" from the newest
+  std::optional<std::int64_t> limit;  // at most this many (>= 0); none: all
+};
+
 // What journal::request_cancel did.
 enum class cancel_mark { marked_now, marked_before, run_finished };
 
@@ -254,7 +264,9 @@ class journal {
   virtual std::pair<run_record, bool> create_run(const new_run& run) = 0;
   virtual std::optional<run_record> find_run(std::string_view id) = 0;
   // Newest first (creation time, then insertion order).
-  virtual std::vector<run_record> list_runs() = 0;
+  std::vector<run_record> list_runs() { return list_runs(run_query{}); }
+  // The runs `q` selects, newest first, found by the database.
+  virtual std::vector<run_record> list_runs(const run_query& q) = 0;
   // The runs `parent_id` started as children, oldest first.
   virtual std::vector<run_record> children(std::string_view parent_id) = 0;
   // The runs whose workspace is `folder`, lies inside it or holds it

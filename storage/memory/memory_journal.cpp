@@ -163,10 +163,28 @@ class memory_journal final : public journal {
     return it->second.run;
   }
 
-  std::vector<run_record> list_runs() override {
-    auto rows = runs_where([](const run_record&) { return true; });
-    std::reverse(rows.begin(), rows.end());
-    return rows;
+  std::vector<run_record> list_runs(const run_query& q) override {
+    const auto named = [&](const std::string& agent) {
+      return agent == q.agent || (agent.size() > q.agent.size() && agent.ends_with(q.agent) &&
+                                  agent[agent.size() - q.agent.size() - 1] == '/');
+    };
+    const auto matches = [&](const run_record& r) {
+      return (!q.status || r.status == *q.status) && (q.agent.empty() || named(r.agent)) &&
+             (!q.since_ms || r.created_at_ms >= *q.since_ms);
+    };
+    auto all = runs_where([](const run_record&) { return true; });
+    std::reverse(all.begin(), all.end());  // newest first
+    auto from = all.begin();
+    if (!q.before.empty()) {
+      from = std::find_if(all.begin(), all.end(), [&](const run_record& r) { return r.id == q.before; });
+      if (from == all.end()) return {};  // no such run: no page after it
+      ++from;
+    }
+    const auto limit = static_cast<std::size_t>(std::max<std::int64_t>(q.limit.value_or(INT64_MAX), 0));
+    std::vector<run_record> out;
+    for (auto it = from; it != all.end() && out.size() < limit; ++it)
+      if (matches(*it)) out.push_back(std::move(*it));
+    return out;
   }
 
   std::vector<run_record> children(std::string_view parent_id) override {

@@ -40,7 +40,7 @@ class postgres_journal final : public journal {
   std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes, bool sync_later) override;
   std::pair<run_record, bool> create_run(const new_run& run) override;
   std::optional<run_record> find_run(std::string_view id) override;
-  std::vector<run_record> list_runs() override;
+  std::vector<run_record> list_runs(const run_query& q) override;
   std::vector<run_record> children(std::string_view parent_id) override;
   std::vector<run_record> runs_with_workspace_near(const std::string& folder) override;
   bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) override;
@@ -716,8 +716,19 @@ std::optional<run_record> postgres_journal::find_run(std::string_view id) {
   });
 }
 
-std::vector<run_record> postgres_journal::list_runs() {
-  return impl_->guard({}, [&] { return impl_->runs("ORDER BY created_at_ms DESC, row_order DESC"); });
+std::vector<run_record> postgres_journal::list_runs(const run_query& q) {
+  return impl_->guard({}, [&] {
+    std::optional<std::string> status;
+    if (q.status) status = std::string(to_string(*q.status));
+    return impl_->runs(
+        "WHERE ($1::text IS NULL OR status = $1) "
+        "AND ($2 = '' OR agent = $2 OR (right(agent, length($2)) = $2 "
+        "AND substr(agent, length(agent) - length($2), 1) = '/')) "
+        "AND ($3::bigint IS NULL OR created_at_ms >= $3) "
+        "AND ($4 = '' OR (created_at_ms, row_order) < (SELECT created_at_ms, row_order FROM runs WHERE id = $4)) "
+        "ORDER BY created_at_ms DESC, row_order DESC LIMIT $5",
+        status, q.agent, q.since_ms, q.before, q.limit);
+  });
 }
 
 std::vector<run_record> postgres_journal::runs_with_workspace_near(const std::string& folder) {

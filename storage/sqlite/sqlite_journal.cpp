@@ -45,7 +45,7 @@ class sqlite_journal final : public journal {
   std::vector<std::exception_ptr> write_together(std::span<const std::function<void(journal&)>> writes, bool sync_later) override;
   std::pair<run_record, bool> create_run(const new_run& run) override;
   std::optional<run_record> find_run(std::string_view id) override;
-  std::vector<run_record> list_runs() override;
+  std::vector<run_record> list_runs(const run_query& q) override;
   std::vector<run_record> children(std::string_view parent_id) override;
   std::vector<run_record> runs_with_workspace_near(const std::string& folder) override;
   bool claim_run(std::string_view id, std::string_view expected_owner, std::string_view new_owner) override;
@@ -252,10 +252,19 @@ std::vector<run_record> sqlite_journal::runs_with_workspace_near(const std::stri
   });
 }
 
-std::vector<run_record> sqlite_journal::list_runs() {
+std::vector<run_record> sqlite_journal::list_runs(const run_query& q) {
   return c_.guard({}, [&] {
-    // rowid breaks ties within a millisecond in insertion order.
-    auto s = c_.statement((run_select + "ORDER BY created_at_ms DESC, rowid DESC").c_str());
+    // rowid breaks ties within a millisecond in insertion order. One
+    // statement for every query: an absent field's test is true.
+    static const std::string sql = run_select +
+        "WHERE (?1 IS NULL OR status = ?1) "
+        "AND (?2 = '' OR agent = ?2 OR (substr(agent, -length(?2)) = ?2 AND substr(agent, -length(?2) - 1, 1) = '/')) "
+        "AND (?3 IS NULL OR created_at_ms >= ?3) "
+        "AND (?4 = '' OR (created_at_ms, rowid) < (SELECT created_at_ms, rowid FROM runs WHERE id = ?4)) "
+        "ORDER BY created_at_ms DESC, rowid DESC LIMIT ?5";
+    std::optional<std::string> status;
+    if (q.status) status = std::string(to_string(*q.status));
+    auto s = c_.statement(sql.c_str(), status, q.agent, q.since_ms, q.before, q.limit.value_or(-1));
     std::vector<run_record> runs;
     while (s.executeStep()) runs.push_back(read_run(sqlite_row{s}));
     return runs;

@@ -479,3 +479,44 @@ TEST_CASE("an agent that cannot start is refused before a run is made: a script 
   CHECK_THAT(r.err, Catch::Contains("is not executable: chmod +x it"));
   CHECK_FALSE(std::filesystem::exists(dir / ".cairn" / "cairn.db"));
 }
+
+TEST_CASE("cairn ls filters by status, agent and age, pages with --limit and --before, and --json stays lean") {
+  cairn::testing::temp_dir dir;
+  for (const char* id : {"p1", "p2", "p3"}) REQUIRE(run_cli(dir, run_steps(id, 1)).code == 0);
+  const auto listed = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "ls");
+    args.push_back("--json");
+    auto r = run_cli(dir, args);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    std::vector<std::string> ids;
+    for (const auto& run : json::parse(r.out)) ids.push_back(run["id"]);
+    return ids;
+  };
+  using v = std::vector<std::string>;
+  CHECK(listed({}) == v{"p3", "p2", "p1"});
+  CHECK(listed({"--status", "completed"}) == v{"p3", "p2", "p1"});
+  CHECK(listed({"--status", "failed"}).empty());
+  CHECK(listed({"--agent", "step_agent"}) == v{"p3", "p2", "p1"});
+  CHECK(listed({"--agent", "other_agent"}).empty());
+  CHECK(listed({"--since", "1h"}) == v{"p3", "p2", "p1"});
+  CHECK(listed({"--since", "2999-01-01"}).empty());
+  CHECK(listed({"--limit", "2"}) == v{"p3", "p2"});
+  CHECK(listed({"--limit", "2", "--before", "p2"}) == v{"p1"});
+
+  auto page = run_cli(dir, {"ls", "--limit", "2"});
+  CHECK_THAT(page.out, Catch::Contains("the next: cairn ls --before p2 --limit 2"));
+  // A listing's row leaves what `cairn show` has: the input, the output, the policy.
+  auto row = json::parse(run_cli(dir, {"ls", "--json"}).out)[0];
+  CHECK(row["status"] == "completed");
+  CHECK_FALSE(row.contains("policy"));
+  CHECK_FALSE(row.contains("input"));
+  CHECK_FALSE(row.contains("output"));
+
+  auto bad = run_cli(dir, {"ls", "--since", "last week"});
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("is no time"));
+  bad = run_cli(dir, {"ls", "--before", "nobody"});
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("no run 'nobody'"));
+}

@@ -321,6 +321,61 @@ TEST_CASE("list_runs is newest first") {
   CHECK(ids == std::vector<std::string>{"a", "c", "b"});
 }
 
+namespace {
+std::int64_t query_clock = 1'700'000'000'000;
+std::int64_t read_query_clock() { return query_clock; }
+}  // namespace
+
+TEST_CASE("list_runs finds the runs a query selects, newest first, a page at a time") {
+  ON_EACH_BACKEND(where);
+  auto j = where.open();
+  storage::set_now_ms_for_testing(read_query_clock);
+  struct made {
+    const char* id;
+    const char* agent;
+    std::int64_t at;
+  };
+  // Two runs share a millisecond: insertion order breaks the tie.
+  for (const made& m : {made{"r1", "/a/count.py", 1000}, made{"r2", "/a/other.py", 2000},
+                        made{"r3", "/b/count.py", 2000}, made{"r4", "/a/xcount.py", 3000},
+                        made{"r5", "/a/count.py", 4000}}) {
+    query_clock = 1'700'000'000'000 + m.at;
+    auto run = a_run(m.id);
+    run.agent = m.agent;
+    j->create_run(run);
+  }
+  storage::set_now_ms_for_testing(nullptr);
+  REQUIRE(j->claim_run("r3", "", "me"));
+  j->finish_run("r3", run_status::completed, json(1), std::nullopt);
+
+  const auto ids = [&](const run_query& q) {
+    std::vector<std::string> out;
+    for (const auto& r : j->list_runs(q)) out.push_back(r.id);
+    return out;
+  };
+  using v = std::vector<std::string>;
+  CHECK(ids({}) == v{"r5", "r4", "r3", "r2", "r1"});
+  CHECK(ids({.status = run_status::completed}) == v{"r3"});
+  CHECK(ids({.status = run_status::pending}) == v{"r5", "r4", "r2", "r1"});
+  // By its file's name or trailing path, whole components only: xcount.py is not count.py.
+  CHECK(ids({.agent = "count.py"}) == v{"r5", "r3", "r1"});
+  CHECK(ids({.agent = "a/count.py"}) == v{"r5", "r1"});
+  CHECK(ids({.agent = "/b/count.py"}) == v{"r3"});
+  CHECK(ids({.agent = "ount.py"}).empty());
+  CHECK(ids({.since_ms = 1'700'000'002'000}) == v{"r5", "r4", "r3", "r2"});
+  // Pages: the next starts after the last of the one before, whatever it matched.
+  CHECK(ids({.limit = 2}) == v{"r5", "r4"});
+  CHECK(ids({.before = "r4", .limit = 2}) == v{"r3", "r2"});
+  CHECK(ids({.before = "r2", .limit = 2}) == v{"r1"});
+  CHECK(ids({.before = "r1"}).empty());
+  CHECK(ids({.agent = "count.py", .before = "r4"}) == v{"r3", "r1"});
+  CHECK(ids({.limit = 0}).empty());
+  CHECK(ids({.before = "nobody"}).empty());
+  // Names are data: a pattern character matches only itself.
+  CHECK(ids({.agent = "%"}).empty());
+  CHECK(ids({.agent = "count_py"}).empty());
+}
+
 TEST_CASE("steps round-trip exactly, in seq order") {
   ON_EACH_BACKEND(where);
   auto j = where.open();
