@@ -50,12 +50,12 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
                   << std::endl;
       if (run.status != storage::run_status::pending && run.status != storage::run_status::running &&
           run.status != storage::run_status::waiting)
-        return report_end(run, as_json);
+        return report_end(p, run, as_json);
       print_history(*journal, run.id, as_json);
     }
     auto end = follow(p, run.id, as_json);
     if (const int signal = stop_signal()) return report_stopped(end, signal, as_json);
-    return report_end(end, as_json);
+    return report_end(p, end, as_json);
   });
 }
 
@@ -67,13 +67,13 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
     if (!all) {
       // A failed run gets a fresh set of attempts; one in doubt is told what to settle.
       auto run = eng.reopen(run_id);
-      if (run.status == storage::run_status::in_doubt) return report_end(eng.execute(run_id), as_json);
+      if (run.status == storage::run_status::in_doubt) return report_end(p, eng.execute(run_id), as_json);
       print_history(*journal, run_id, as_json);
       if (run.status == storage::run_status::waiting && !as_json)
         std::cout << fmt::format("run {} {}", run_id, describe_wait(run)) << std::endl;
       auto end = follow(p, run_id, as_json);
       if (const int signal = stop_signal()) return report_stopped(end, signal, as_json);
-      return report_end(end, as_json);
+      return report_end(p, end, as_json);
     }
     auto orphans = eng.orphaned_runs();
     if (orphans.empty() && !as_json) std::cout << "nothing to resume: no run was left unfinished" << std::endl;
@@ -98,7 +98,7 @@ int resume_command(const paths& p, const std::string& run_id, bool all, bool as_
       }
       results.push_back(to_json(end));
       const bool fine = end.status == storage::run_status::completed || end.status == storage::run_status::waiting;
-      worst = std::max(worst, as_json ? (fine ? 0 : 1) : report_end(end, false));
+      worst = std::max(worst, as_json ? (fine ? 0 : 1) : report_end(p, end, false));
     }
     if (as_json) std::cout << results.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     return worst;

@@ -15,6 +15,7 @@
 
 #include "cli/format.hpp"
 #include "engine/effects.hpp"
+#include "engine/run_paths.hpp"
 #include "engine/scheduler.hpp"
 #include "protocol/bounded_json.hpp"
 
@@ -98,7 +99,7 @@ engine::engine_options options_for(const paths& p) {
   return o;
 }
 
-int report_end(const storage::run_record& run, bool as_json) {
+int report_end(const paths& p, const storage::run_record& run, bool as_json) {
   if (as_json) {
     std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
   } else if (run.status == storage::run_status::completed) {
@@ -119,6 +120,11 @@ int report_end(const storage::run_record& run, bool as_json) {
     std::cerr << fmt::format("run {} {}: {}", terminal_text(run.id), verb.at(run.status),
                              terminal_text(run.error->message))
               << std::endl;
+  // Where to look next: what the agent printed, when this machine has it.
+  std::error_code ec;
+  const auto log = engine::run_log(p.home, run.id);
+  if (run.status == storage::run_status::failed && std::filesystem::file_size(log, ec) > 0 && !ec)
+    std::cerr << fmt::format("its agent's output: {}", terminal_text(log.string())) << std::endl;
   return 1;
 }
 

@@ -125,6 +125,10 @@ TEST_CASE("a failed run exits 1 with its error on stderr") {
   auto r = run_cli(dir, {"run", STEP_AGENT, "--id", "bad", "--input", R"({"steps":3,"terminal_at":1})"});
   CHECK(r.code == 1);
   CHECK_THAT(r.err, Catch::Contains("run bad failed: step 'step 1' failed: step 1 cannot succeed"));
+  // and where to look next: the agent's own output, which says it too.
+  const auto log = dir / ".cairn" / "logs" / "bad.log";
+  CHECK_THAT(r.err, Catch::Contains("its agent's output: " + log.string()));
+  CHECK_THAT(slurp(log), Catch::Contains("step 1 cannot succeed"));
 }
 
 TEST_CASE("bad input is refused before anything is written") {
