@@ -64,6 +64,8 @@ struct per_process {
   places start_places{teardown.get_executor(), starting_at_once};
 };
 
+std::atomic<bool> inline_blocking{false};
+
 per_process& this_process() {
   // Made again in a forked child, which has none of its parent's threads;
   // never destroyed, so that no agent outlives its pools (and none is
@@ -83,6 +85,10 @@ per_process& this_process() {
 
 std::atomic<int> live_attempts{0};
 std::atomic<int> begun_attempts{0};
+
+void run_blocking_inline(bool on) { inline_blocking.store(on, std::memory_order_release); }
+
+bool blocking_inline() noexcept { return inline_blocking.load(std::memory_order_acquire); }
 
 asio::any_io_executor blocking_executor(pool which) {
   auto& process = this_process();
@@ -106,8 +112,9 @@ pool_use::~pool_use() {
 }
 
 task<start_slot> start_slot::take() {
+  if (blocking_inline()) co_return start_slot{false};
   co_await this_process().start_places.async_send(boost::system::error_code{}, asio::use_awaitable);
-  co_return start_slot{};
+  co_return start_slot{true};
 }
 
 start_slot::~start_slot() {

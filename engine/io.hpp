@@ -61,6 +61,13 @@ extern std::atomic<int> live_attempts;
 extern std::atomic<int> begun_attempts;
 asio::any_io_executor blocking_executor(pool which);
 
+// A test seam for the deterministic simulator (tests/sim), which runs the
+// attempt driver on one thread: while on, offload() calls its function on
+// the caller's thread and event loop (taking no pool_use), start_slot::take()
+// holds no place, and no pool thread is started. Off unless a test turns it on.
+void run_blocking_inline(bool on);
+bool blocking_inline() noexcept;
+
 // Holds a thread of `which` for one job: for pool::tools, starts one when
 // none is idle (up to the bound). Nothing for the fixed pools.
 class pool_use {
@@ -79,6 +86,7 @@ class pool_use {
 template <class F>
 auto offload(F fn, pool which) -> task<std::invoke_result_t<F&>> {
   using T = std::invoke_result_t<F&>;
+  if (blocking_inline()) co_return fn();
   const pool_use use(which);
   co_return co_await asio::co_spawn(
       blocking_executor(which), [fn = std::move(fn)]() mutable -> task<T> { co_return fn(); }, asio::use_awaitable);
@@ -97,7 +105,7 @@ class start_slot {
   ~start_slot();
 
  private:
-  start_slot() : held_(true) {}
+  explicit start_slot(bool held) : held_(held) {}
   bool held_;
 };
 

@@ -31,6 +31,8 @@ tool_broker::tool_broker(const std::string& run_id, const policy& p, const std::
   for (const auto& [name, spec] : p.commands)
     tools_[name] =
         make_command_tool({name, spec.command, spec.input, spec.timeout, spec.kind, spec.max_output_bytes, spec.env});
+  if (const auto& extra = granted_test_tools())
+    for (auto& [name, t] : extra()) tools_[name] = std::move(t);
 }
 
 std::variant<protocol::step_result, effects::tool_started> tool_broker::prepare(const protocol::tool_msg& m) const {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -70,5 +71,13 @@ class tool {
   // call; must return within the grant's time limit.
   virtual json call(const tool_call& call) = 0;
 };
+
+// A test seam for the deterministic simulator (tests/sim), whose agents call
+// tools that must count their calls and never leave the process: while set,
+// every tool_broker made in this process also grants the tools `make` gives
+// it (by name, over the policy's). Unset (nullptr) unless a test sets it.
+using test_tools = std::function<std::map<std::string, std::unique_ptr<tool>>()>;
+void grant_test_tools(test_tools make);
+const test_tools& granted_test_tools();
 
 }  // namespace cairn::engine

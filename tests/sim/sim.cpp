@@ -19,11 +19,23 @@
 #include <utility>
 #include <vector>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "engine/attempt.hpp"
+#include "engine/clock.hpp"
 #include "engine/engine.hpp"
+#include "engine/io.hpp"
+#include "engine/tools/tool.hpp"
 #include "engine/ledger.hpp"
 #include "engine/liveness.hpp"
 #include "engine/run_journal.hpp"
 #include "storage/memory/memory_journal.hpp"
+#include "tests/sim/sim_agent.hpp"
 
 namespace cairn::sim {
 namespace {
@@ -40,14 +52,6 @@ constexpr std::size_t max_drivers = 3;               // runs one worker drives a
 std::int64_t virtual_now = epoch_ms;
 std::int64_t read_virtual_now() { return virtual_now; }
 
-// What a scripted agent does at one step.
-struct op {
-  enum kind_t { step, at_most_once, idempotent, sleep, signal } kind = step;
-  std::int64_t ms = 0;  // sleep's length
-};
-
-std::string signal_name(std::uint64_t seq) { return fmt::format("s{}", seq); }
-
 // A run's progress through one attempt: one effect per advance.
 struct driver {
   std::string run;
@@ -56,6 +60,48 @@ struct driver {
   std::uint64_t seq = 0;
   int phase = 0;
   json tool_output;
+};
+
+// What wakes an attempt of the real driver: its run's wake-ups in this
+// process (wake_run, which every ledger here calls after its commits). The
+// engine's attempt_events also listens for other processes' (a thread, and
+// a folder beside the journal); here every worker is in this process.
+class sim_wakeups final : public engine::attempt_wakeups {
+ public:
+  explicit sim_wakeups(const std::string& run) : registration_(run, wake_) {}
+  void watch_process(pid_t) override {}  // the agent's end closes its channel
+  int fd() const override { return wake_.fd(); }
+  bool take() const override { return wake_.take(); }
+
+ private:
+  engine::wake_event wake_;
+  engine::wake_registration registration_;
+};
+
+// A run a worker executes with the real driver: its attempts, one after
+// another, as the engine's execute_run makes them, on an event loop of its
+// own that the simulator polls when the worker acts. Destroyed, it drops
+// the coroutines and kills the agent (a crash, a lost lease).
+struct attempt_slot {
+  std::string run;
+  storage::run_record record;
+  engine::policy policy;
+  engine::attempt_options options;
+  engine::run_observer observer;
+  std::unique_ptr<engine::run_journal> journal;
+  std::unique_ptr<engine::attempt_journal> port;  // journal, with the simulator's checks
+  std::unique_ptr<sim_wakeups> wakeups;
+  int attempt = 0;
+  bool over = false;  // its coroutine returned
+  std::unique_ptr<boost::asio::io_context> io = std::make_unique<boost::asio::io_context>();
+  std::optional<engine::timer> nudge;
+  bool nudging = false;  // nudge is set
+  boost::asio::steady_timer* commit_gate = nullptr;  // an effect waits for the worker's next event
+  ~attempt_slot() {
+    // The coroutines first: they hold the rest.
+    nudge.reset();
+    io.reset();
+  }
 };
 
 // A worker process: its journal objects (the ledger's and its reads), its
@@ -71,6 +117,9 @@ struct worker {
   std::int64_t renew_at = 0;
   std::int64_t paused_until = 0;
   std::map<std::string, std::unique_ptr<driver>> drivers;
+  // --driver real: its sandboxes, and the runs it executes.
+  std::unique_ptr<sim_backend> backend;
+  std::map<std::string, std::unique_ptr<attempt_slot>> attempts;
 };
 
 // Where the journal lives: what opens a connection to it, and the faults
@@ -127,10 +176,17 @@ struct violation {
   std::string what;
 };
 
-class world {
+class world final : public agent_watcher {
  public:
-  explicit world(const options& o) : o_(o), rng_(o.seed) {
+  explicit world(const options& o) : o_(o), rng_(o.seed), real_(o.driver == "real") {
     virtual_now = epoch_ms;
+    if (real_) {
+      // The engine's clock moves with the simulation's (advance_clock); the
+      // journal's wall time is the simulation's.
+      clock_.emplace();
+      engine::run_blocking_inline(true);
+      engine::grant_test_tools([this] { return make_tools(); });
+    }
     storage::set_now_ms_for_testing(read_virtual_now);
     if (o.backend == "sqlite") db_ = std::make_unique<sqlite_database>();
     else db_ = std::make_unique<memory_database>(o.no_sync);
@@ -143,6 +199,11 @@ class world {
     observer_.reset();
     db_.reset();
     storage::set_now_ms_for_testing(nullptr);
+    if (real_) {
+      engine::grant_test_tools(nullptr);
+      engine::run_blocking_inline(false);
+      clock_.reset();
+    }
   }
 
   outcome run() {
@@ -189,7 +250,9 @@ class world {
       scripts_[id] = std::move(script);
       storage::new_run run;
       run.id = id;
-      run.agent = "/sim/agent";
+      // The driver reads the program's first bytes (is it a script?): with
+      // the real one, a program that exists, this one.
+      run.agent = real_ ? std::filesystem::read_symlink("/proc/self/exe").string() : "/sim/agent";
       run.sandbox = "none";
       run.workspace = "/sim/" + id;
       run.max_attempts = 1'000;
@@ -212,6 +275,7 @@ class world {
     if (r < 90) return restart();
     if (r < 120) return send_signal(false);
     if (r < 320) return advance_clock();
+    if (real_ && r < 520) return agent_moves();
     std::vector<worker*> active;
     for (auto& w : workers_)
       if (w->paused_until <= virtual_now) active.push_back(w.get());
@@ -223,6 +287,7 @@ class world {
     const std::int64_t by = below(10) < 7 ? 1 + static_cast<std::int64_t>(below(200))
                                           : 1 + static_cast<std::int64_t>(below(2 * lease_ms));
     virtual_now += by;
+    if (clock_) clock_->advance(std::chrono::milliseconds(by));
     trace(fmt::format("clock +{} ms", by));
   }
 
@@ -230,6 +295,18 @@ class world {
     quiet_ = true;
     db_->inject_faults(nullptr);
     trace("quiet: no more faults");
+    // A zombie is a fault too: its old self goes. Two live processes under
+    // one owner id each take the run back from the other (the epoch fence
+    // keeps that safe, nothing makes it end).
+    std::set<std::string> owners;
+    for (auto it = workers_.rbegin(); it != workers_.rend();) {
+      if (owners.insert((*it)->owner).second) {
+        ++it;
+        continue;
+      }
+      trace(fmt::format("the old {} of {} ends", (*it)->tag, (*it)->owner));
+      it = decltype(it)(workers_.erase(std::next(it).base()));
+    }
     send_signal(true);
   }
 
@@ -304,6 +381,7 @@ class world {
     w->owner = owner ? *owner : fmt::format("sim-{}:boot:{}:1", slot, 1000 + incarnations_);
     w->writes = std::make_unique<engine::ledger>(db_->open(), engine::ledger::single_thread);
     w->reads = db_->open();
+    if (real_) w->backend = std::make_unique<sim_backend>(w->tag, scripts_, *this);
     trace(fmt::format("start {} as {}", w->tag, w->owner));
     workers_.push_back(std::move(w));
     register_lease(*workers_.back());
@@ -354,6 +432,14 @@ class world {
   void work(worker& w) {
     if (!w.registered) return register_lease(w);
     if (virtual_now >= w.renew_at) return renew(w);
+    if (real_) {
+      if (!w.attempts.empty() && (w.attempts.size() >= max_drivers || below(4) != 0)) {
+        auto it = w.attempts.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(below(w.attempts.size())));
+        return poll(w, *it->second);
+      }
+      return look(w);
+    }
     if (!w.drivers.empty() && (w.drivers.size() >= max_drivers || below(4) != 0)) {
       auto it = w.drivers.begin();
       std::advance(it, static_cast<std::ptrdiff_t>(below(w.drivers.size())));
@@ -377,13 +463,20 @@ class world {
     if (current) return;
     // Lost (worker_lease.hpp): register afresh; every run in flight checks it still holds its run.
     register_lease(w);
-    for (auto it = w.drivers.begin(); it != w.drivers.end();) {
+    give_up_lost(w, w.attempts);
+    give_up_lost(w, w.drivers);
+  }
+
+  // The runs in flight (a worker's drivers or attempts) it no longer holds.
+  template <class Runs>
+  void give_up_lost(worker& w, Runs& runs) {
+    for (auto it = runs.begin(); it != runs.end();) {
       try {
         engine::run_here(w.writes->confirm_held_async(it->first));
         ++it;
       } catch (const storage::storage_error& e) {
         trace(fmt::format("{} gives up {}: {}", w.tag, it->first, e.what()));
-        it = w.drivers.erase(it);
+        it = runs.erase(it);
       }
     }
   }
@@ -392,7 +485,7 @@ class world {
   void look(worker& w) {
     std::vector<storage::run_record> candidates;
     for (const auto& brief : w.reads->schedulable(virtual_now)) {
-      if (w.drivers.count(brief.id)) continue;
+      if (w.drivers.count(brief.id) || w.attempts.count(brief.id)) continue;
       auto run = w.reads->find_run(brief.id);
       if (!run) continue;
       bool take = false;
@@ -419,6 +512,7 @@ class world {
     }
     holder_[run.id] = w.tag;
     trace(fmt::format("{} takes {} (was {}, owner '{}')", w.tag, run.id, storage::to_string(run.status), run.owner));
+    if (real_) return take_real(w, run.id);
     auto d = std::make_unique<driver>();
     d->run = run.id;
     d->port = std::make_unique<engine::run_journal>(*w.writes, *w.reads, home_, d->run, d->limits);
@@ -438,6 +532,254 @@ class world {
       confirm_holder(w, run.id);
     } catch (const storage::storage_error& e) {
       dropped(w, held, e);
+    }
+  }
+
+  // ---- the real attempt driver (--driver real) ----
+
+  // The attempt's journal port with the simulator's checks: only the worker
+  // that took the run last may write to it, and a worker is fenced off only
+  // a run it no longer holds.
+  class held_port final : public engine::attempt_journal {
+   public:
+    held_port(world& sim, const worker& w, attempt_slot& slot)
+        : sim_(sim), w_(w), slot_(slot), inner_(*slot.journal), run_(slot.run) {}
+    engine::task<void> apply(engine::effect e) override {
+      // The ledger commits at the worker's next event, as a committer
+      // thread would while the agent runs on: what the driver did before the
+      // effect is durable (an ack sent early) may reach the agent first.
+      boost::asio::steady_timer gate(co_await boost::asio::this_coro::executor,
+                                     boost::asio::steady_timer::time_point::max());
+      slot_.commit_gate = &gate;
+      boost::system::error_code opened;
+      co_await gate.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, opened));
+      try {
+        co_await inner_.apply(std::move(e));
+      } catch (const storage::storage_error& refused) {
+        if (refused.code() == storage::errc::fenced && sim_.holds(w_, run_))
+          sim_.fail(fmt::format("{} was fenced off {}, which it holds: {}", w_.tag, run_, refused.what()));
+        throw;
+      }
+      if (!sim_.holds(w_, run_)) {
+        auto it = sim_.holder_.find(run_);
+        sim_.fail(fmt::format("{} wrote to {}, which {} holds now: two workers execute one run", w_.tag, run_,
+                              it == sim_.holder_.end() ? "nobody" : it->second));
+      }
+      sim_.written_ = true;
+    }
+    engine::task<std::optional<std::string>> start_child(storage::new_run child, const engine::policy& p) override {
+      return inner_.start_child(std::move(child), p);
+    }
+    std::uint64_t step_count() override { return inner_.step_count(); }
+    std::vector<protocol::step_result> history(std::uint64_t from, std::uint64_t until,
+                                               std::uint64_t max_bytes) override {
+      return inner_.history(from, until, max_bytes);
+    }
+    int step_failures(std::uint64_t seq) override { return inner_.step_failures(seq); }
+    int tool_attempts(std::uint64_t seq) override { return inner_.tool_attempts(seq); }
+    std::optional<effects::timer_set> timer_at(std::uint64_t seq) override { return inner_.timer_at(seq); }
+    std::optional<effects::wait_started> wait_at(std::uint64_t seq) override { return inner_.wait_at(seq); }
+    std::optional<std::string> cancel_requested() override { return inner_.cancel_requested(); }
+    engine::task<void> confirm_held() override { return inner_.confirm_held(); }
+    std::optional<storage::signal_record> pending_signal(const std::string& name) override {
+      return inner_.pending_signal(name);
+    }
+    std::optional<storage::run_record> find_run(const std::string& id) override { return inner_.find_run(id); }
+    std::uint64_t llm_tokens_spent() override { return inner_.llm_tokens_spent(); }
+
+   private:
+    world& sim_;
+    const worker& w_;
+    attempt_slot& slot_;
+    engine::run_journal& inner_;
+    std::string run_;
+  };
+
+  // The tools the agents call, granted to every broker (engine::grant_test_tools).
+  class sim_tool final : public engine::tool {
+   public:
+    sim_tool(world& sim, std::string name, bool at_most_once) : sim_(sim), name_(std::move(name)), amo_(at_most_once) {}
+    const std::string& name() const override { return name_; }
+    engine::idempotency kind(const json&) const override {
+      return amo_ ? engine::idempotency::at_most_once : engine::idempotency::idempotent;
+    }
+    json call(const engine::tool_call& c) override {
+      // The tool's effect on the world: it happened, whatever the journal says next.
+      const int n = ++sim_.tool_calls_[{c.run_id, c.seq}];
+      sim_.trace(fmt::format("the {} tool of {} step {} is called ({} time)", amo_ ? "at-most-once" : "idempotent",
+                             c.run_id, c.seq, n));
+      if (amo_ && n > 1)
+        sim_.fail(fmt::format("the at-most-once tool of {} step {} was called {} times", c.run_id, c.seq, n));
+      return json{{"seq", c.seq}};
+    }
+
+   private:
+    world& sim_;
+    std::string name_;
+    bool amo_;
+  };
+
+  std::map<std::string, std::unique_ptr<engine::tool>> make_tools() {
+    std::map<std::string, std::unique_ptr<engine::tool>> tools;
+    tools["charge"] = std::make_unique<sim_tool>(*this, "charge", true);
+    tools["fetch"] = std::make_unique<sim_tool>(*this, "fetch", false);
+    return tools;
+  }
+
+  // A violation seen where it cannot be thrown through (the engine's
+  // coroutines, which catch what they expect): the first is kept, the
+  // simulation ends after the event.
+  void fail(std::string what) {
+    if (!pending_) pending_ = std::move(what);
+  }
+  void check_pending() {
+    if (pending_) throw violation{*pending_};
+  }
+
+  void executes(const std::string& run, const std::string& worker_tag, std::uint64_t seq) override {
+    // A stale attempt (its run taken over while its worker was paused) may
+    // still compute a step; the attempt that holds the run replays what was
+    // acknowledged.
+    auto it = holder_.find(run);
+    if (acked_.count({run, seq}) && it != holder_.end() && it->second == worker_tag)
+      fail(fmt::format("step {} of {} was acknowledged, yet the agent of {} executes it again", seq, run, worker_tag));
+  }
+
+  void answered(const std::string& run, const std::string& worker_tag, std::uint64_t seq, const json& output) override {
+    written_ = true;  // what check() holds the journal to grew
+    trace(fmt::format("the agent of {} ({}) is answered step {}", run, worker_tag, seq));
+    // Each step is answered once: after that a replay hands it over.
+    if (!acked_.emplace(std::make_pair(run, seq), output).second)
+      fail(fmt::format("step {} of {} was answered twice (the second time to the agent of {})", seq, run, worker_tag));
+  }
+
+  // One move of one agent of any worker (a paused worker's agents go on).
+  void agent_moves() {
+    std::vector<std::shared_ptr<sim_agent>> agents;
+    for (auto& w : workers_)
+      for (auto& a : w->backend->agents()) agents.push_back(std::move(a));
+    if (agents.empty()) return advance_clock();
+    auto& agent = *agents[below(agents.size())];
+    try {
+      agent.act();
+    } catch (const agent_error& e) {
+      throw violation{e.what()};
+    }
+    check_pending();
+  }
+
+  void take_real(worker& w, const std::string& id) {
+    auto a = std::make_unique<attempt_slot>();
+    a->run = id;
+    a->record = *w.reads->find_run(id);
+    a->journal = std::make_unique<engine::run_journal>(*w.writes, *w.reads, home_, a->run, a->policy.journal);
+    a->port = std::make_unique<held_port>(*this, w, *a);
+    a->wakeups = std::make_unique<sim_wakeups>(a->run);
+    a->nudge.emplace(*a->io);
+    // engine::end_before_attempt: a call in doubt stops the run.
+    if (auto doubt = engine::find_in_doubt(*w.reads, id)) {
+      trace(fmt::format("{} finds step {} of {} in doubt", w.tag, doubt->seq, id));
+      try {
+        engine::run_here(a->journal->apply(effects::run_ended{storage::run_status::in_doubt, nullptr,
+                                                               protocol::error_info{doubt->message, "in_doubt"}}));
+        written_ = true;
+        confirm_holder(w, id);
+        holder_.erase(id);
+        trace(fmt::format("{} ends {}: in_doubt", w.tag, id));
+      } catch (const storage::storage_error& e) {
+        trace(fmt::format("{} stops driving {}: {}", w.tag, id, e.what()));
+      }
+      check_pending();
+      return;
+    }
+    try {
+      a->attempt = w.writes->begin_attempt(id);
+      trace(fmt::format("{} begins attempt {} of {} at step {}", w.tag, a->attempt, id, a->journal->step_count()));
+      confirm_holder(w, id);
+    } catch (const storage::storage_error& e) {
+      trace(fmt::format("{} stops driving {}: {}", w.tag, id, e.what()));
+      return;
+    }
+    auto& slot = *a;
+    w.attempts[id] = std::move(a);
+    boost::asio::co_spawn(*slot.io, execute(w, slot), [this, &w, &slot](std::exception_ptr e) {
+      slot.over = true;
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const storage::storage_error& refused) {
+        trace(fmt::format("{} stops driving {}: {}", w.tag, slot.run, refused.what()));
+      } catch (const std::exception& other) {
+        fail(fmt::format("the attempt of {} on {} threw: {}", slot.run, w.tag, other.what()));
+      }
+    });
+  }
+
+  // The worker acts on one of its runs: its event loop runs what is ready,
+  // timers whose (simulated) time has come included.
+  void poll(worker& w, attempt_slot& a) {
+    // A timer's time comes when the clock moves, but the event loop hears of
+    // it only when its timerfd fires, up to a millisecond of real time later
+    // (clock_wait_traits). A timer due at once re-arms that timerfd to fire
+    // now, so every timer that is due runs in this poll, however fast the
+    // simulation goes.
+    // The ledger commits the effect that waits for it, if one does.
+    if (auto* gate = std::exchange(a.commit_gate, nullptr)) gate->cancel();
+    if (!std::exchange(a.nudging, true)) {
+      a.nudge->expires_at(engine::clock::time_point{});
+      a.nudge->async_wait([&a](boost::system::error_code) { a.nudging = false; });
+    }
+    a.io->poll();
+    const auto run = a.run;
+    if (a.over) w.attempts.erase(run);
+    check_pending();
+  }
+
+  // What engine::execute_run does around each attempt, for one run.
+  engine::task<void> execute(worker& w, attempt_slot& a) {
+    using kind = engine::attempt_result::kind;
+    for (;;) {
+      auto result =
+          co_await engine::run_attempt(*a.port, *a.wakeups, *w.backend, a.record, a.policy, a.attempt, a.options,
+                                       a.observer);
+      switch (result.outcome) {
+        case kind::suspended: {
+          co_await a.port->confirm_held();
+          effects::suspended s;
+          s.wait = result.wait;
+          s.count = 1;
+          co_await a.port->apply(std::move(s));
+          holder_.erase(a.run);
+          trace(fmt::format("{} suspends {}", w.tag, a.run));
+          co_return;
+        }
+        case kind::crashed:
+        case kind::restart: {
+          trace(fmt::format("{}: attempt {} of {} crashed: {}", w.tag, a.attempt, a.run, result.error.message));
+          co_await a.port->apply(effects::attempt_crashed{a.attempt, result.error.message, true});
+          if (auto doubt = engine::find_in_doubt(*w.reads, a.run)) {
+            co_await a.port->apply(effects::run_ended{storage::run_status::in_doubt, nullptr,
+                                                      protocol::error_info{doubt->message, "in_doubt"}});
+            holder_.erase(a.run);
+            trace(fmt::format("{} ends {}: in_doubt", w.tag, a.run));
+            co_return;
+          }
+          a.attempt = co_await w.writes->begin_attempt_async(a.run);
+          a.record = *w.reads->find_run(a.run);
+          continue;
+        }
+        case kind::completed: {
+          co_await a.port->apply(effects::run_ended{storage::run_status::completed, result.output, std::nullopt});
+          holder_.erase(a.run);
+          trace(fmt::format("{} ends {}: completed", w.tag, a.run));
+          co_return;
+        }
+        default:
+          // Its agent never fails, cancels or stops: the driver ended the attempt for a reason of its own.
+          fail(fmt::format("the attempt of {} on {} ended {}: {} ({})", a.run, w.tag, static_cast<int>(result.outcome),
+                           result.error.message, result.error.type));
+          co_return;
+      }
     }
   }
 
@@ -678,7 +1020,7 @@ class world {
     }
   }
 
-  void trace(const std::string& line) {
+  void trace(const std::string& line) override {
     for (unsigned char c : line) hash_ = (hash_ ^ c) * 0x100000001b3ULL;
     hash_ = (hash_ ^ '\n') * 0x100000001b3ULL;
     if (o_.verbose) std::cerr << fmt::format("{:>6} {:>9} {}\n", events_, virtual_now - epoch_ms, line);
@@ -686,6 +1028,9 @@ class world {
 
   options o_;
   std::mt19937_64 rng_;
+  bool real_;  // --driver real
+  std::optional<engine::fake_clock> clock_;  // the engine's, with --driver real
+  std::optional<std::string> pending_;  // a violation seen inside the engine's coroutines
   std::unique_ptr<database> db_;
   std::unique_ptr<engine::ledger> signaller_;  // `cairn signal` and `cairn submit`: a process of their own
   std::unique_ptr<storage::journal> observer_;  // the simulator's own view of the journal

@@ -7,8 +7,8 @@
 // PRNG. What stands in for the rest is a model: the workers' loops (take a
 // run, drive its agent one effect at a time, renew a lease) and the agents
 // (scripted steps, at-most-once and idempotent tools, sleeps, signals).
-// The attempt driver and the scheduler are not in it yet: they need the
-// engine's clock and its blocking pools behind seams first.
+// With --driver real the engine's attempt driver stands in for that model
+// (options::driver); the scheduler is not in it yet.
 //
 // Faults, at any effect boundary: a worker crashes (restarts from the
 // journal), pauses past its lease, comes back under the same id while its
@@ -35,6 +35,12 @@ struct options {
   // Test-only unsafe switch of the in-memory journal: no commit syncs (a
   // power cut forgets what was acknowledged).
   bool no_sync = false;
+  // "model": sim.cpp's model of the attempt driver, one effect per event.
+  // "real": the engine's attempt driver (engine::run_attempt over the real
+  // run_journal port), one event loop per attempt, on one thread, its
+  // blocking work inline, its clock the simulation's; its agents are
+  // sim_agent.hpp's, speaking the real protocol.
+  std::string driver = "model";
   bool verbose = false;  // every event on stderr
 };
 

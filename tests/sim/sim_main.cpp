@@ -3,6 +3,7 @@
 //   sim --seeds N [--from K]      seeds K .. K+N-1; stops at the first failure
 //   --twice                       each seed twice: the same trace hash, or a failure
 //   --backend memory|sqlite       the journal simulated (sim.hpp's options)
+//   --driver model|real           sim.cpp's model of the attempt driver, or the engine's
 //   --no-sync                     the in-memory journal's unsafe switch: no commit syncs
 // A failure prints "FAILED: seed S: what broke" and how to replay it, and exits 1.
 #include <chrono>
@@ -28,6 +29,8 @@ int main(int argc, char** argv) {
   app.add_option("--fault-events", o.fault_events, "Events with faults before the quiet phase");
   app.add_option("--backend", o.backend, "memory (power cuts, failing writes) or sqlite (the real storage code)")
       ->check(CLI::IsMember({"memory", "sqlite"}));
+  app.add_option("--driver", o.driver, "model (sim.cpp's model of the attempt driver) or real (the engine's)")
+      ->check(CLI::IsMember({"model", "real"}));
   app.add_flag("--twice", twice, "Run each seed twice and compare the traces");
   app.add_flag("--no-sync", o.no_sync, "Unsafe: the journal never syncs");
   app.add_flag("--verbose", o.verbose, "Print every event");
@@ -49,8 +52,8 @@ int main(int argc, char** argv) {
     events += out.events;
     runs += static_cast<std::uint64_t>(out.runs);
     if (!out.ok) {
-      std::cout << fmt::format("FAILED: seed {}: {}\nreplay it: {} --seed {} --backend {} --verbose{}\n", s, out.failure,
-                               argv[0], s, o.backend, o.no_sync ? " --no-sync" : "");
+      std::cout << fmt::format("FAILED: seed {}: {}\nreplay it: {} --seed {} --backend {} --driver {} --verbose{}\n", s,
+                               out.failure, argv[0], s, o.backend, o.driver, o.no_sync ? " --no-sync" : "");
       return 1;
     }
     if (twice) {
