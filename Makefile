@@ -6,15 +6,17 @@ MAKEFLAGS += --no-print-directory
 # The OpenAI Agents example's packages, installed from its lock file (again only when the lock changes).
 OPENAI_AGENTS_MODULES := examples/js/openai_agents/node_modules/.package-lock.json
 
-.PHONY: all deps build test test-sanitize fuzz deb demo install bench clean
+.PHONY: all deps configure build test test-sanitize fuzz deb demo install bench clean
 
 all: build
 
 deps:
 	@scripts/install-deps.sh
 
-build: deps $(OPENAI_AGENTS_MODULES)
+configure: deps $(OPENAI_AGENTS_MODULES)
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+
+build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 $(OPENAI_AGENTS_MODULES): examples/js/openai_agents/package-lock.json
@@ -60,7 +62,10 @@ fuzz: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target fuzzers
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
-demo: build
+# The demo's programs only (cairn, the example agents, the SDKs, the mock
+# model): the tests are built by `make test`.
+demo: configure
+	@cmake --build $(BUILD) -j $(JOBS) --target demo_programs
 	@examples/demo.sh $(BUILD)
 
 bench: build

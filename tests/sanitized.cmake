@@ -7,7 +7,8 @@
 # the runtime (cold sandboxes, and the [serial] cases; the pooled,
 # started-ahead and normal-user runs repeat its cases), the engine, the
 # ledger (its group commit and the run state it keeps), the attacks on
-# the host and the deterministic simulator (300 of its seeds). Every suite would run here; left to `make test` for
+# the host and the deterministic simulator (300 of its seeds, and 100 with
+# the real attempt driver). Every suite would run here; left to `make test` for
 # their cost are those that drive the cairn command as a black box (cli,
 # daemon, crash, chaos, durability proofs), which the ones above cover from
 # inside, and the VM.
@@ -53,6 +54,7 @@ else()
   sanitized_test(ledger_test ledger_test)
   sanitized_test(host_test host_test)
   sanitized_test(sim sim --seeds 300 --twice)
+  sanitized_test(sim_real_driver sim --driver real --seeds 100 --twice)
 endif()
 
 # Every report of every instrumented process (the cairn commands a test runs
