@@ -115,11 +115,14 @@ completions() {  # the words of a command line, the last the one being completed
     completion "$work/prefix/share/bash-completion/completions/cairn" "$@"
 }
 expect_completion() {  # the completion expected, then the command line
-  local expected="$1"
+  local expected="$1" offered
   shift
-  if ! completions "$@" | grep -qx -- "$expected"; then
+  # Taken whole first: `completions | grep -q` under pipefail fails whenever
+  # grep stops reading before bash has written its last line (SIGPIPE).
+  offered="$(completions "$@")"
+  if ! grep -qx -- "$expected" <<<"$offered"; then
     echo "bash completion of '$*' does not offer $expected; it offers:" >&2
-    completions "$@" >&2
+    echo "$offered" >&2
     exit 1
   fi
 }
