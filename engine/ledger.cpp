@@ -252,9 +252,18 @@ task<void> ledger::write_async(body write, bool sync_later) {
         // The handler moves only (the queue's callbacks are copied), and is
         // invoked as an rvalue: the coroutine it resumes is then no longer its.
         auto resume = std::make_shared<decltype(handler)>(std::move(handler));
+        // The caller's event loop counts the write as work until the
+        // committer is done with it: a loop that ends with its work
+        // (run_here) is not destroyed while the committer's post still
+        // touches it (ThreadSanitizer saw cancel()'s loop go that way).
+        auto work =
+            std::make_shared<asio::any_io_executor>(asio::prefer(executor, asio::execution::outstanding_work.tracked));
         enqueue(
             std::move(write),
-            [resume, executor](std::exception_ptr e) { asio::post(executor, [resume, e] { std::move(*resume)(e); }); },
+            [resume, work](std::exception_ptr e) mutable {
+              asio::post(*work, [resume, e] { std::move(*resume)(e); });
+              work.reset();
+            },
             sync_later);
       },
       asio::use_awaitable);
