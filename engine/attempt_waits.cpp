@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt_driver.hpp"
+#include "engine/clock.hpp"
 #include "engine/effects.hpp"
 #include "runtime/crash_point.hpp"
 
@@ -92,7 +93,7 @@ attempt_driver::step attempt_driver::on(const protocol::sleep_msg& m) {
   }
   auto fire = [&]() -> task<bool> {
     const auto now = storage::now_ms();
-    if (now < until) co_return false;
+    if (!timer_due(now, until)) co_return false;
     protocol::step_result r;
     r.seq = m.seq;
     r.name = "sleep";

@@ -40,6 +40,15 @@ int poll_timeout(clock::time_point t) {
   return static_cast<int>(std::min<std::int64_t>(left.count(), 24 * 3600 * 1000));
 }
 
+bool timer_due(std::int64_t now_ms, std::int64_t until_ms) {
+#ifdef CAIRN_TEST_UNSAFE_TIMER_EARLY
+  // Test seam (cairn_unsafe_timer_early): a timer fires a second early.
+  return now_ms + 1'000 >= until_ms;
+#else
+  return now_ms >= until_ms;
+#endif
+}
+
 fake_clock::fake_clock() {
   if (faking.load()) throw std::logic_error("a fake clock is already in use in this process");
   fake_steady.store(std::chrono::steady_clock::now().time_since_epoch().count());

@@ -38,6 +38,11 @@ using timer = boost::asio::basic_waitable_timer<clock, clock_wait_traits>;
 // day (no deadline: the waiter merely looks again); 1 on a fake clock.
 int poll_timeout(clock::time_point t);
 
+// Whether a timer set for `until_ms` (the journal's wall time) has come at
+// `now_ms`: never before it. One rule for the scheduler's wake-up of a
+// sleeping run and the attempt's answer to a sleep.
+bool timer_due(std::int64_t now_ms, std::int64_t until_ms);
+
 // A test seam: while one exists, clock::now() and storage::now_ms() read it
 // (one at a time per process). It starts at the machine's times and moves
 // only by advance(), from any thread.

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt.hpp"
+#include "engine/clock.hpp"
 #include "engine/effects.hpp"
 #include "runtime/crash_point.hpp"
 #include "engine/liveness.hpp"
@@ -484,8 +485,22 @@ bool wait_is_over(storage::journal& journal, const storage::run_record& run) {
   if (run.cancel_requested_at_ms || (run.deadline_ms && now >= *run.deadline_ms)) return true;
   if (!run.wait) return true;
   const auto& w = *run.wait;
-  if (w.wake_at_ms && now >= *w.wake_at_ms) return true;
+  if (w.wake_at_ms && timer_due(now, *w.wake_at_ms)) return true;
+#ifdef CAIRN_TEST_UNSAFE_SUSPENSION_SPLIT
+  // Test seam (cairn_unsafe_suspension_split): a wait hears only the signals
+  // sent after its suspension was written, as if the attempt's last look for
+  // one and the suspension were not one decision: a signal sent between
+  // them is never heard.
+  if (w.kind == "signal") {
+    auto s = journal.pending_signal(run.id, w.key);
+    return s && s->sent_at_ms > run.updated_at_ms;
+  }
+#else
+  // Level, not edge: a signal sent at any time before or after the
+  // suspension wakes it, so a signal that came while the attempt was
+  // deciding to suspend is not lost.
   if (w.kind == "signal") return journal.has_pending_signal(run.id, w.key);
+#endif
   if (w.kind == "child") {
     auto child = journal.find_run(w.key);
     return !child || is_finished(child->status);

@@ -830,7 +830,8 @@ class world final : public agent_watcher {
           return;
         }
         d.phase = 1;
-        if (virtual_now >= timer->until_ms) {
+        // The attempt's rule (attempt_waits.cpp): a timer answers once due.
+        if (engine::timer_due(virtual_now, timer->until_ms)) {
           auto r = record(d, "sleep", protocol::step_kind::sleep, nullptr);
           commit(w, d, std::move(r));
         } else if (below(2) == 0) {
@@ -844,11 +845,18 @@ class world final : public agent_watcher {
           apply(w, d, effects::wait_started{d.seq, name, std::nullopt});
           return;
         }
+        // The attempt looks for the signal, then (a later event: its hold
+        // gives up) suspends without looking again. A signal sent between
+        // must still wake the run (engine::wait_is_over).
+        if (d.phase == 2) {
+          suspend(w, d, storage::wait_spec{"signal", name, d.seq, std::nullopt});
+          return;
+        }
         if (auto s = d.port->pending_signal(name)) {
           commit(w, d, record(d, "wait " + name, protocol::step_kind::signal, s->payload),
                  effects::delivered_signal{s->id, name});
         } else if (below(2) == 0) {
-          suspend(w, d, storage::wait_spec{"signal", name, d.seq, std::nullopt});
+          d.phase = 2;
         }
         return;
       }
