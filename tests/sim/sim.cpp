@@ -60,6 +60,7 @@ struct driver {
   std::uint64_t seq = 0;
   int phase = 0;
   json tool_output;
+  int attempt = 0;
 };
 
 // What wakes an attempt of the real driver: its run's wake-ups in this
@@ -274,6 +275,10 @@ class world final : public agent_watcher {
     if (!quiet && r < 60 && db_->faults()) return toggle_faults();
     if (r < 90) return restart();
     if (r < 120) return send_signal(false);
+    // `cairn cancel`, and an agent's sandbox dying under it (the model's
+    // own; the real driver's agents neither die nor hear cancels yet).
+    if (!real_ && !quiet && r < 124) return cancel_one();
+    if (!real_ && !quiet && r < 134) return agent_dies();
     if (r < 320) return advance_clock();
     if (real_ && r < 520) return agent_moves();
     std::vector<worker*> active;
@@ -427,6 +432,53 @@ class world final : public agent_watcher {
     }
   }
 
+  // `cairn cancel` of one run: acknowledged (true) when the run had not
+  // ended, and then it must end cancelled, whatever happens next.
+  void cancel_one() {
+    written_ = true;
+    auto it = scripts_.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(below(scripts_.size())));
+    const auto& run = it->first;
+    try {
+      if (signaller_->request_cancel(run, "cancelled by the simulation")) {
+        cancelled_.insert(run);
+        trace(fmt::format("cancel {}", run));
+      } else {
+        trace(fmt::format("cancel {}: it had ended", run));
+      }
+    } catch (const storage::storage_error& e) {
+      trace(fmt::format("cancel {} refused: {}", run, e.what()));
+    }
+  }
+
+  // The sandbox of one run in flight dies: what engine::execute_run does
+  // with a crashed attempt (its call in doubt ends the run, else a new
+  // attempt replays the journal).
+  void agent_dies() {
+    std::vector<std::pair<worker*, driver*>> flying;
+    for (auto& w : workers_)
+      if (w->paused_until <= virtual_now)
+        for (auto& [id, d] : w->drivers) flying.emplace_back(w.get(), d.get());
+    if (flying.empty()) return advance_clock();
+    auto [w, d] = flying[below(flying.size())];
+    trace(fmt::format("the agent of {} on {} dies at step {}", d->run, w->tag, d->seq));
+    if (!apply(*w, *d, effects::attempt_crashed{d->attempt, "the sandbox was killed", true})) return;
+    if (auto doubt = engine::find_in_doubt(*w->reads, d->run)) {
+      trace(fmt::format("{} finds step {} of {} in doubt", w->tag, doubt->seq, d->run));
+      return finish(*w, *d, effects::run_ended{storage::run_status::in_doubt, nullptr,
+                                               protocol::error_info{doubt->message, "in_doubt"}});
+    }
+    try {
+      d->attempt = w->writes->begin_attempt(d->run);
+    } catch (const storage::storage_error& e) {
+      return dropped(*w, *d, e);
+    }
+    confirm_holder(*w, d->run);
+    d->seq = d->port->step_count();
+    d->phase = 0;
+    trace(fmt::format("{} begins attempt {} of {} at step {}", w->tag, d->attempt, d->run, d->seq));
+  }
+
   // ---- a worker's loop ----
 
   void work(worker& w) {
@@ -519,7 +571,12 @@ class world final : public agent_watcher {
     d->seq = d->port->step_count();
     auto& held = *d;
     w.drivers[run.id] = std::move(d);
-    // engine::end_before_attempt: a call in doubt stops the run.
+    // engine::end_before_attempt: a cancel ends the run, a call in doubt stops it.
+    if (run.cancel_requested_at_ms) {
+      finish(w, held, effects::run_ended{storage::run_status::cancelled, nullptr,
+                                         protocol::error_info{"cancelled by the simulation", "cancelled"}});
+      return;
+    }
     if (auto doubt = engine::find_in_doubt(*w.reads, run.id)) {
       trace(fmt::format("{} finds step {} of {} in doubt", w.tag, doubt->seq, run.id));
       finish(w, held, effects::run_ended{storage::run_status::in_doubt, nullptr,
@@ -527,8 +584,8 @@ class world final : public agent_watcher {
       return;
     }
     try {
-      const int attempt = w.writes->begin_attempt(run.id);
-      trace(fmt::format("{} begins attempt {} of {} at step {}", w.tag, attempt, run.id, held.seq));
+      held.attempt = w.writes->begin_attempt(run.id);
+      trace(fmt::format("{} begins attempt {} of {} at step {}", w.tag, held.attempt, run.id, held.seq));
       confirm_holder(w, run.id);
     } catch (const storage::storage_error& e) {
       dropped(w, held, e);
@@ -787,6 +844,11 @@ class world final : public agent_watcher {
 
   void advance(worker& w, driver& d) {
     const auto& script = scripts_.at(d.run);
+    // The attempt hears a cancel between effects (attempt.cpp's recheck);
+    // the model's agent obeys it at once.
+    if (d.port->cancel_requested())
+      return finish(w, d, effects::run_ended{storage::run_status::cancelled, nullptr,
+                                             protocol::error_info{"cancelled by the simulation", "cancelled"}});
     if (d.seq == script.size())
       return finish(w, d, effects::run_ended{storage::run_status::completed, json{{"steps", d.seq}}, std::nullopt});
     const op& o = script[d.seq];
@@ -1010,6 +1072,11 @@ class world final : public agent_watcher {
     check_acknowledged_signals();
     for (const auto& [id, script] : scripts_) {
       auto run = observer_->find_run(id);
+      // (A call in doubt stops a run before its cancel does: the user settles it first.)
+      if (cancelled_.count(id) && run->status != storage::run_status::cancelled &&
+          run->status != storage::run_status::in_doubt)
+        throw violation{fmt::format("{} ended {}, yet its cancel was acknowledged before it ended", id,
+                                    storage::to_string(run->status))};
       if (run->status != storage::run_status::completed) continue;
       const auto steps = observer_->steps(id);
       if (steps.size() != script.size())
@@ -1053,6 +1120,7 @@ class world final : public agent_watcher {
   std::map<std::int64_t, int> deliveries_;
   std::set<std::pair<std::string, std::uint64_t>> sent_;
   std::map<std::string, std::set<std::int64_t>> acked_signals_;
+  std::set<std::string> cancelled_;  // runs whose cancel was acknowledged before they ended
   std::map<std::string, std::string> holder_;  // run -> the worker whose claim is the latest
   bool quiet_ = false, faulty_ = false;
   bool written_ = false;  // the event may have changed the journal (it wrote, or the power went)
