@@ -248,6 +248,20 @@ class world final : public agent_watcher {
         if (o.kind == op::sleep) o.ms = 100 + static_cast<std::int64_t>(below(20'000));
         script.push_back(o);
       }
+      // A child run, started at one step and joined at a later one. Its script has no at-most-once call: one in doubt
+      // would stop the child, and its parent with it, until a person settles.
+      if (below(3) == 0) {
+        const auto at = below(script.size() - 1);
+        const auto join = at + 1 + below(script.size() - at - 1);
+        script[at] = op{op::child};
+        script[join] = op{op::join, 0, at};
+        std::vector<op> child;
+        for (int k = 1 + static_cast<int>(below(4)); k > 0; --k) {
+          const auto r = below(3);
+          child.push_back(r == 0 ? op{op::step} : r == 1 ? op{op::idempotent} : op{op::sleep, 100 + static_cast<std::int64_t>(below(5'000))});
+        }
+        scripts_[child_id(id, at)] = std::move(child);
+      }
       scripts_[id] = std::move(script);
       storage::new_run run;
       run.id = id;
@@ -901,6 +915,51 @@ class world final : public agent_watcher {
         }
         return;
       }
+      case op::child: {
+        // attempt_waits.cpp's child step: the run is made (once, however
+        // often a replay asks), then the step records its id.
+        const auto id = child_id(d.run, d.seq);
+        if (d.phase == 0) {
+          storage::new_run child;
+          child.id = id;
+          child.agent = "/sim/agent";
+          child.sandbox = "none";
+          child.max_attempts = 1'000;
+          child.parent_id = d.run;
+          std::optional<std::string> refused;
+          written_ = true;
+          try {
+            refused = engine::run_here(d.port->start_child(std::move(child), engine::policy{}));
+          } catch (const storage::storage_error& e) {
+            return dropped(w, d, e);
+          }
+          confirm_holder(w, d.run);
+          if (refused) throw violation{fmt::format("the child {} was refused: {}", id, *refused)};
+          trace(fmt::format("{} starts child {}", w.tag, id));
+          d.phase = 1;
+          return;
+        }
+        commit(w, d, record(d, child_agent(), protocol::step_kind::child, json{{"run_id", id}}));
+        return;
+      }
+      case op::join: {
+        const auto id = child_id(d.run, o.of);
+        if (d.phase == 2) {
+          suspend(w, d, storage::wait_spec{"child", id, d.seq, std::nullopt});
+          return;
+        }
+        auto child = d.port->find_run(id);
+        if (!child) throw violation{fmt::format("{} joins its child {}, which is not in the journal", d.run, id)};
+        if (storage::is_finished(child->status)) {
+          const json out = child->status == storage::run_status::completed
+                               ? child->output
+                               : json{{"error", storage::to_string(child->status)}};
+          commit(w, d, record(d, child_id(d.run, o.of), protocol::step_kind::join, out));
+        } else if (below(2) == 0) {
+          d.phase = 2;
+        }
+        return;
+      }
       case op::signal: {
         const auto name = signal_name(d.seq);
         if (!d.port->wait_at(d.seq)) {
@@ -969,6 +1028,16 @@ class world final : public agent_watcher {
     holder_.erase(run);
     trace(fmt::format("{} ends {}: {}", w.tag, run, storage::to_string(status)));
     w.drivers.erase(run);
+    // engine::end_run's cancel_children.
+    for (const auto& child : w.reads->children(run)) {
+      if (storage::is_finished(child.status)) continue;
+      try {
+        w.writes->request_cancel(child.id, fmt::format("its parent run {} ended", run));
+        trace(fmt::format("{} cancels {}", w.tag, child.id));
+      } catch (const storage::storage_error& e) {
+        trace(fmt::format("{} cannot cancel {}: {}", w.tag, child.id, e.what()));
+      }
+    }
   }
 
   // One effect through the attempt's journal port; false when it was not
@@ -1041,17 +1110,22 @@ class world final : public agent_watcher {
 
   bool ended(storage::run_status s) const { return storage::is_finished(s) || s == storage::run_status::in_doubt; }
 
+  // A child whose parent ended before starting it never exists.
   bool all_ended() {
-    for (const auto& [id, script] : scripts_)
-      if (!ended(observer_->find_run(id)->status)) return false;
+    for (const auto& [id, script] : scripts_) {
+      auto run = observer_->find_run(id);
+      if (run && !ended(run->status)) return false;
+    }
     return true;
   }
 
   int ended_runs() {
     int n = 0;
     if (!observer_) return n;
-    for (const auto& [id, script] : scripts_)
-      if (ended(observer_->find_run(id)->status)) ++n;
+    for (const auto& [id, script] : scripts_) {
+      auto run = observer_->find_run(id);
+      if (run && ended(run->status)) ++n;
+    }
     return n;
   }
 
@@ -1059,7 +1133,7 @@ class world final : public agent_watcher {
     std::string stuck;
     for (const auto& [id, script] : scripts_) {
       auto run = observer_->find_run(id);
-      if (!ended(run->status))
+      if (run && !ended(run->status))
         stuck += fmt::format(" {} is {} at step {} of {} (owner '{}')", id, storage::to_string(run->status),
                              observer_->step_count(id), script.size(), run->owner);
     }
@@ -1072,6 +1146,13 @@ class world final : public agent_watcher {
     check_acknowledged_signals();
     for (const auto& [id, script] : scripts_) {
       auto run = observer_->find_run(id);
+      if (!run) {
+        const auto dot = id.rfind('.');
+        auto parent = dot == std::string::npos ? std::nullopt : observer_->find_run(id.substr(0, dot));
+        if (!parent || parent->status == storage::run_status::completed)
+          throw violation{fmt::format("{} is not in the journal, yet its parent completed", id)};
+        continue;
+      }
       // (A call in doubt stops a run before its cancel does: the user settles it first.)
       if (cancelled_.count(id) && run->status != storage::run_status::cancelled &&
           run->status != storage::run_status::in_doubt)
@@ -1082,7 +1163,18 @@ class world final : public agent_watcher {
       if (steps.size() != script.size())
         throw violation{fmt::format("{} completed with {} steps of {}", id, steps.size(), script.size())};
       for (const auto& s : steps) {
-        if (script[s.result.seq].kind != op::sleep) continue;
+        const op& o = script[s.result.seq];
+        if (o.kind == op::join) {
+          // A join records how its child ended, as the child's run says.
+          auto child = observer_->find_run(child_id(id, o.of));
+          const json out = child->status == storage::run_status::completed
+                               ? child->output
+                               : json{{"error", storage::to_string(child->status)}};
+          if (s.result.output != out)
+            throw violation{fmt::format("{} step {} joined {} as {}, yet it ended {}", id, s.result.seq,
+                                        child_id(id, o.of), s.result.output.dump(), out.dump())};
+        }
+        if (o.kind != op::sleep) continue;
         // The timer as its event recorded it (the kept state speaks only of the next step).
         std::optional<std::int64_t> until;
         for (const auto& e : observer_->events_at(id, s.result.seq))

@@ -8,6 +8,8 @@
 #include <csignal>
 #include <cstring>
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "runtime/channel.hpp"
@@ -16,13 +18,19 @@ namespace cairn::sim {
 
 std::string signal_name(std::uint64_t seq) { return fmt::format("s{}", seq); }
 
-std::string step_name(const op& o, std::uint64_t seq) {
+std::string child_id(const std::string& parent, std::uint64_t seq) { return fmt::format("{}.{}", parent, seq); }
+
+std::string child_agent() { return std::filesystem::read_symlink("/proc/self/exe").filename().string(); }
+
+std::string step_name(const op& o, std::uint64_t seq, const std::string& run) {
   switch (o.kind) {
     case op::step: return "step";
     case op::at_most_once: return "charge";
     case op::idempotent: return "fetch";
     case op::sleep: return "sleep";
     case op::signal: return signal_name(seq);
+    case op::child: return child_agent();
+    case op::join: return child_id(run, o.of);
   }
   return "";
 }
@@ -38,6 +46,8 @@ protocol::step_kind kind_of(const op& o) {
     case op::idempotent: return protocol::step_kind::tool;
     case op::sleep: return protocol::step_kind::sleep;
     case op::signal: return protocol::step_kind::signal;
+    case op::child: return protocol::step_kind::child;
+    case op::join: return protocol::step_kind::join;
   }
   return protocol::step_kind::step;
 }
@@ -134,13 +144,19 @@ bool sim_agent::next() {
       return true;
     case op::at_most_once:
     case op::idempotent:
-      send(protocol::tool_msg{seq_, step_name(o, seq_), json{{"seq", seq_}}});
+      send(protocol::tool_msg{seq_, step_name(o, seq_, run_), json{{"seq", seq_}}});
       break;
     case op::sleep:
       send(protocol::sleep_msg{seq_, o.ms, std::nullopt});
       break;
     case op::signal:
       send(protocol::wait_msg{seq_, signal_name(seq_), std::nullopt});
+      break;
+    case op::child:
+      send(protocol::child_msg{seq_, child_agent(), json{{"parent", run_}}});
+      break;
+    case op::join:
+      send(protocol::join_msg{seq_, child_id(run_, o.of)});
       break;
   }
   phase_ = phase::answer;
@@ -150,7 +166,7 @@ bool sim_agent::next() {
 // The history is all here: each journaled step must be the script's.
 void sim_agent::replayed() {
   for (const auto& r : history_) {
-    if (r.seq >= script_.size() || r.name != step_name(script_[r.seq], r.seq) || r.kind != kind_of(script_[r.seq]))
+    if (r.seq >= script_.size() || r.name != step_name(script_[r.seq], r.seq, run_) || r.kind != kind_of(script_[r.seq]))
       throw agent_error(fmt::format("{}'s history has {} '{}' at step {}, which its script does not make", run_,
                                     protocol::to_string(r.kind), r.name, r.seq));
     if (!r.ok) throw agent_error(fmt::format("{}'s history has step {} failed: {}", run_, r.seq, r.error.message));

@@ -28,13 +28,19 @@ using json = nlohmann::json;
 
 // What a scripted agent does at one step.
 struct op {
-  enum kind_t { step, at_most_once, idempotent, sleep, signal } kind = step;
+  // child: a child run starts; join: a later step waits for its end.
+  enum kind_t { step, at_most_once, idempotent, sleep, signal, child, join } kind = step;
   std::int64_t ms = 0;  // sleep's length
+  std::uint64_t of = 0;  // join: the seq of the child step it joins
 };
 
 std::string signal_name(std::uint64_t seq);
-// The journaled name of a step the script makes at `seq`.
-std::string step_name(const op& o, std::uint64_t seq);
+// The journaled name of a step the script of `run` makes at `seq`.
+std::string step_name(const op& o, std::uint64_t seq, const std::string& run);
+// The id of the child run that `parent`'s step `seq` starts (attempt_waits.cpp's rule).
+std::string child_id(const std::string& parent, std::uint64_t seq);
+// The agent program a child runs: this one, found in the parent's folder.
+std::string child_agent();
 // What the agent's plain step at `seq` of `run` returns.
 json step_output(const std::string& run, std::uint64_t seq);
 
