@@ -166,11 +166,7 @@ task<storage::run_record> engine::drive_run(const std::string& run_id, run_obser
 task<storage::run_record> engine::execute_run(const std::string& run_id, run_observer& watch, bool revive_failed) {
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
-  if (run->status == storage::run_status::completed || run->status == storage::run_status::cancelled) co_return *run;
-  if (!revive_failed && (run->status == storage::run_status::failed || run->status == storage::run_status::in_doubt))
-    co_return *run;
-  // A wait that is not over is left to whoever polls for it: no sandbox for nothing.
-  if (run->status == storage::run_status::waiting && !wait_is_over(journal_, *run)) co_return *run;
+  if (!needs_execution(journal_, *run, revive_failed)) co_return *run;
 
   if (run->status == storage::run_status::failed) {
     co_await ledger_->apply_async(run_id, effects::attempts_reset{});
@@ -478,6 +474,14 @@ task<engine::cancel_outcome> engine::cancel_async(std::string run_id, std::strin
     co_return cancel_outcome::cancelled;
   }
   co_return cancel_outcome::requested;
+}
+
+bool needs_execution(storage::journal& journal, const storage::run_record& run, bool revive_failed) {
+  using storage::run_status;
+  if (run.status == run_status::completed || run.status == run_status::cancelled) return false;
+  if (run.status == run_status::failed || run.status == run_status::in_doubt) return revive_failed;
+  // A wait that is not over is left to whoever polls for it: no sandbox for nothing.
+  return run.status != run_status::waiting || wait_is_over(journal, run);
 }
 
 bool wait_is_over(storage::journal& journal, const storage::run_record& run) {

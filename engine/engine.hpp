@@ -279,6 +279,11 @@ class engine {
 // out, its child ended, it was cancelled or ran out of time)?
 bool wait_is_over(storage::journal& journal, const storage::run_record& run);
 
+// Whether executing `run` now has anything to do: it has not ended (a failed
+// or in-doubt one counts only when revived, as `cairn resume` does) and, if
+// it waits, its wait is over. execute_run's first look, and tests/sim's.
+bool needs_execution(storage::journal& journal, const storage::run_record& run, bool revive_failed);
+
 // A fresh run id: "run-" and 12 hex digits.
 std::string new_run_id();
 

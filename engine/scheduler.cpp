@@ -116,6 +116,26 @@ std::size_t scheduler::busy() const {
   return pool_->in_flight.size();
 }
 
+schedule_pass choose_runs(storage::journal& journal, std::string_view me, std::string_view host, std::int64_t now_ms,
+                          std::size_t room, const std::function<bool(const storage::run_brief&)>& passed_over) {
+  schedule_pass pass;
+  if (room == 0) return pass;
+  const worker_leases leases(journal);
+  for (auto& brief : journal.schedulable(now_ms)) {
+    if (!brief.workspace_host.empty() && brief.workspace_host != host) continue;
+    if (passed_over && passed_over(brief)) continue;
+    const bool held = brief.status != storage::run_status::waiting && !brief.owner.empty() && brief.owner != me;
+    if (held && leases.check(brief.owner) != owner_state::dead) {
+      if (auto expiry = leases.expiry(brief.owner))
+        pass.next_expiry_ms = std::min(pass.next_expiry_ms.value_or(*expiry), *expiry);
+      continue;
+    }
+    pass.start.push_back(std::move(brief));
+    if (pass.start.size() == room) break;
+  }
+  return pass;
+}
+
 // Starts every run that may start now; returns when to look again, or
 // nullopt when `done` says so.
 std::optional<clock::time_point> scheduler::look(
@@ -125,26 +145,27 @@ std::optional<clock::time_point> scheduler::look(
     if (pool_->in_flight.empty() && done && done(journal)) return std::nullopt;
   }
   const auto now_ms = storage::now_ms();
-  const worker_leases leases(journal);
-  // A run held under a lease is looked at again when the lease would expire.
-  std::optional<std::int64_t> next_expiry;
-  for (const auto& brief : journal.schedulable(now_ms)) {
+  std::size_t room = 0;
+  {
     std::lock_guard lock(pool_->mutex);
-    if (static_cast<int>(pool_->in_flight.size()) >= options_.max_concurrent) break;
-    if (pool_->in_flight.count(brief.id)) continue;
+    const auto busy = pool_->in_flight.size();
+    room = busy < static_cast<std::size_t>(options_.max_concurrent) ? options_.max_concurrent - busy : 0;
+  }
+  const auto pass = choose_runs(journal, me, current_owner().hostname, now_ms, room, [&](const storage::run_brief& brief) {
+    std::lock_guard lock(pool_->mutex);
+    if (pool_->in_flight.count(brief.id)) return true;
     if (auto rest = pool_->resting.find(brief.id); rest != pool_->resting.end()) {
-      if (clock::now() < rest->second) continue;
+      if (clock::now() < rest->second) return true;
       pool_->resting.erase(rest);
     }
-    if (!brief.workspace_host.empty() && brief.workspace_host != current_owner().hostname) continue;
-    if (options_.accept && !options_.accept(brief)) continue;
-    const bool held = brief.status != storage::run_status::waiting && !brief.owner.empty() && brief.owner != me;
-    if (held && leases.check(brief.owner) != owner_state::dead) {
-      if (auto expiry = leases.expiry(brief.owner)) next_expiry = std::min(next_expiry.value_or(*expiry), *expiry);
-      continue;
-    }
-    pool_->start(brief.id, options_);
+    return options_.accept && !options_.accept(brief);
+  });
+  {
+    std::lock_guard lock(pool_->mutex);
+    for (const auto& brief : pass.start) pool_->start(brief.id, options_);
   }
+  // A run held under a lease is looked at again when the lease would expire.
+  const auto& next_expiry = pass.next_expiry_ms;
   // Until something happens, the next timer or deadline comes due, a run
   // that failed to execute may be tried again, or the idle check.
   auto until = clock::now() + options_.idle_check;

@@ -17,6 +17,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "engine/engine.hpp"
 #include "engine/wakeups.hpp"
@@ -54,6 +56,20 @@ struct scheduler_options {
   // run is left alone for a few seconds before it is tried again.
   std::function<void(const std::string& run_id, const std::string& error)> on_error;
 };
+
+// One scheduling pass's rule (scheduler::run's, and tests/sim's): which of
+// the runs journal::schedulable lists at `now_ms` this process (owner `me`,
+// on machine `host`) starts, in creation order, at most `room` of them:
+// not a run whose workspace is on another machine, not one another owner
+// holds under a live lease or process (liveness.hpp), nor one `passed_over`
+// names (in flight here, resting after an error, not accepted).
+struct schedule_pass {
+  std::vector<storage::run_brief> start;
+  // The earliest expiry of a lease that holds a run passed over: look again then.
+  std::optional<std::int64_t> next_expiry_ms;
+};
+schedule_pass choose_runs(storage::journal& journal, std::string_view me, std::string_view host, std::int64_t now_ms,
+                          std::size_t room, const std::function<bool(const storage::run_brief&)>& passed_over);
 
 class scheduler {
  public:

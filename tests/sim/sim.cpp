@@ -33,6 +33,7 @@
 #include "engine/tools/tool.hpp"
 #include "engine/ledger.hpp"
 #include "engine/liveness.hpp"
+#include "engine/scheduler.hpp"
 #include "engine/run_journal.hpp"
 #include "storage/memory/memory_journal.hpp"
 #include "tests/sim/sim_agent.hpp"
@@ -67,14 +68,18 @@ struct driver {
 // process (wake_run, which every ledger here calls after its commits). The
 // engine's attempt_events also listens for other processes' (a thread, and
 // a folder beside the journal); here every worker is in this process.
+// While faults last, `lost` may swallow one (a hint dropped on its way):
+// the attempt must still move, by its own deadlines and the scheduler's
+// level-triggered look.
 class sim_wakeups final : public engine::attempt_wakeups {
  public:
-  explicit sim_wakeups(const std::string& run) : registration_(run, wake_) {}
+  sim_wakeups(const std::string& run, std::function<bool()> lost) : lost_(std::move(lost)), registration_(run, wake_) {}
   void watch_process(pid_t) override {}  // the agent's end closes its channel
   int fd() const override { return wake_.fd(); }
-  bool take() const override { return wake_.take(); }
+  bool take() const override { return wake_.take() && !lost_(); }
 
  private:
+  std::function<bool()> lost_;
   engine::wake_event wake_;
   engine::wake_registration registration_;
 };
@@ -547,19 +552,19 @@ class world final : public agent_watcher {
     }
   }
 
-  // What the scheduler takes (scheduler.cpp's look, with liveness.hpp's rule).
+  // What the scheduler takes: the engine's rule for a scheduling pass
+  // (engine::choose_runs), then execute_run's first look
+  // (engine::needs_execution). Which of them goes first is the seed's.
   void look(worker& w) {
+    const auto busy = real_ ? w.attempts.size() : w.drivers.size();
+    const auto pass = engine::choose_runs(*w.reads, w.owner, "", virtual_now, max_drivers - std::min(busy, max_drivers),
+                                          [&](const storage::run_brief& b) {
+                                            return w.drivers.count(b.id) || w.attempts.count(b.id);
+                                          });
     std::vector<storage::run_record> candidates;
-    for (const auto& brief : w.reads->schedulable(virtual_now)) {
-      if (w.drivers.count(brief.id) || w.attempts.count(brief.id)) continue;
+    for (const auto& brief : pass.start) {
       auto run = w.reads->find_run(brief.id);
-      if (!run) continue;
-      bool take = false;
-      if (run->status == storage::run_status::pending) take = run->owner.empty() || run->owner == w.owner;
-      else if (run->status == storage::run_status::waiting) take = engine::wait_is_over(*w.reads, *run);
-      else if (run->status == storage::run_status::running)
-        take = run->owner == w.owner || engine::check_owner(*w.reads, run->owner) == engine::owner_state::dead;
-      if (take) candidates.push_back(std::move(*run));
+      if (run && engine::needs_execution(*w.reads, *run, false)) candidates.push_back(std::move(*run));
     }
     if (candidates.empty()) return advance_clock();
     take(w, candidates[below(candidates.size())]);
@@ -745,7 +750,11 @@ class world final : public agent_watcher {
     a->record = *w.reads->find_run(id);
     a->journal = std::make_unique<engine::run_journal>(*w.writes, *w.reads, home_, a->run, a->policy.journal);
     a->port = std::make_unique<held_port>(*this, w, *a);
-    a->wakeups = std::make_unique<sim_wakeups>(a->run);
+    a->wakeups = std::make_unique<sim_wakeups>(a->run, [this, run = a->run, tag = w.tag] {
+      if (quiet_ || below(2) != 0) return false;
+      trace(fmt::format("a wake-up of {} on {} is lost", run, tag));
+      return true;
+    });
     a->nudge.emplace(*a->io);
     // engine::end_before_attempt: a call in doubt stops the run.
     if (auto doubt = engine::find_in_doubt(*w.reads, id)) {
