@@ -75,6 +75,7 @@ bench: build
 	@$(BUILD)/bench/concurrency
 	@$(BUILD)/bench/suspended
 	@$(BUILD)/bench/throughput
+	@$(BUILD)/bench/gc
 	@$(BUILD)/bench/live_runs
 	@$(BUILD)/bench/fanout
 	@$(BUILD)/bench/replay

@@ -7,6 +7,7 @@
 
 #include "cli/paths.hpp"
 #include "engine/engine.hpp"
+#include "engine/retention.hpp"
 
 namespace cairn::cli {
 
@@ -46,6 +47,19 @@ int doctor_command(const paths& p, bool as_json);
 int workspace_command(const paths& p, const std::string& run_id, const std::string& path, bool as_json);
 int settle_command(const paths& p, const settle_args& args, bool as_json);
 
+// retention_commands.cpp: removing ended runs and their files.
+int rm_command(const paths& p, const std::vector<std::string>& run_ids, bool as_json);
+// `cairn gc` and the retention settings of `cairn serve`, as given.
+struct gc_args {
+  std::string older_than;             // a time ago ("30d") or a UTC date; "" any age
+  std::vector<std::string> statuses;  // ended statuses; none: all three
+  std::optional<std::size_t> keep_last;
+  bool dry_run = false;
+};
+// The rule `args` says; engine_error(bad_request) naming the bad option.
+engine::retention_rule retention_rule_of(const gc_args& args, std::int64_t now_ms);
+int gc_command(const paths& p, const gc_args& args, bool as_json);
+
 // queue_commands.cpp: the daemon and what talks to runs it may hold.
 struct serve_args {
   int max_concurrent = 8;
@@ -58,7 +72,11 @@ struct serve_args {
   std::string workspace_root;  // shared storage for workspaces of runs made without one; empty: CAIRN_HOME's
   std::string log_format = "text";  // or "json": one object per line (time, level, event, run, message)
   std::string log_level = "info";   // the least level logged: debug, info, warn, error (--verbose: debug)
-  std::string config_file;          // --config: read again at SIGHUP for what can change live (the log's settings)
+  std::string config_file;          // --config: read again at SIGHUP for what can change live (the log's and retention's settings)
+  // [serve.retention]: ended runs removed in the background, every
+  // `retention_every`; none unless one of the rule's fields is given.
+  gc_args retention;
+  std::string retention_every = "10m";
 };
 int submit_command(const paths& p, const run_args& args, bool as_json);
 // `cairn submit --from`: every run of the batch file args.from, queued in one transaction.

@@ -88,6 +88,15 @@ std::int64_t time_since(const std::string& text, std::int64_t now_ms) {
                                           terminal_text(text)));
 }
 
+std::string format_bytes(std::uint64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  constexpr const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024;
+  std::size_t unit = 0;
+  for (; value >= 1024 && unit + 1 < std::size(units); ++unit) value /= 1024;
+  return fmt::format("{:.1f} {}", value, units[unit]);
+}
+
 std::string format_time(std::int64_t ms) {
   std::time_t t = static_cast<std::time_t>(ms / 1000);
   return fmt::format("{:%Y-%m-%d %H:%M:%S}", fmt::localtime(t));

@@ -26,6 +26,8 @@ std::string format_time(std::int64_t ms);
 // "2026-12-07T14:30:05"). Anything else is std::invalid_argument, saying so.
 std::int64_t time_since(const std::string& text, std::int64_t now_ms);
 std::string format_duration_us(std::int64_t us);
+// "512 B", "3.4 KiB", "12.0 MiB", "1.5 GiB".
+std::string format_bytes(std::uint64_t bytes);
 
 // One line per step, as `cairn run` prints them while journaling, with its
 // kind (step, tool, sleep, signal, child, join, now, random) before its name.

@@ -198,6 +198,33 @@ int main(int argc, char** argv) {
   cancel_cmd->add_flag("--no-wait", cancel_no_wait, "return once the cancel is requested");
   cancel_cmd->add_flag("--json", as_json, "print the run as JSON");
 
+  // [serve.retention] in --config (a section of its own, hence a hidden
+  // subcommand CLI11 fills from the file); `cairn gc` takes the same rule.
+  auto* retention_cmd = serve_cmd->add_subcommand("retention", "remove ended runs in the background")
+                            ->configurable()
+                            ->group("");
+  const std::vector<std::string> ended = {"completed", "failed", "cancelled"};
+  retention_cmd->add_option("--older-than", serve.retention.older_than, "runs that ended longer ago than this (30d)");
+  retention_cmd->add_option("--status", serve.retention.statuses, "runs with these statuses")
+      ->check(CLI::IsMember(ended));
+  retention_cmd->add_option("--keep-last", serve.retention.keep_last, "keep the newest N of them");
+  retention_cmd->add_option("--every", serve.retention_every, "how often a pass runs (default 10m)");
+
+  std::vector<std::string> rm_ids;
+  auto* rm_cmd = app.add_subcommand("rm", "remove ended runs: their journal rows, log, workspace and quota image");
+  rm_cmd->add_option("run", rm_ids, "run ids")->required();
+  rm_cmd->add_flag("--json", as_json, "JSON output: what was removed, refused and kept");
+
+  cairn::cli::gc_args gc;
+  auto* gc_cmd = app.add_subcommand("gc", "remove the ended runs a rule selects, and give their space back");
+  gc_cmd->add_option("--older-than", gc.older_than,
+                     "runs that ended longer ago than this: a time (90s, 15m, 2h, 30d) or a UTC date (2026-12-07)");
+  gc_cmd->add_option("--status", gc.statuses, "only runs with these statuses (default: completed failed cancelled)")
+      ->check(CLI::IsMember(ended));
+  gc_cmd->add_option("--keep-last", gc.keep_last, "keep the newest N of the runs selected");
+  gc_cmd->add_flag("--dry-run", gc.dry_run, "list what would be removed; change nothing");
+  gc_cmd->add_flag("--json", as_json, "JSON output: the summary");
+
   std::string resume_id;
   bool resume_all = false;
   auto* resume_cmd = app.add_subcommand("resume", "continue a run from its journal");
@@ -286,6 +313,8 @@ int main(int argc, char** argv) {
     return cairn::cli::resume_command(paths, resume_id, resume_all, as_json);
   }
   if (*ls_cmd) return cairn::cli::ls_command(paths, ls, as_json);
+  if (*rm_cmd) return cairn::cli::rm_command(paths, rm_ids, as_json);
+  if (*gc_cmd) return cairn::cli::gc_command(paths, gc, as_json);
   if (*workers_cmd) return cairn::cli::workers_command(paths, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
   if (*workspace_cmd) return cairn::cli::workspace_command(paths, workspace_id, workspace_path, as_json);

@@ -95,9 +95,46 @@ void set_logging(const std::string& format, const std::string& least) {
   logging.least = found == std::end(level_names) ? level::info : static_cast<level>(found - std::begin(level_names));
 }
 
+// The retention settings a running serve applies ([serve.retention]), as
+// the start gave them and the last SIGHUP read them again.
+struct retention_settings {
+  std::mutex mutex;
+  gc_args rule;
+  std::string every;
+  engine::wake_event changed;  // a reload changed them: a pass now
+};
+retention_settings retention;
+
+bool retention_on(const gc_args& rule) {
+  return !rule.older_than.empty() || !rule.statuses.empty() || rule.keep_last.has_value();
+}
+
+// How long between two passes: "10m" as `cairn ls --since` takes a time ago.
+std::chrono::milliseconds retention_period(const std::string& every) {
+  const auto now = storage::now_ms();
+  try {
+    return std::chrono::milliseconds(std::max<std::int64_t>(1000, now - time_since(every, now)));
+  } catch (const std::invalid_argument& e) {
+    throw engine::engine_error(engine::errc::bad_request, std::string("retention every: ") + e.what());
+  }
+}
+
+// [serve.retention] of the config file: what the command line gave, with
+// what the file says on top (read again at each SIGHUP).
+void read_retention(const std::vector<CLI::ConfigItem>& items, gc_args& rule, std::string& every) {
+  for (const auto& item : items) {
+    if (item.parents != std::vector<std::string>{"serve", "retention"} || item.inputs.empty()) continue;
+    if (item.name == "older-than") rule.older_than = item.inputs[0];
+    if (item.name == "status") rule.statuses = item.inputs;
+    if (item.name == "keep-last") rule.keep_last = std::stoull(item.inputs[0]);
+    if (item.name == "every") every = item.inputs[0];
+  }
+}
+
 // At SIGHUP: the log's settings again from the [serve] section of the
-// config file (what the command line set stays); the rest of serve's
-// options take effect at its next start.
+// config file (what the command line set stays), and the retention
+// settings of [serve.retention]; the rest of serve's options take effect
+// at its next start.
 void reload_logging(const serve_args& args) {
   if (args.config_file.empty()) {
     log_record(level::info, "reloaded", "", "SIGHUP: no --config file to read again; nothing changed",
@@ -105,8 +142,14 @@ void reload_logging(const serve_args& args) {
     return;
   }
   std::string format = args.log_format, least = args.verbose ? "debug" : args.log_level;
+  gc_args rule = args.retention;
+  std::string every = args.retention_every;
   try {
-    for (const auto& item : CLI::ConfigTOML().from_file(args.config_file)) {
+    const auto items = CLI::ConfigTOML().from_file(args.config_file);
+    read_retention(items, rule, every);
+    retention_rule_of(rule, storage::now_ms());  // refused as at the start: the settings stay
+    retention_period(every);
+    for (const auto& item : items) {
       if (item.parents != std::vector<std::string>{"serve"} || item.inputs.size() != 1) continue;
       if (item.name == "log-format" && (item.inputs[0] == "text" || item.inputs[0] == "json")) format = item.inputs[0];
       if (item.name == "log-level" && std::find(std::begin(level_names), std::end(level_names), item.inputs[0]) !=
@@ -121,11 +164,59 @@ void reload_logging(const serve_args& args) {
     return;
   }
   set_logging(format, least);
+  {
+    std::lock_guard lock(retention.mutex);
+    retention.rule = rule;
+    retention.every = every;
+  }
+  retention.changed.signal();
   log_record(level::info, "reloaded", "",
-             fmt::format("SIGHUP: read {} again: log-format {}, log-level {}; its other options take effect at the "
-                         "next start",
-                         args.config_file, format, least),
+             fmt::format("SIGHUP: read {} again: log-format {}, log-level {}, retention {}; its other options take "
+                         "effect at the next start",
+                         args.config_file, format, least, retention_on(rule) ? "every " + every : "off"),
              /*lifecycle=*/true);
+}
+
+// The daemon's retention: a pass at the start and every `every`, removing
+// the ended runs the rule selects a few per transaction (engine/retention.hpp),
+// on a journal connection of its own, until `stop`.
+void apply_retention(const paths& p, const std::filesystem::path& workspace_root, const engine::stop_flag& stop) {
+  std::unique_ptr<storage::journal> journal;
+  for (;;) {
+    gc_args rule;
+    std::string every;
+    {
+      std::lock_guard lock(retention.mutex);
+      rule = retention.rule;
+      every = retention.every;
+    }
+    const bool on = retention_on(rule);
+    if (on) try {
+        if (!journal) journal = storage::open_journal(p.db);
+        const auto now = storage::now_ms();
+        std::vector<std::string> ids;
+        for (const auto& r : engine::select_runs(*journal, retention_rule_of(rule, now), now)) ids.push_back(r.id);
+        const auto report = engine::remove_runs(*journal, {p.home, workspace_root}, ids, {},
+                                                [&stop] { return stop.raised(); });
+        for (const auto& [id, why] : report.refused) log_record(level::debug, "retention", id, "retention: " + why);
+        for (const auto& line : report.notes) log_record(level::warn, "retention", "", "retention: " + line);
+        if (!report.removed.empty())
+          log_record(level::info, "retention", "",
+                     fmt::format("retention: removed {} ended run{} (journal rows {}, files {}); journal {} -> {}",
+                                 report.removed.size(), report.removed.size() == 1 ? "" : "s",
+                                 format_bytes(report.journal_bytes), format_bytes(report.file_bytes),
+                                 format_bytes(report.before.bytes), format_bytes(report.after.bytes)));
+      } catch (const std::exception& e) {
+        // The next pass tries again on a fresh connection; runs go on meanwhile.
+        log_record(level::error, "retention", "", std::string("retention: ") + e.what());
+        journal.reset();
+      }
+    std::array<pollfd, 2> events{pollfd{retention.changed.fd(), POLLIN, 0}, pollfd{stop.fd(), POLLIN, 0}};
+    const auto period = on ? static_cast<int>(std::min<std::int64_t>(retention_period(every).count(), INT32_MAX)) : -1;
+    if (::poll(events.data(), events.size(), period) < 0 && errno != EINTR) return;
+    if (stop.raised()) return;
+    retention.changed.take();
+  }
 }
 
 // What `cairn serve` prints: each run's attempts and how each execution ends.
@@ -254,6 +345,14 @@ int submit_batch_command(const paths& p, const run_args& args, bool as_json) {
 namespace {
 
 int serve(const paths& p, const serve_args& args) {
+    // Refused now, not at the first pass.
+    retention_rule_of(args.retention, storage::now_ms());
+    retention_period(args.retention_every);
+    {
+      std::lock_guard lock(retention.mutex);
+      retention.rule = args.retention;
+      retention.every = args.retention_every;
+    }
     static engine::stop_flag stop_requested;
     serve_stop = &stop_requested;
     static engine::wake_event reload_requested;
@@ -336,6 +435,7 @@ int serve(const paths& p, const serve_args& args) {
                                        : "",
                          engine::current_owner().pid, args.lease_seconds),
                /*lifecycle=*/true);
+    const auto workspace_root = o.engine.workspace_root;
     engine::scheduler runs(std::move(o));
     std::thread reloader([&args] {
       for (;;) {
@@ -345,6 +445,7 @@ int serve(const paths& p, const serve_args& args) {
         if (reload_requested.take()) reload_logging(args);
       }
     });
+    std::thread retainer([&p, &workspace_root] { apply_retention(p, workspace_root, stop_requested); });
     std::thread announce([&runs] {
       stop_requested.wait();
       const auto busy = runs.busy();
@@ -359,12 +460,14 @@ int serve(const paths& p, const serve_args& args) {
       struct join_announcer {
         std::thread& t;
         std::thread& r;
+        std::thread& k;
         ~join_announcer() {
           stop_requested.raise();
           t.join();
           r.join();
+          k.join();
         }
-      } joined{announce, reloader};
+      } joined{announce, reloader, retainer};
       runs.run(nullptr, stop_requested);
     }
     log_record(level::info, "stopped", "", "stopped; nothing journaled is lost", /*lifecycle=*/true);

@@ -68,6 +68,15 @@ fs::path find_run_image(const fs::path& home, const std::string& run_id, const f
   return workspace_image(home, run_id);
 }
 
+bool workspace_is_cairns(const fs::path& home, const fs::path& workspace_root, const std::string& run_id,
+                         const fs::path& workspace) {
+  const fs::path w = workspace.lexically_normal();
+  if (w == default_workspace(home, run_id).lexically_normal()) return true;
+  if (w.filename() != run_id) return false;
+  if (!workspace_root.empty() && w == (workspace_root / run_id).lexically_normal()) return true;
+  return owned_alone(root_workspace_image(w.parent_path(), run_id).parent_path());
+}
+
 std::optional<std::string> unreachable_workspace(const fs::path& home, const fs::path& workspace_root,
                                                  const std::string& run_id, const fs::path& workspace,
                                                  const std::vector<std::string>& other_roots) {

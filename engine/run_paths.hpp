@@ -44,6 +44,13 @@ std::filesystem::path image_of_run(const std::filesystem::path& home, const std:
 std::filesystem::path find_run_image(const std::filesystem::path& home, const std::string& run_id,
                                      const std::filesystem::path& workspace);
 
+// Whether cairn made the workspace `workspace` of run `run_id`, so that it
+// goes with the run: HOME/workspaces/ID, or ROOT/ID under a workspace root
+// (`workspace_root`, or a folder whose .images this user alone owns, as
+// make_root_folders leaves every root). A folder the user gave is not.
+bool workspace_is_cairns(const std::filesystem::path& home, const std::filesystem::path& workspace_root,
+                         const std::string& run_id, const std::filesystem::path& workspace);
+
 // Why this worker cannot reach the files of a run whose workspace is
 // `workspace` (canonical paths; `other_roots`: the workspace roots other
 // workers of the journal registered), or nullopt when it can: a workspace

@@ -229,6 +229,11 @@ std::optional<std::string> size_warning(const fs::path& image, std::uint64_t quo
 
 std::uint64_t workspace_image_size(std::uint64_t quota) { return quota + std::max(min_margin, quota / 8); }
 
+std::vector<fs::path> run_file_paths(const fs::path& workspace, const fs::path& image) {
+  const fs::path w = fs::absolute(workspace).lexically_normal();
+  return {w, whole_copy_of(w), image, copy_record_of(image)};
+}
+
 std::optional<fs::path> cut_short_release(const fs::path& workspace, const fs::path& image) {
   fs::path whole = whole_copy_of(fs::absolute(workspace).lexically_normal());
   if (!is_whole_copy_of(whole, image)) return std::nullopt;

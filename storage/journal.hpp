@@ -54,6 +54,7 @@ enum class errc {
   fenced,          // another process took the run over: this journal object no longer holds it
   unreadable,      // a stored value of one run is invalid JSON, too deep or too long; the message names it
   limit_reached,   // a bound the caller gave refuses the write (e.g. how many signals a run may hold)
+  unfinished,      // delete_run: the run, a child of it or its parent has not ended; the message says which
   io,              // any other failure to open, read or write
 };
 
@@ -161,6 +162,12 @@ struct run_brief {
   std::string owner;
   std::string parent_id;
   std::string workspace_host;
+};
+
+// What the journal's database occupies (journal::space).
+struct journal_space {
+  std::uint64_t bytes = 0;       // the database's size (SQLite: its pages; PostgreSQL: the database's)
+  std::uint64_t free_bytes = 0;  // of those, left free by deleted rows and not yet given back (SQLite)
 };
 
 // A `cairn serve` process sharing the journal with others (a worker). Its id
@@ -405,6 +412,29 @@ class journal {
   // write of the run's owner. A run whose workspace is already set is
   // storage_error(conflict) and nothing changes.
   virtual void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) = 0;
+
+  // Retention. Deletes an ended run (completed, failed or cancelled) and
+  // everything kept for it alone: its row, steps, events, signals, kept
+  // state and payloads (stored per run, payloads.hpp), in one transaction;
+  // returns the row as it was. Refused, with nothing deleted:
+  // storage_error(not_found) for no such run; storage_error(unfinished)
+  // for a run that has not ended or that a process holds (the message names
+  // the owner), for one with a child that has not ended (it would outlive
+  // the parent it reports to), and for a child whose parent has not ended
+  // (the parent may still wait for it or read its result). A child that has
+  // ended stays when its parent goes: it is a run of its own, as a
+  // Temporal child workflow is an execution of its own, and retention
+  // takes it by its own age and status. Not fenced: a request from outside.
+  virtual run_record delete_run(std::string_view id) = 0;
+  // The database's size and what deletes left free.
+  virtual journal_space space() = 0;
+  // Gives back to the file system at most about `max_bytes` of what deletes
+  // left free, in one short write: call it again, in slices, until
+  // free_bytes is 0 (SQLite's incremental_vacuum, then a checkpoint so the
+  // file itself shrinks). PostgreSQL reuses freed space by itself
+  // (autovacuum); there it runs a plain VACUUM of the journal's tables, so
+  // the space is reusable at once, and writers are not blocked.
+  virtual journal_space reclaim_space(std::uint64_t max_bytes) = 0;
 
   // Workers and their leases. register_worker inserts the worker or replaces
   // its row (a restarted worker of the same id), and deletes the rows of

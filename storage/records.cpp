@@ -107,6 +107,25 @@ storage_error finished_error(std::string_view run_id, run_status status, std::st
   return {errc::finished, fmt::format("run {} already finished ({}); cannot {}", run_id, to_string(status), doing)};
 }
 
+void check_deletable(std::string_view run_id, const deletion_check& c) {
+  if (!c.owner.empty())
+    throw storage_error(errc::unfinished, fmt::format("run {} is {} and held by {}; cancel it first with `cairn cancel "
+                                                      "{}`",
+                                                      run_id, to_string(c.status), c.owner, run_id));
+  if (!is_finished(c.status))
+    throw storage_error(errc::unfinished, fmt::format("run {} has not ended ({}); cancel it first with `cairn cancel {}`",
+                                                      run_id, to_string(c.status), run_id));
+  if (!c.unfinished_child.empty())
+    throw storage_error(errc::unfinished,
+                        fmt::format("run {} has a child run that has not ended ({}, {}); cancel it first with `cairn "
+                                    "cancel {}`",
+                                    run_id, c.unfinished_child, to_string(c.child_status), c.unfinished_child));
+  if (c.parent_status && !is_finished(*c.parent_status))
+    throw storage_error(errc::unfinished, fmt::format("run {} is a child of run {}, which has not ended ({}) and may "
+                                                      "still read it; remove it once its parent has ended",
+                                                      run_id, c.parent_id, to_string(*c.parent_status)));
+}
+
 storage_error schema_too_new_error(std::string_view journal, int version, int latest) {
   return {errc::schema_too_new, fmt::format("journal {} has schema version {}, newer than this cairn knows ({}); "
                                             "upgrade cairn to open it",

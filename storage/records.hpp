@@ -185,6 +185,19 @@ storage_error signal_delivered_error(std::int64_t signal_id, const std::string& 
                                      std::int64_t delivered_seq);
 storage_error workspace_set_error(std::string_view run_id, std::string_view journal);
 
+// What delete_run (journal.hpp) reads of a run before it deletes it: the
+// run's status and owner, its parent's status when its parent's row
+// exists, and a child of it that has not ended, if any.
+struct deletion_check {
+  run_status status = run_status::pending;
+  std::string owner;
+  std::string parent_id;
+  std::optional<run_status> parent_status;
+  std::string unfinished_child;  // "" when every child has ended
+  run_status child_status = run_status::pending;
+};
+// Throws storage_error(unfinished) when delete_run must refuse the run.
+void check_deletable(std::string_view run_id, const deletion_check& c);
 // The argument checks of finish_run and suspend_run (std::invalid_argument).
 void check_finish(run_status status, const std::optional<protocol::error_info>& error);
 void check_wait(const wait_spec& w);

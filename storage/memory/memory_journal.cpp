@@ -527,6 +527,41 @@ class memory_journal final : public journal {
     tx.commit();
   }
 
+  run_record delete_run(std::string_view id) override {
+    write_txn tx(*this);
+    const run_record record = existing_run(id);
+    deletion_check check{record.status, record.owner, record.parent_id, std::nullopt, "", run_status::pending};
+    if (auto parent = db_->runs.find(record.parent_id); !record.parent_id.empty() && parent != db_->runs.end())
+      check.parent_status = parent->second.run.status;
+    for (const auto& [child_id, row] : db_->runs)
+      if (row.run.parent_id == id && !is_finished(row.run.status)) {
+        check.unfinished_child = child_id;
+        check.child_status = row.run.status;
+        break;
+      }
+    check_deletable(id, check);
+    const std::string key(id);
+    db_->save_run(key);
+    db_->runs.erase(key);
+    take_back(db_->steps, key);
+    take_back(db_->events, key);
+    take_back(db_->payloads, key);
+    for (auto it = db_->signals.begin(); it != db_->signals.end();) {
+      if (it->second.run_id != id) {
+        ++it;
+        continue;
+      }
+      db_->log.push_back([db = db_.get(), signal = it->second] { db->signals[signal.id] = signal; });
+      it = db_->signals.erase(it);
+    }
+    tx.commit();
+    return record;
+  }
+
+  // Nothing on disk: a database of memory has no file to shrink.
+  journal_space space() override { return {}; }
+  journal_space reclaim_space(std::uint64_t) override { return {}; }
+
   void register_worker(const worker_record& w) override {
     write_txn tx(*this);
     db_->save_worker(w.id);
@@ -732,6 +767,16 @@ class memory_journal final : public journal {
 #endif
     if (r.owner == h->owner && r.epoch == h->epoch) return;
     throw fenced_error(run_id, r.owner, r.epoch, h->epoch);
+  }
+
+  // Removes `key`'s entry of a by-run map inside the open write
+  // transaction, kept in the undo log for a rollback.
+  template <class Map>
+  void take_back(Map& by_run, const std::string& key) {
+    auto it = by_run.find(key);
+    if (it == by_run.end()) return;
+    db_->log.push_back([&by_run, key, kept = std::move(it->second)] { by_run[key] = kept; });
+    by_run.erase(it);
   }
 
   static std::uint64_t step_bytes(const step_record& step) {

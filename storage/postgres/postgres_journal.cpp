@@ -72,6 +72,9 @@ class postgres_journal final : public journal {
   std::optional<json> run_state(std::string_view run_id) override;
   void put_run_state(std::string_view run_id, const json& state) override;
   void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) override;
+  run_record delete_run(std::string_view id) override;
+  journal_space space() override;
+  journal_space reclaim_space(std::uint64_t max_bytes) override;
   void register_worker(const worker_record& worker) override;
   bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) override;
   void remove_worker(std::string_view worker_id) override;
@@ -1155,6 +1158,55 @@ void postgres_journal::assign_workspace(std::string_view id, const std::string& 
     }
     tx.commit();
   });
+}
+
+run_record postgres_journal::delete_run(std::string_view id) {
+  auto& j = *impl_;
+  return j.guard(id, [&] {
+    impl::txn tx(j);
+    // The row locked against a claim, a cancel or a child made meanwhile;
+    // the parent's against a resume that would wait for this child again.
+    auto rows = j.runs("WHERE id = $1 FOR UPDATE", id);
+    if (rows.empty()) throw no_run_error(id, j.name);
+    run_record record = std::move(rows.front());
+    deletion_check check;
+    check.status = record.status;
+    check.owner = record.owner;
+    check.parent_id = record.parent_id;
+    if (!record.parent_id.empty()) {
+      auto parent = j.exec("SELECT status FROM runs WHERE id = $1 FOR SHARE", record.parent_id);
+      if (parent.rows() == 1) check.parent_status = parse_run_status(pg_row{parent, 0}.text(0));
+    }
+    auto child = j.exec("SELECT id, status FROM runs WHERE parent_id = $1 AND status NOT IN ('completed', 'failed', "
+                        "'cancelled') LIMIT 1",
+                        id);
+    if (child.rows() == 1) {
+      check.unfinished_child = pg_row{child, 0}.text(0);
+      check.child_status = parse_run_status(pg_row{child, 0}.text(1)).value_or(run_status::pending);
+    }
+    check_deletable(id, check);
+    // The run's row goes last: its status lets the steps go (schema 9's trigger).
+    for (const char* sql : {"DELETE FROM payloads WHERE run_id = $1", "DELETE FROM events WHERE run_id = $1",
+                            "DELETE FROM signals WHERE run_id = $1", "DELETE FROM steps WHERE run_id = $1",
+                            "DELETE FROM run_states WHERE run_id = $1", "DELETE FROM runs WHERE id = $1"})
+      j.exec(sql, id);
+    tx.commit();
+    return record;
+  });
+}
+
+journal_space postgres_journal::space() {
+  auto& j = *impl_;
+  return j.guard({}, [&] {
+    auto r = j.exec("SELECT pg_database_size(current_database())");
+    return journal_space{static_cast<std::uint64_t>(pg_row{r, 0}.int64(0)), 0};
+  });
+}
+
+journal_space postgres_journal::reclaim_space(std::uint64_t) {
+  // Outside any transaction, as VACUUM must be; it takes no lock a writer waits for.
+  impl_->guard({}, [&] { impl_->run("VACUUM runs, run_states, steps, events, signals, payloads"); });
+  return space();
 }
 
 void postgres_journal::register_worker(const worker_record& w) {

@@ -206,7 +206,27 @@ CREATE TABLE journal_info (
 );
 )sql";
 
-constexpr migration all_migrations[] = {{6, schema_v6}, {7, schema_v7}, {8, schema_v8}};
+// v9: retention, as SQLite's v8 (journal.hpp delete_run): a step stays
+// write-once while its run has not ended, and goes with the run's deletion;
+// runs_by_created pages `cairn ls` and finds the oldest runs for `cairn gc`.
+constexpr const char* schema_v9 = R"sql(
+DROP TRIGGER steps_no_update ON steps;
+CREATE TRIGGER steps_no_update BEFORE UPDATE ON steps
+  FOR EACH ROW EXECUTE FUNCTION cairn_steps_are_write_once();
+CREATE FUNCTION cairn_steps_go_with_their_ended_run() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF (SELECT status FROM runs WHERE id = OLD.run_id) NOT IN ('completed', 'failed', 'cancelled') THEN
+    RAISE EXCEPTION 'steps are write-once: a journaled step cannot be deleted while its run has not ended'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN OLD;
+END $$;
+CREATE TRIGGER steps_no_delete BEFORE DELETE ON steps
+  FOR EACH ROW EXECUTE FUNCTION cairn_steps_go_with_their_ended_run();
+CREATE INDEX runs_by_created ON runs (created_at_ms, row_order);
+)sql";
+
+constexpr migration all_migrations[] = {{6, schema_v6}, {7, schema_v7}, {8, schema_v8}, {9, schema_v9}};
 
 
 }  // namespace

@@ -26,6 +26,8 @@ namespace {
 constexpr long shm_first_exclusive_lock = 120;
 constexpr long shm_last_exclusive_lock = 122;
 
+constexpr int incremental_vacuum = 2;  // PRAGMA auto_vacuum's value for INCREMENTAL
+
 bool folder_writable(const fs::path& file) {
   auto dir = file.parent_path();
   return access(dir.empty() ? "." : dir.c_str(), W_OK) == 0;
@@ -165,12 +167,21 @@ SQLite::Database open_writable(const fs::path& path, const journal_options& opti
       }
     }
   };
+  // Before the first table: a new file is made incremental from the start.
+  if (fresh) db.exec("PRAGMA auto_vacuum = INCREMENTAL");
   const std::string mode = retrying_busy([&] { return db.execAndGet("PRAGMA journal_mode = WAL").getString(); });
   if (mode != "wal")
     throw storage_error(errc::io, fmt::format("journal {} cannot use WAL mode (SQLite kept '{}')", path.string(), mode));
   db.exec(sync_pragma(options));
   retrying_busy([&] { migrate(db, path); });
   retrying_busy([&] { note_writer(db); });
+  // A journal made before schema 8 switches once (schema.cpp, migration 8):
+  // the mode takes effect only through a VACUUM, which rewrites the file.
+  retrying_busy([&] {
+    if (db.execAndGet("PRAGMA auto_vacuum").getInt() == incremental_vacuum) return;
+    db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    db.exec("VACUUM");
+  });
   db.exec("PRAGMA foreign_keys = ON");
   // SQLite syncs the file it creates but not the folder that names it: after
   // a power cut the new journal, and every step in it, could be gone.

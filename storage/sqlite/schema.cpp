@@ -220,6 +220,20 @@ CREATE TABLE journal_info (
   value TEXT NOT NULL
 ) WITHOUT ROWID;
 )sql",
+    // 8: retention (journal.hpp delete_run). A step stays write-once while
+    // its run has not ended; the run's deletion takes its steps with it.
+    // runs_by_created pages `cairn ls` and finds the oldest runs for `cairn
+    // gc` without sorting every run (its rowid breaks ties). The file also
+    // switches to auto_vacuum = INCREMENTAL, which needs a VACUUM outside
+    // any transaction: connection.cpp does it once after the migration.
+    R"sql(
+DROP TRIGGER steps_no_delete;
+CREATE TRIGGER steps_no_delete BEFORE DELETE ON steps
+  WHEN (SELECT status FROM runs WHERE id = OLD.run_id) NOT IN ('completed', 'failed', 'cancelled')
+  BEGIN SELECT RAISE(ABORT, 'steps are write-once: a journaled step cannot be deleted while its run has not ended');
+  END;
+CREATE INDEX runs_by_created ON runs (created_at_ms);
+)sql",
 };
 constexpr int latest = static_cast<int>(std::size(migrations));
 

@@ -77,6 +77,9 @@ class sqlite_journal final : public journal {
   std::optional<json> run_state(std::string_view run_id) override;
   void put_run_state(std::string_view run_id, const json& state) override;
   void assign_workspace(std::string_view id, const std::string& workspace, const std::string& workspace_host) override;
+  run_record delete_run(std::string_view id) override;
+  journal_space space() override;
+  journal_space reclaim_space(std::uint64_t max_bytes) override;
   void register_worker(const worker_record& worker) override;
   bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) override;
   void remove_worker(std::string_view worker_id) override;
@@ -645,6 +648,66 @@ void sqlite_journal::put_run_state(std::string_view run_id, const json& state) {
       require_run(c_.changed("UPDATE run_states SET state = ? WHERE run_id = ?", dump(state), run_id), run_id);
     });
   });
+}
+
+// --- Retention (schema 8) ---
+
+run_record sqlite_journal::delete_run(std::string_view id) {
+  return c_.guard(id, [&] {
+    write_txn tx(*this);
+    deletion_check check;
+    auto record = find_run(id);
+    if (!record) throw no_run_error(id, c_.path().string());
+    check.status = record->status;
+    check.owner = record->owner;
+    check.parent_id = record->parent_id;
+    if (!record->parent_id.empty()) {
+      auto parent = c_.statement("SELECT status FROM runs WHERE id = ?", record->parent_id);
+      if (parent.executeStep()) check.parent_status = parse_run_status(parent.getColumn(0).getString());
+    }
+    {
+      auto child = c_.statement("SELECT id, status FROM runs WHERE parent_id = ? AND status NOT IN ('completed', "
+                                "'failed', 'cancelled') LIMIT 1",
+                                id);
+      if (child.executeStep()) {
+        check.unfinished_child = child.getColumn(0).getString();
+        check.child_status = parse_run_status(child.getColumn(1).getString()).value_or(run_status::pending);
+      }
+    }
+    check_deletable(id, check);
+    // The run's row goes last: its status lets the steps go (schema 8's trigger).
+    for (const char* sql : {"DELETE FROM payloads WHERE run_id = ?", "DELETE FROM events WHERE run_id = ?",
+                            "DELETE FROM signals WHERE run_id = ?", "DELETE FROM steps WHERE run_id = ?",
+                            "DELETE FROM run_states WHERE run_id = ?", "DELETE FROM runs WHERE id = ?"})
+      c_.changed(sql, id);
+    tx.commit();
+    return std::move(*record);
+  });
+}
+
+journal_space sqlite_journal::space() {
+  return c_.guard({}, [&] {
+    const auto pages = [&](const char* pragma) {
+      return static_cast<std::uint64_t>(c_.db().execAndGet(pragma).getInt64());
+    };
+    const auto page = pages("PRAGMA page_size");
+    return journal_space{pages("PRAGMA page_count") * page, pages("PRAGMA freelist_count") * page};
+  });
+}
+
+journal_space sqlite_journal::reclaim_space(std::uint64_t max_bytes) {
+  c_.guard({}, [&] {
+    const auto page = static_cast<std::uint64_t>(c_.db().execAndGet("PRAGMA page_size").getInt64());
+    const auto pages = std::max<std::uint64_t>(1, max_bytes / page);
+    // Its own short write transaction: writers wait for one slice at most.
+    c_.db().exec(fmt::format("PRAGMA incremental_vacuum({})", pages));
+  });
+  const auto left = space();
+  // The file shrinks when a checkpoint copies the shorter database back;
+  // PASSIVE waits for no reader or writer.
+  if (left.free_bytes == 0)
+    sqlite3_wal_checkpoint_v2(c_.db().getHandle(), nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+  return left;
 }
 
 // --- Workspaces assigned at first execution, workers and their leases (schema 6) ---

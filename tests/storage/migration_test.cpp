@@ -20,6 +20,13 @@ using json = nlohmann::json;
 
 namespace {
 
+// Schema 7 is schema 8 without runs_by_created, and with a trigger that
+// refuses every step's deletion: what the tests below that make an older
+// journal out of a current one undo first.
+const std::string undo_schema_8 =
+    "DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete; CREATE TRIGGER steps_no_delete BEFORE DELETE ON "
+    "steps BEGIN SELECT RAISE(ABORT, 'steps are write-once: a journaled step cannot be deleted'); END; ";
+
 // The on-disk format of schema version 1, as cairn 0.1 wrote it.
 constexpr const char* schema_v1 = R"sql(
 CREATE TABLE runs (
@@ -211,9 +218,9 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
     step.result.name = "plan";
     step.result.output = json{1};
     current->append_step(step);
-    // Schema 3 is schema 7 without schema 7's, then runs.epoch, the payloads table and schema 6's additions.
+    // Schema 3 is schema 8 without schema 8's and 7's, then runs.epoch, the payloads table and schema 6's additions.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
-    raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER payloads_bytes; "
+    raw.exec(undo_schema_8 + "DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER payloads_bytes; "
              "DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; DROP TABLE journal_info; "
              "DROP TABLE payloads; ALTER TABLE runs DROP COLUMN epoch; DROP TABLE workers; DROP INDEX runs_by_owner; "
              "ALTER TABLE runs DROP COLUMN workspace_host; PRAGMA user_version = 3");
@@ -240,7 +247,7 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
 
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READONLY);
   CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::sqlite::schema_version());
-  CHECK(storage::sqlite::schema_version() == 7);
+  CHECK(storage::sqlite::schema_version() == 8);
 }
 
 TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspace on shared storage, no worker yet") {
@@ -254,9 +261,9 @@ TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspa
     r.workspace = "/ws/old";
     r.owner = "host-1:a:1:1";
     current->create_run(r);
-    // Schema 5 is schema 7 without schema 7's, then the workers table, its index and runs.workspace_host.
+    // Schema 5 is schema 8 without schema 8's and 7's, then the workers table, its index and runs.workspace_host.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
-    raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER payloads_bytes; "
+    raw.exec(undo_schema_8 + "DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER payloads_bytes; "
              "DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; DROP TABLE journal_info; "
              "DROP TABLE workers; DROP INDEX runs_by_owner; ALTER TABLE runs DROP COLUMN workspace_host; "
              "PRAGMA user_version = 5");
@@ -289,9 +296,9 @@ TEST_CASE("a version 6 journal is migrated in place: its runs' bytes are counted
     current->append_event("old", "cancel_requested", {{"reason", "enough of it"}});
     current->append_event("old", "note", {{"long", std::string(3000, 'y')}});
     bytes_before = current->bytes_of_run("old");
-    // Schema 6 is schema 7 without the run_states table, its triggers, runs.cancel_reason and journal_info.
+    // Schema 6 is schema 8 without schema 8's, then the run_states table, its triggers, runs.cancel_reason and journal_info.
     SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READWRITE);
-    raw.exec("DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER "
+    raw.exec(undo_schema_8 + "DROP TRIGGER runs_state; DROP TRIGGER steps_bytes; DROP TRIGGER events_bytes; DROP TRIGGER "
              "payloads_bytes; DROP TABLE run_states; ALTER TABLE runs DROP COLUMN cancel_reason; DROP TABLE journal_info; "
              "UPDATE runs SET cancel_requested_at_ms = 1; PRAGMA user_version = 6");
   }
