@@ -1,0 +1,286 @@
+#include "runtime/agent_version.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "runtime/host_paths.hpp"
+#include "runtime/no_follow.hpp"
+#include "runtime/sandbox.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace cairn::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Deeper than this a folder is past its bounds (each level holds an fd).
+constexpr int max_depth = 64;
+
+class sha256 {
+ public:
+  sha256() : md_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
+    if (!md_ || EVP_DigestInit_ex(md_.get(), EVP_sha256(), nullptr) != 1) throw std::bad_alloc();
+  }
+  void update(const void* data, std::size_t n) { EVP_DigestUpdate(md_.get(), data, n); }
+  // A field of a manifest entry, ended by a NUL (no path or link holds one).
+  void field(std::string_view s) {
+    update(s.data(), s.size());
+    update("", 1);
+  }
+  std::string hex() {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int size = 0;
+    EVP_DigestFinal_ex(md_.get(), digest, &size);
+    std::string out;
+    for (unsigned int i = 0; i < size; ++i) out += fmt::format("{:02x}", digest[i]);
+    return out;
+  }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md_;
+};
+
+[[noreturn]] void unreadable(const fs::path& what, const char* doing) {
+  throw sandbox_error(sandbox_errc::bad_spec,
+                      fmt::format("agent {}: {} failed: {}", what.string(), doing, std::strerror(errno)));
+}
+
+bool is_cache(std::string_view name) {
+  static constexpr std::array<std::string_view, 5> caches = {"__pycache__", ".git", ".cache", ".pytest_cache",
+                                                             ".mypy_cache"};
+  return std::find(caches.begin(), caches.end(), name) != caches.end();
+}
+
+// The sandbox shows a dot-entry at the top of a script's folder only when it
+// is a virtualenv (app_folder.cpp).
+bool shown_at_top(int dir, const std::string& name) {
+  if (name[0] != '.') return true;
+  struct stat st {};
+  return name == ".venv" && ::fstatat(dir, ".venv/pyvenv.cfg", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+// The file's content hashed, and written to `name` in `dest` (when >= 0)
+// with `mode` (its read and execute bits). Returns HEX; counts the bytes.
+std::string hash_file(int file, const fs::path& where, int dest, const char* name, mode_t mode,
+                      std::uint64_t& bytes) {
+  unique_fd out;
+  if (dest >= 0) {
+    out.reset(::openat(dest, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out) unreadable(where, "making its copy");
+  }
+  sha256 h;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(file, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) unreadable(where, "reading");
+    if (n == 0) break;
+    h.update(buffer, static_cast<std::size_t>(n));
+    bytes += static_cast<std::uint64_t>(n);
+    for (ssize_t off = 0; out && off < n;) {
+      const ssize_t w = ::write(out.get(), buffer + off, static_cast<std::size_t>(n - off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) unreadable(where, "writing its copy");
+      off += w;
+    }
+  }
+  if (out && ::fchmod(out.get(), mode & 0555) < 0) unreadable(where, "setting its copy's mode");
+  return h.hex();
+}
+
+// A manifest entry of a regular file: its executable bit, size and hash.
+void file_entry(sha256& manifest, const std::string& rel, mode_t mode, std::uint64_t size, const std::string& hex) {
+  manifest.field(fmt::format("f {} {} {}", (mode & S_IXUSR) ? 1 : 0, size, hex));
+  manifest.field(rel);
+}
+
+// One walk of a script's folder: the manifest of what it covers, and the
+// copy of it when `dest` is given.
+struct folder_walk {
+  const agent_bounds& bounds;
+  std::set<std::pair<dev_t, ino_t>> hidden;  // the private paths
+  sha256 manifest;
+  std::uint64_t files = 0, bytes = 0;
+  std::string past;  // the bound passed ("" while none is)
+
+  void folder(int dir, const fs::path& where, int dest, const std::string& rel, int depth) {
+    if (depth > max_depth) {
+      past = fmt::format("it is more than {} folders deep", max_depth);
+      return;
+    }
+    std::vector<std::string> names;
+    DIR* listing = ::fdopendir(::dup(dir));
+    if (!listing) unreadable(where, "listing");
+    while (const dirent* e = ::readdir(listing)) {
+      std::string name = e->d_name;
+      if (name == "." || name == ".." || is_cache(name) || (depth == 0 && !shown_at_top(dir, name))) continue;
+      names.push_back(std::move(name));
+    }
+    ::closedir(listing);
+    std::sort(names.begin(), names.end());
+    for (const auto& name : names) {
+      if (!past.empty()) return;
+      entry(dir, where / name, dest, name.c_str(), rel.empty() ? name : rel + "/" + name, depth);
+    }
+  }
+
+  void entry(int dir, const fs::path& where, int dest, const char* name, const std::string& rel, int depth) {
+    struct stat st {};
+    if (::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) < 0) unreadable(where, "stat");
+    if (hidden.contains({st.st_dev, st.st_ino})) return;
+    if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode)) return;
+    if (++files > bounds.max_files) {
+      past = fmt::format("its folder holds more than {} files", bounds.max_files);
+      return;
+    }
+    if (S_ISLNK(st.st_mode)) {
+      char target[PATH_MAX + 1];
+      const ssize_t n = ::readlinkat(dir, name, target, sizeof target);
+      if (n < 0 || n > PATH_MAX) unreadable(where, "reading the link");
+      const std::string_view text(target, static_cast<std::size_t>(n));
+      manifest.field("l");
+      manifest.field(rel);
+      manifest.field(text);
+      if (dest >= 0 && ::symlinkat(std::string(text).c_str(), dest, name) < 0) unreadable(where, "copying the link");
+    } else if (S_ISDIR(st.st_mode)) {
+      unique_fd sub(::openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!sub) unreadable(where, "opening");
+      unique_fd sub_dest;
+      if (dest >= 0) {
+        if (::mkdirat(dest, name, 0700) < 0) unreadable(where, "making its copy");
+        sub_dest.reset(::openat(dest, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!sub_dest) unreadable(where, "opening its copy");
+      }
+      manifest.field("d");
+      manifest.field(rel);
+      folder(sub.get(), where, sub_dest ? sub_dest.get() : -1, rel, depth + 1);
+      // Its owner may still remove it (a copy's files are read-only to all).
+      if (sub_dest && ::fchmod(sub_dest.get(), (st.st_mode & 0555) | 0700) < 0)
+        unreadable(where, "setting its copy's mode");
+    } else {
+      if (bytes + static_cast<std::uint64_t>(st.st_size) > bounds.max_bytes) {
+        past = fmt::format("its files hold more than {} MiB", bounds.max_bytes >> 20);
+        return;
+      }
+      unique_fd file(::openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+      if (!file) unreadable(where, "opening");
+      std::uint64_t size = 0;
+      const auto hex = hash_file(file.get(), where, dest, name, st.st_mode, size);
+      bytes += size;
+      file_entry(manifest, rel, st.st_mode, size, hex);
+    }
+  }
+};
+
+std::set<std::pair<dev_t, ino_t>> identities(const std::vector<fs::path>& private_paths) {
+  std::set<std::pair<dev_t, ino_t>> ids;
+  for (const auto& p : private_paths)
+    for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {  // a journal goes with its WAL and locks
+      struct stat st {};
+      if (::stat((p.string() + suffix).c_str(), &st) == 0) ids.insert({st.st_dev, st.st_ino});
+    }
+  return ids;
+}
+
+// identify_agent, copying what it covers into the folder `dest` (when >= 0).
+agent_version scan(const fs::path& program, const std::vector<fs::path>& private_paths, const agent_bounds& bounds,
+                   int dest) {
+  agent_version v;
+  v.program = check_program(program);
+  const fs::path folder = script_folder(v.program);
+  const std::string name = v.program.filename().string();
+  unique_fd file(::open(v.program.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!file || ::fstat(file.get(), &st) < 0) unreadable(v.program, "opening");
+  std::uint64_t size = 0;
+  // A script's copy is its folder's; the program alone is copied here only for a compiled agent.
+  v.program_sha256 = hash_file(file.get(), v.program, folder.empty() ? dest : -1, name.c_str(), st.st_mode, size);
+  sha256 alone;
+  file_entry(alone, name, st.st_mode, size, v.program_sha256);
+  v.id = "sha256:" + alone.hex();
+  v.files = 1;
+  v.bytes = size;
+  if (folder.empty()) return v;
+
+  v.script = true;
+  unique_fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir) unreadable(folder, "opening its folder");
+  folder_walk walk{bounds, identities(private_paths), {}, 0, 0, {}};
+  walk.folder(dir.get(), folder, dest, "", 0);
+  if (!walk.past.empty()) {
+    v.partial = walk.past;
+    return v;
+  }
+  v.id = "sha256:" + walk.manifest.hex();
+  v.files = walk.files;
+  v.bytes = walk.bytes;
+  return v;
+}
+
+std::string hex_of(const std::string& id) { return id.substr(id.find(':') + 1); }
+
+}  // namespace
+
+agent_version identify_agent(const fs::path& program, const std::vector<fs::path>& private_paths,
+                             const agent_bounds& bounds) {
+  return scan(program, private_paths, bounds, -1);
+}
+
+std::optional<fs::path> find_kept_agent(const fs::path& store, const std::string& id, const std::string& program_name) {
+  const fs::path copy = store / hex_of(id);
+  struct stat folder {}, program {};
+  if (::lstat(copy.c_str(), &folder) < 0 || !S_ISDIR(folder.st_mode)) return std::nullopt;
+  if (::lstat((copy / program_name).c_str(), &program) < 0 || !S_ISREG(program.st_mode)) return std::nullopt;
+  return copy / program_name;
+}
+
+std::variant<fs::path, std::string> keep_agent(const agent_version& v, const fs::path& store,
+                                               const std::vector<fs::path>& private_paths, const agent_bounds& bounds) {
+  if (!v.partial.empty())
+    return fmt::format("{}, past what a run keeps a copy of; only its program is versioned", v.partial);
+  const std::string name = v.program.filename().string();
+  if (auto kept = find_kept_agent(store, v.id, name)) return *kept;
+  const bool root = ::geteuid() == 0;
+  unique_fd store_fd = open_folder_no_follow(store, root ? 0711 : 0700);
+  const std::string staging = fmt::format(".staging-{}-{:x}", ::getpid(), std::random_device{}());
+  if (::mkdirat(store_fd.get(), staging.c_str(), 0700) < 0) unreadable(store / staging, "making");
+  struct cleanup {
+    fs::path path;
+    ~cleanup() {
+      std::error_code ec;
+      if (!path.empty()) fs::remove_all(path, ec);
+    }
+  } staged{store / staging};
+  unique_fd dest(::openat(store_fd.get(), staging.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dest) unreadable(store / staging, "opening");
+  const agent_version copied = scan(v.program, private_paths, bounds, dest.get());
+  if (copied != v)
+    return fmt::format("{} changed while it was copied (it is {} now)", v.program.string(), copied.id);
+  struct stat st {};
+  ::stat(v.script ? v.program.parent_path().c_str() : v.program.c_str(), &st);
+  // The sandbox uid passes where the original let others pass.
+  if (::fchmod(dest.get(), 0700 | (st.st_mode & 0055)) < 0) unreadable(store / staging, "setting its mode");
+  const std::string hex = hex_of(v.id);
+  if (::renameat(store_fd.get(), staging.c_str(), store_fd.get(), hex.c_str()) == 0) staged.path.clear();
+  else if (errno != EEXIST && errno != ENOTEMPTY) unreadable(store / hex, "keeping");
+  // Else another process kept the same content first: its copy serves.
+  if (auto kept = find_kept_agent(store, v.id, name)) return *kept;
+  return fmt::format("its copy {} is not a folder holding {}", (store / hex).string(), name);
+}
+
+}  // namespace cairn::runtime
