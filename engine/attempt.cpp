@@ -410,10 +410,10 @@ attempt_driver::step attempt_driver::on(const protocol::hello_msg&) {
 
 attempt_driver::step attempt_driver::on(const protocol::begin_msg& m) {
   check_seq(m.seq, "begin");
-  if (m.kind != protocol::step_kind::step && m.kind != protocol::step_kind::now &&
-      m.kind != protocol::step_kind::random)
+  if (protocol::host_recorded(m.kind))
     throw violation{"a begin of kind " + std::string(protocol::to_string(m.kind)) +
                     ": the agent asks for those with their own messages"};
+  if (m.kind == protocol::step_kind::patch) throw violation{"a begin of kind patch: a patch marker is one step alone"};
   begun_at_ms_ = storage::now_ms();
   in_step_ = m;
   step_started_ = clock::now();
@@ -422,10 +422,12 @@ attempt_driver::step attempt_driver::on(const protocol::begin_msg& m) {
 
 attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
   check_seq(m.result.seq, "step");
-  if (m.result.kind != protocol::step_kind::step && m.result.kind != protocol::step_kind::now &&
-      m.result.kind != protocol::step_kind::random)
+  if (protocol::host_recorded(m.result.kind))
     throw violation{"a step of kind " + std::string(protocol::to_string(m.result.kind)) +
                     ": only the host records those"};
+  // A marker is true or absent (PROTOCOL.md §4.1): anything else would replay as a branch no code took.
+  if (m.result.kind == protocol::step_kind::patch && !(m.result.ok && m.result.output == true))
+    throw violation{"a patch marker that is not status ok with output true"};
   // Deeper, it would be journaled and then break every replay of the run.
   if (protocol::nesting_depth(m.result.output) > protocol::max_output_depth)
     throw violation{fmt::format("the output of step {} nests deeper than {} levels, which a replay could not carry",
