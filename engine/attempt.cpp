@@ -93,9 +93,9 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   // workspace_mb 0 asks for no quota: the plain folder, no image.
   if (policy_.limits.max_workspace_bytes > 0) spec.workspace_image = options_.workspace_image;
   spec.log_file = options_.log_file;
-  spec.app_folder = runtime::script_folder(run_.agent);
+  spec.app_folder = runtime::script_folder(program());
   spec.private_paths = options_.private_paths;
-  spec.agent = run_.agent;
+  spec.agent = program();
   // Made, and later taken down, off the event loop: mounts, cgroups, fork and exec.
   starting_.emplace(co_await start_slot::take());
   const auto asked = clock::now();
@@ -108,7 +108,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
       [&]() -> std::unique_ptr<runtime::agent_process> {
         box = backend.create(spec);
         warnings = box->warnings();
-        return warnings.empty() ? box->exec(run_.agent, {}) : nullptr;
+        return warnings.empty() ? box->exec(program(), {}) : nullptr;
       },
       pool::starts);
   observer_.on_sandbox(run_.id, box->pooled(), box->agent_started(),
@@ -117,7 +117,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
     co_await apply_effect(effects::sandbox_warning{warning});
     observer_.on_warning(warning);
   }
-  if (!process_) process_ = co_await offload([&] { return box->exec(run_.agent, {}); }, pool::starts);
+  if (!process_) process_ = co_await offload([&] { return box->exec(program(), {}); }, pool::starts);
   events_.watch_process(process_->pid());
   const auto executor = co_await asio::this_coro::executor;
   channel_fd_.emplace(executor, process_->io().fd());

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/app_folder.hpp"
 #include "runtime/host_paths.hpp"
 #include "runtime/no_follow.hpp"
 #include "runtime/sandbox.hpp"
@@ -270,6 +271,9 @@ agent_version scan(const fs::path& program, const std::vector<fs::path>& private
   if (folder.empty()) return v;
 
   v.script = true;
+  // A folder the sandbox would refuse to show (a home, one every user may
+  // write, one inside cairn's own) is neither versioned nor copied.
+  view_of_app_folder(folder, private_paths);
   unique_fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!dir) unreadable(folder, "opening its folder");
   folder_walk walk{bounds, identities(private_paths), {}, 0, 0, {}};
@@ -285,6 +289,15 @@ agent_version scan(const fs::path& program, const std::vector<fs::path>& private
 }
 
 std::string hex_of(const std::string& id) { return id.substr(id.find(':') + 1); }
+
+// The first folder on the way to `path` that other users may not enter.
+std::optional<fs::path> closed_to_others(const fs::path& path) {
+  for (fs::path p = path.parent_path();; p = p.parent_path()) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) < 0 || !(st.st_mode & S_IXOTH)) return p;
+    if (p == p.root_path()) return std::nullopt;
+  }
+}
 
 }  // namespace
 
@@ -308,6 +321,10 @@ std::variant<fs::path, std::string> keep_agent(const agent_version& v, const fs:
   const std::string name = v.program.filename().string();
   if (auto kept = find_kept_agent(store, v.id, name)) return *kept;
   const bool root = ::geteuid() == 0;
+  // Under root a script's sandbox runs as another uid, which reads it where
+  // it lies: a copy in CAIRN_HOME would open what its owner closed.
+  if (const auto closed = root && v.script ? closed_to_others(v.program) : std::nullopt)
+    return fmt::format("other users may not enter {}, and a copy would open it to the sandbox's uid", closed->string());
   unique_fd store_fd = open_folder_no_follow(store, root ? 0711 : 0700);
   const std::string staging = fmt::format(".staging-{}-{:x}", ::getpid(), std::random_device{}());
   if (::mkdirat(store_fd.get(), staging.c_str(), 0700) < 0) unreadable(store / staging, "making");

@@ -50,7 +50,8 @@ struct agent_version {
 // Identifies the agent at `program` (its path; links in the path itself are
 // resolved, as check_program does). `private_paths` as sandbox_spec's.
 // Throws sandbox_error(bad_spec) when the program is missing or cannot be
-// read, or its folder cannot be listed.
+// read, or its folder cannot be listed or is one the sandbox refuses to
+// show (view_of_app_folder: a home, a folder every user may write, ...).
 agent_version identify_agent(const std::filesystem::path& program,
                              const std::vector<std::filesystem::path>& private_paths, const agent_bounds& bounds = {});
 
@@ -61,8 +62,10 @@ std::optional<std::filesystem::path> find_kept_agent(const std::filesystem::path
 
 // Keeps a copy of `v` (identify_agent's, just now) in `store`, made 0700
 // (0711 under root, whose sandbox uid must pass) when missing. Returns the
-// kept program, or why none is kept: `v` is partial, or what is at the path
-// now is no longer `v` (it changed while it was copied). Throws
+// kept program, or why none is kept: `v` is partial, under root a script
+// lies where other users may not enter (its sandbox's uid could not reach
+// it there, and the copy must not open it), or what is at the path now is
+// no longer `v` (it changed while it was copied). Throws
 // sandbox_error(bad_spec) when `store` cannot be written.
 std::variant<std::filesystem::path, std::string> keep_agent(const agent_version& v, const std::filesystem::path& store,
                                                             const std::vector<std::filesystem::path>& private_paths,

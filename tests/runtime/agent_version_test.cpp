@@ -170,3 +170,12 @@ TEST_CASE("identifying a folder of 1,000 files and 40 MiB", "[.measure]") {
     CHECK(std::holds_alternative<fs::path>(kept));
   }
 }
+
+TEST_CASE("a folder the sandbox refuses to show is neither versioned nor kept") {
+  testing::temp_dir dir;
+  const auto agent = script_agent(dir / "app");
+  CHECK_THROWS_WITH(runtime::identify_agent(agent, {dir.path()}), Catch::Contains("lies inside"));
+  fs::permissions(dir / "app", fs::perms::all | fs::perms::sticky_bit);
+  CHECK_THROWS_WITH(runtime::identify_agent(agent, {}), Catch::Contains("may be written by every user"));
+  CHECK_THROWS(runtime::keep_agent(runtime::agent_version{.program = agent, .id = "sha256:0"}, dir / "store", {}));
+}
