@@ -59,12 +59,16 @@ int run_command(const paths& p, const run_args& args, bool as_json) {
   });
 }
 
-int resume_command(const paths& p, const std::string& run_id, bool all, bool as_json) {
+int resume_command(const paths& p, const std::string& run_id, bool all, const std::string& agent, bool as_json) {
   return guarded([&] {
     stop_follow_on_signals();
     auto journal = storage::open_journal(p.db);
     engine::engine eng(*journal, options_for(p));
     if (!all) {
+      if (!agent.empty()) {
+        const auto replaced = eng.replace_agent(run_id, agent);
+        if (!as_json) std::cout << terminal_text(replaced) << std::endl;
+      }
       // A failed run gets a fresh set of attempts; one in doubt is told what to settle.
       auto run = eng.reopen(run_id);
       if (run.status == storage::run_status::in_doubt) return report_end(p, eng.execute(run_id), as_json);

@@ -31,7 +31,8 @@ struct settle_args {
 };
 
 int run_command(const paths& p, const run_args& args, bool as_json);
-int resume_command(const paths& p, const std::string& run_id, bool all, bool as_json);
+// `agent`: `cairn resume RUN --agent PATH`, the run resumes on that agent ("" for its own version).
+int resume_command(const paths& p, const std::string& run_id, bool all, const std::string& agent, bool as_json);
 // `cairn workers`: the workers sharing the journal, their leases and runs.
 int workers_command(const paths& p, bool as_json);
 // `cairn ls`: its filters, as given (checked by ls_command).

@@ -215,6 +215,8 @@ std::string state_summary(const std::optional<json>& kept, std::uint64_t journal
   std::string out = fmt::format("  journal    {} bytes\n", journal_bytes);
   if (!kept) return out + "  state      (not kept: the run predates kept state; its history holds it)\n";
   const auto s = engine::run_state_of(*kept);
+  if (s.agent)
+    out += fmt::format("  version    {} ({})\n", terminal_text(s.agent->version), terminal_text(s.agent->agent));
   const auto now = storage::now_ms();
   std::string facts;
   if (s.llm_tokens > 0) facts += fmt::format("{} model tokens, ", s.llm_tokens);

@@ -225,11 +225,13 @@ int main(int argc, char** argv) {
   gc_cmd->add_flag("--dry-run", gc.dry_run, "list what would be removed; change nothing");
   gc_cmd->add_flag("--json", as_json, "JSON output: the summary");
 
-  std::string resume_id;
+  std::string resume_id, resume_agent;
   bool resume_all = false;
   auto* resume_cmd = app.add_subcommand("resume", "continue a run from its journal");
   resume_cmd->add_option("run", resume_id, "run id");
   resume_cmd->add_flag("--all", resume_all, "every run left unfinished by a dead host process");
+  resume_cmd->add_option("--agent", resume_agent, "resume the run on this agent, not the version it began with "
+                                                  "(journaled; new code takes its ctx.patched branches)");
   resume_cmd->add_flag("--json", as_json, "print the final runs as JSON");
 
   cairn::cli::ls_args ls;
@@ -310,7 +312,11 @@ int main(int argc, char** argv) {
       std::cerr << "cairn: give a run id or --all\nRun 'cairn resume --help' for what it takes.\n";
       return 2;
     }
-    return cairn::cli::resume_command(paths, resume_id, resume_all, as_json);
+    if (resume_all && !resume_agent.empty()) {
+      std::cerr << "cairn: --agent resumes one run: give its id, not --all\n";
+      return 2;
+    }
+    return cairn::cli::resume_command(paths, resume_id, resume_all, resume_agent, as_json);
   }
   if (*ls_cmd) return cairn::cli::ls_command(paths, ls, as_json);
   if (*rm_cmd) return cairn::cli::rm_command(paths, rm_ids, as_json);

@@ -93,9 +93,9 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   // workspace_mb 0 asks for no quota: the plain folder, no image.
   if (policy_.limits.max_workspace_bytes > 0) spec.workspace_image = options_.workspace_image;
   spec.log_file = options_.log_file;
-  spec.app_folder = runtime::script_folder(run_.agent);
+  spec.app_folder = runtime::script_folder(program());
   spec.private_paths = options_.private_paths;
-  spec.agent = run_.agent;
+  spec.agent = program();
   // Made, and later taken down, off the event loop: mounts, cgroups, fork and exec.
   starting_.emplace(co_await start_slot::take());
   const auto asked = clock::now();
@@ -108,7 +108,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
       [&]() -> std::unique_ptr<runtime::agent_process> {
         box = backend.create(spec);
         warnings = box->warnings();
-        return warnings.empty() ? box->exec(run_.agent, {}) : nullptr;
+        return warnings.empty() ? box->exec(program(), {}) : nullptr;
       },
       pool::starts);
   observer_.on_sandbox(run_.id, box->pooled(), box->agent_started(),
@@ -117,7 +117,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
     co_await apply_effect(effects::sandbox_warning{warning});
     observer_.on_warning(warning);
   }
-  if (!process_) process_ = co_await offload([&] { return box->exec(run_.agent, {}); }, pool::starts);
+  if (!process_) process_ = co_await offload([&] { return box->exec(program(), {}); }, pool::starts);
   events_.watch_process(process_->pid());
   const auto executor = co_await asio::this_coro::executor;
   channel_fd_.emplace(executor, process_->io().fd());
@@ -410,10 +410,10 @@ attempt_driver::step attempt_driver::on(const protocol::hello_msg&) {
 
 attempt_driver::step attempt_driver::on(const protocol::begin_msg& m) {
   check_seq(m.seq, "begin");
-  if (m.kind != protocol::step_kind::step && m.kind != protocol::step_kind::now &&
-      m.kind != protocol::step_kind::random)
+  if (protocol::host_recorded(m.kind))
     throw violation{"a begin of kind " + std::string(protocol::to_string(m.kind)) +
                     ": the agent asks for those with their own messages"};
+  if (m.kind == protocol::step_kind::patch) throw violation{"a begin of kind patch: a patch marker is one step alone"};
   begun_at_ms_ = storage::now_ms();
   in_step_ = m;
   step_started_ = clock::now();
@@ -422,10 +422,12 @@ attempt_driver::step attempt_driver::on(const protocol::begin_msg& m) {
 
 attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
   check_seq(m.result.seq, "step");
-  if (m.result.kind != protocol::step_kind::step && m.result.kind != protocol::step_kind::now &&
-      m.result.kind != protocol::step_kind::random)
+  if (protocol::host_recorded(m.result.kind))
     throw violation{"a step of kind " + std::string(protocol::to_string(m.result.kind)) +
                     ": only the host records those"};
+  // A marker is true or absent (PROTOCOL.md §4.1): anything else would replay as a branch no code took.
+  if (m.result.kind == protocol::step_kind::patch && !(m.result.ok && m.result.output == true))
+    throw violation{"a patch marker that is not status ok with output true"};
   // Deeper, it would be journaled and then break every replay of the run.
   if (protocol::nesting_depth(m.result.output) > protocol::max_output_depth)
     throw violation{fmt::format("the output of step {} nests deeper than {} levels, which a replay could not carry",

@@ -92,6 +92,10 @@ struct attempt_options {
   std::filesystem::path workspace_image, log_file;
   // What a script agent's folder must never show (sandbox_spec::private_paths).
   std::vector<std::filesystem::path> private_paths;
+  // The program to execute: the run's agent as kept (agent_versions.hpp);
+  // empty: the run's agent path. A child agent named alone is looked for
+  // beside it.
+  std::filesystem::path agent;
 };
 
 struct attempt_result {

@@ -133,6 +133,10 @@ class attempt_driver {
   task<attempt_result> died(std::string how);
   task<attempt_result> exceeded(std::string message, std::string limit);
   std::string log_excerpt() const;
+  // attempt_options::agent, or the run's agent path.
+  std::filesystem::path program() const {
+    return options_.agent.empty() ? std::filesystem::path(run_.agent) : options_.agent;
+  }
 
   attempt_journal& journal_;
   const storage::run_record& run_;

@@ -157,7 +157,10 @@ attempt_driver::step attempt_driver::on(const protocol::child_msg& m) {
   };
 
   namespace fs = std::filesystem;
-  const fs::path folder = fs::path(run_.agent).parent_path();
+  // A script's child is of its version, looked for in the kept copy of its
+  // folder; a compiled agent's copy holds it alone, and its children stay beside it.
+  const fs::path folder =
+      runtime::script_folder(program()).empty() ? fs::path(run_.agent).parent_path() : program().parent_path();
   fs::path program;
   if (m.agent.empty() || m.agent.size() > protocol::max_name_size)
     co_return co_await refuse("no_such_agent", "a child agent needs a name");

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "protocol/messages.hpp"
+#include "runtime/agent_version.hpp"
 #include "storage/journal.hpp"
 
 namespace cairn::engine::effects {
@@ -123,6 +124,25 @@ struct run_ended {
 // A failed or settled run gets a fresh set of attempts.
 struct attempts_reset {};
 
+// The version of the agent the run executes from now on (agent_versions.hpp):
+// identified at its first attempt, or given by `cairn resume --agent`
+// (`replaced`, by a request). `kept`: the copy its attempts execute, "" when
+// none could be kept (`unkept` says why; they execute `version.program`).
+struct agent_chosen {
+  runtime::agent_version version;
+  std::string kept;
+  std::string unkept;
+  bool replaced = false;
+};
+
+// At an attempt, what is at the run's agent path is not the version the run
+// began with (`was`, `now`: version ids); the attempt executes `runs`.
+struct agent_changed {
+  std::string agent;
+  std::string was, now;
+  std::string runs;
+};
+
 }  // namespace cairn::engine::effects
 
 namespace cairn::engine {
@@ -138,6 +158,6 @@ using effect = std::variant<effects::step_committed, effects::retry_due, effects
                             effects::timer_set, effects::wait_started, effects::child_started,
                             effects::sandbox_warning, effects::cancel_sent, effects::limit_exceeded,
                             effects::attempt_crashed, effects::suspended, effects::released, effects::run_ended,
-                            effects::attempts_reset>;
+                            effects::attempts_reset, effects::agent_chosen, effects::agent_changed>;
 
 }  // namespace cairn::engine

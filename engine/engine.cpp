@@ -8,6 +8,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <fmt/format.h>
 
+#include "engine/agent_versions.hpp"
 #include "engine/attempt.hpp"
 #include "engine/clock.hpp"
 #include "engine/effects.hpp"
@@ -210,6 +211,8 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         protocol::error_info{"the run's stored policy is no longer valid here: " + *invalid_policy, "policy"}, watch);
   // Crashes counted in this process: a dead host does not use up the agent's attempts.
   int crashes = 0;
+  // What the attempts execute (agent_versions.hpp), chosen at the first.
+  std::filesystem::path program;
   for (;;) {
     run = journal_.find_run(run_id);
     int attempt = 0;
@@ -228,11 +231,28 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
     attempt_result result;
     std::optional<std::string> busy;
     try {
-      run_journal journal(*ledger_, journal_, home(), run_id, rules.journal);
-      if (!listening_) listening_.emplace(journal_.path());
-      attempt_events events(run_id, journal_.path());
-      result =
-          co_await run_attempt(journal, events, sandboxes, *run, rules, attempt, attempt_options_of(*run), watch);
+      auto options = attempt_options_of(*run);
+      std::string refusal;
+      if (program.empty()) {
+        const auto recorded = agent_of_run(journal_, run_id);
+        // Hashing, and the first time copying, the agent's files: off the event loop.
+        auto choice = co_await offload(
+            [&] { return choose_agent(*run, recorded, agent_store(home()), options.private_paths); }, pool::starts);
+        for (auto& e : choice.effects) co_await ledger_->apply_async(run_id, std::move(e));
+        if (!choice.warning.empty()) watch.on_warning(choice.warning);
+        program = choice.program;
+        refusal = choice.refusal;
+      }
+      if (!refusal.empty()) {
+        result = {attempt_result::kind::failed, nullptr, {refusal, "agent_changed"}, {}};
+      } else {
+        options.agent = program;
+        options.private_paths = private_paths_for(program, std::move(options.private_paths));
+        run_journal journal(*ledger_, journal_, home(), run_id, rules.journal);
+        if (!listening_) listening_.emplace(journal_.path());
+        attempt_events events(run_id, journal_.path());
+        result = co_await run_attempt(journal, events, sandboxes, *run, rules, attempt, options, watch);
+      }
     } catch (const runtime::sandbox_error& e) {
       if (e.code() == runtime::sandbox_errc::workspace_busy) busy = e.what();
       else result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
@@ -550,7 +570,7 @@ storage::run_record engine::settle(const std::string& run_id, std::uint64_t seq,
   return *journal_.find_run(run_id);
 }
 
-storage::run_record engine::reopen(const std::string& run_id) {
+storage::run_record engine::idle_run(const std::string& run_id) {
   auto run = journal_.find_run(run_id);
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
   if (!run->owner.empty() && run->owner != current_owner().str() &&
@@ -558,7 +578,34 @@ storage::run_record engine::reopen(const std::string& run_id) {
     throw engine_error(errc::busy, fmt::format("run {} is being executed by {}; wait for it, or stop that process and "
                                                "`cairn resume {}`",
                                                run_id, describe_owner(run->owner), run_id));
-  if (run->status != storage::run_status::failed) return *run;
+  return *run;
+}
+
+std::string engine::replace_agent(const std::string& run_id, const std::filesystem::path& program) {
+  const auto run = idle_run(run_id);
+  if (storage::is_finished(run.status) && run.status != storage::run_status::failed)
+    throw engine_error(errc::bad_request, fmt::format("run {} has ended ({}): there is nothing to resume on another "
+                                                      "agent",
+                                                      run_id, storage::to_string(run.status)));
+  make_home_folders(home());
+  auto private_paths = attempt_options_of(run).private_paths;
+  effects::agent_chosen chosen;
+  try {
+    chosen = replacement_agent(std::filesystem::absolute(program), agent_store(home()), private_paths);
+  } catch (const runtime::sandbox_error& e) {
+    throw engine_error(errc::bad_request, fmt::format("--agent: {}", e.what()));
+  }
+  const auto before = agent_of_run(journal_, run_id);
+  const std::string now = chosen.version.id;
+  const std::string agent = chosen.version.program.string();
+  ledger_->apply(run_id, {std::move(chosen)});
+  return fmt::format("run {} resumes on the agent {} ({}){}", run_id, agent, now,
+                     before ? fmt::format("; it ran {} ({}) before", before->agent, before->version) : "");
+}
+
+storage::run_record engine::reopen(const std::string& run_id) {
+  auto run = idle_run(run_id);
+  if (run.status != storage::run_status::failed) return run;
   ledger_->apply(run_id, {effects::attempts_reset{}});
   return *journal_.find_run(run_id);
 }

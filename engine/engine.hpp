@@ -177,6 +177,13 @@ class engine {
   // live process executes it.
   storage::run_record reopen(const std::string& run_id);
 
+  // `cairn resume RUN --agent PATH`: the agent at `program`, identified and
+  // kept (agent_versions.hpp), is the version the run executes from now on;
+  // journaled as agent_replaced. Returns a line that says what it replaced.
+  // Refused (bad_request) for a run that has ended or a program that cannot
+  // be read; not_found, busy as reopen.
+  std::string replace_agent(const std::string& run_id, const std::filesystem::path& program);
+
   // Runs left unfinished by host processes that have died, oldest first,
   // plus pending runs nobody has started and waiting runs whose wait is over
   // (a timer that came due while no host was up).
@@ -208,6 +215,9 @@ class engine {
   std::size_t release_ended_runs();
 
  private:
+  // The run, when no live process other than this one executes it: else
+  // busy (not_found when there is none).
+  storage::run_record idle_run(const std::string& run_id);
   // The row submit() inserts for `request`; throws what submit() refuses.
   storage::new_run new_run_of(run_request request);
   // drive_run() but for a run whose stored data cannot be read (storage_error(unreadable)).

@@ -27,6 +27,9 @@ constexpr std::string_view cancel_sent_fields[] = {"reason", "grace_seconds"};
 constexpr std::string_view limit_fields[] = {"limit", "message"};
 constexpr std::string_view crashed_fields[] = {"attempt", "error", "will_retry"};
 constexpr std::string_view suspended_fields[] = {"count", "bytes_written", "cpu_ms", "ms"};
+constexpr std::string_view agent_fields[] = {"agent",  "version", "program_sha256", "script", "files",
+                                             "bytes",  "partial?", "kept?",         "unkept?"};
+constexpr std::string_view agent_changed_fields[] = {"agent", "was", "now", "runs"};
 
 using enum event_writer;
 
@@ -55,6 +58,10 @@ constexpr event_declaration declarations[] = {
     {"limit_exceeded", limit_fields, owner, false, true},
     {"attempt_crashed", crashed_fields, owner, false, true},
     {"suspended", suspended_fields, owner, false, false},
+    // The agent's version (agent_versions.hpp).
+    {"agent_version", agent_fields, owner, false, false},
+    {"agent_replaced", agent_fields, request, false, true},  // cairn resume --agent
+    {"agent_changed", agent_changed_fields, owner, false, true},
 };
 
 json error_json(const protocol::error_info& e) { return {{"error", {{"message", e.message}, {"type", e.type}}}}; }

@@ -65,6 +65,22 @@ std::optional<event_row> row_of(const effect& e) {
             return event("suspended",
                          {{"count", s.count}, {"bytes_written", s.bytes_written}, {"cpu_ms", s.cpu_ms}, {"ms", s.ms}});
           },
+          [](const agent_chosen& a) -> std::optional<event_row> {
+            const auto& v = a.version;
+            return event(a.replaced ? "agent_replaced" : "agent_version",
+                         {{"agent", v.program.string()},
+                          {"version", v.id},
+                          {"program_sha256", v.program_sha256},
+                          {"script", v.script},
+                          {"files", v.files},
+                          {"bytes", v.bytes},
+                          {"partial", v.partial.empty() ? json() : json(v.partial)},
+                          {"kept", a.kept.empty() ? json() : json(a.kept)},
+                          {"unkept", a.unkept.empty() ? json() : json(a.unkept)}});
+          },
+          [](const agent_changed& a) -> std::optional<event_row> {
+            return event("agent_changed", {{"agent", a.agent}, {"was", a.was}, {"now", a.now}, {"runs", a.runs}});
+          },
           [](const auto&) -> std::optional<event_row> { return std::nullopt; },
       },
       e);

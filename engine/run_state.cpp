@@ -38,6 +38,10 @@ void suspended_at(run_state& s, std::int64_t now_ms) {
     times.erase(times.begin(), times.end() - static_cast<std::ptrdiff_t>(most_suspensions_kept));
 }
 
+run_agent agent_of(const runtime::agent_version& v) {
+  return {v.program.string(), v.id, v.program.filename().string()};
+}
+
 [[noreturn]] void not_a_state(const std::string& why) {
   throw storage::storage_error(storage::errc::corrupt,
                                fmt::format("a run's kept state is damaged ({}); `cairn doctor` checks the journal", why));
@@ -74,6 +78,7 @@ json to_json(const run_state& s) {
   if (s.timer) out["timer"] = {{"until_ms", s.timer->until_ms}, {"in_past", s.timer->in_past}};
   if (s.wait)
     out["wait"] = {{"signal", s.wait->signal}, {"deadline_ms", s.wait->deadline_ms ? json(*s.wait->deadline_ms) : json()}};
+  if (s.agent) out["agent"] = {{"agent", s.agent->agent}, {"version", s.agent->version}, {"program", s.agent->program}};
   return out;
 }
 
@@ -99,6 +104,11 @@ run_state run_state_of(const json& stored) {
       s.wait = effects::wait_started{s.seq, w.at("signal").get<std::string>(), std::nullopt};
       if (!w.at("deadline_ms").is_null()) s.wait->deadline_ms = w.at("deadline_ms").get<std::int64_t>();
     }
+    if (stored.contains("agent")) {
+      const auto& a = stored.at("agent");
+      s.agent = run_agent{a.at("agent").get<std::string>(), a.at("version").get<std::string>(),
+                          a.at("program").get<std::string>()};
+    }
   } catch (const json::exception& e) {
     not_a_state(e.what());
   }
@@ -114,6 +124,7 @@ bool changes_state(const effect& e) {
                         [](const effects::timer_set&) { return true; },
                         [](const effects::wait_started&) { return true; },
                         [](const effects::suspended&) { return true; },
+                        [](const effects::agent_chosen&) { return true; },
                         [](const auto&) { return false; },
                     },
                     e);
@@ -145,6 +156,7 @@ void change(run_state& s, const effect& e, std::int64_t now_ms) {
                    s.wait = w;
                  },
                  [&](const effects::suspended&) { suspended_at(s, now_ms); },
+                 [&](const effects::agent_chosen& a) { s.agent = agent_of(a.version); },
                  [](const auto&) {},
              },
              e);
@@ -194,12 +206,27 @@ std::uint64_t derive_tokens(storage::journal& journal, const std::string& run_id
   return spent;
 }
 
+std::optional<run_agent> derive_agent(storage::journal& journal, const std::string& run_id) {
+  std::optional<run_agent> agent;
+  for (const auto& e : journal.events(run_id))
+    if (e.kind == "agent_version" || e.kind == "agent_replaced")
+      agent = run_agent{e.data.value("agent", ""), e.data.value("version", ""),
+                        std::filesystem::path(e.data.value("agent", "")).filename().string()};
+  return agent;
+}
+
+std::optional<run_agent> agent_of_run(storage::journal& journal, const std::string& run_id) {
+  if (auto kept = kept_run_state(journal, run_id)) return kept->agent;
+  return derive_agent(journal, run_id);
+}
+
 run_state derive_run_state(storage::journal& journal, const std::string& run_id, tokens_of tokens,
                            std::int64_t now_ms) {
   run_state s;
   derive_step_fields(s, journal, run_id);
   s.suspended_at_ms = derive_suspensions(journal, run_id, now_ms);
   s.llm_tokens = derive_tokens(journal, run_id, tokens);
+  s.agent = derive_agent(journal, run_id);
   return s;
 }
 

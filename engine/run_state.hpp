@@ -30,6 +30,15 @@ struct unsettled_call {
   std::int64_t started_at_ms = 0;
 };
 
+// The agent version a run executes (effects::agent_chosen), as the worker
+// finds its copy: in its own CAIRN_HOME/agents, by `version` and `program`.
+struct run_agent {
+  std::string agent;    // the path it was identified at: what is there now is compared with `version`
+  std::string version;  // runtime::agent_version::id
+  std::string program;  // the program's name in its folder (and in the copy)
+  bool operator==(const run_agent&) const = default;
+};
+
 struct run_state {
   // The step the per-step fields below are about: the one after the last
   // journaled step when any of them was last set. For any other step they
@@ -45,6 +54,9 @@ struct run_state {
   // When the run was suspended within the last hour, oldest first (at most
   // one more than the most limits.suspensions_per_hour allows).
   std::vector<std::int64_t> suspended_at_ms;
+  // None for a run that has not begun an attempt (or began it with a cairn
+  // that did not identify agents).
+  std::optional<run_agent> agent;
 
   // What the per-step fields say of step `at`.
   int failures_at(std::uint64_t at) const { return at == seq ? step_failures : 0; }
@@ -82,6 +94,9 @@ void derive_step_fields(run_state& s, storage::journal& journal, const std::stri
 std::vector<std::int64_t> derive_suspensions(storage::journal& journal, const std::string& run_id,
                                              std::int64_t now_ms);
 std::uint64_t derive_tokens(storage::journal& journal, const std::string& run_id, tokens_of tokens);
+std::optional<run_agent> derive_agent(storage::journal& journal, const std::string& run_id);
+// The run's agent version: kept, or derived from its events.
+std::optional<run_agent> agent_of_run(storage::journal& journal, const std::string& run_id);
 // All of it: the oracle the ledger's tests hold the kept state to.
 run_state derive_run_state(storage::journal& journal, const std::string& run_id, tokens_of tokens,
                            std::int64_t now_ms);

@@ -99,7 +99,7 @@ step_kind get_kind(const json& j, std::string_view type) {
   auto s = get_string(j, type, "kind");
   if (auto kind = parse_step_kind(s)) return *kind;
   bad(type, "kind",
-      "must be one of step, now, random, tool, sleep, signal, child, join (got " + clip_for_error(s) + ")");
+      "must be one of step, now, random, patch, tool, sleep, signal, child, join (got " + clip_for_error(s) + ")");
 }
 
 error_info get_error(const json& j, std::string_view type) {
@@ -120,6 +120,7 @@ std::string_view to_string(step_kind kind) {
     case step_kind::step: return "step";
     case step_kind::now: return "now";
     case step_kind::random: return "random";
+    case step_kind::patch: return "patch";
     case step_kind::tool: return "tool";
     case step_kind::sleep: return "sleep";
     case step_kind::signal: return "signal";
@@ -130,14 +131,14 @@ std::string_view to_string(step_kind kind) {
 }
 
 std::optional<step_kind> parse_step_kind(std::string_view name) {
-  for (auto kind : {step_kind::step, step_kind::now, step_kind::random, step_kind::tool, step_kind::sleep,
-                    step_kind::signal, step_kind::child, step_kind::join})
+  for (auto kind : {step_kind::step, step_kind::now, step_kind::random, step_kind::patch, step_kind::tool,
+                    step_kind::sleep, step_kind::signal, step_kind::child, step_kind::join})
     if (name == to_string(kind)) return kind;
   return std::nullopt;
 }
 
 bool host_recorded(step_kind kind) {
-  return kind != step_kind::step && kind != step_kind::now && kind != step_kind::random;
+  return kind != step_kind::step && kind != step_kind::now && kind != step_kind::random && kind != step_kind::patch;
 }
 
 step_result parse_step_result(const json& j) {

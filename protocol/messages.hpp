@@ -32,15 +32,18 @@ constexpr std::int64_t max_duration_ms = 100ll * 365 * 24 * 3600 * 1000;
 inline constexpr std::size_t max_input_depth = max_depth - 1;
 inline constexpr std::size_t max_output_depth = max_depth - 3;
 
-// step, now, random: recorded by the agent (begin/step). tool, sleep, signal,
-// child, join: recorded only by the host, for the agent's tool, sleep, wait,
-// child and join requests; a begin or step of those kinds is a violation.
-enum class step_kind { step, now, random, tool, sleep, signal, child, join };
+// step, now, random: recorded by the agent (begin/step). patch: a marker the
+// agent records with a step alone (ctx.patched; output true, no begin).
+// tool, sleep, signal, child, join: recorded only by the host, for the
+// agent's tool, sleep, wait, child and join requests; a begin or step of
+// those kinds is a violation.
+enum class step_kind { step, now, random, patch, tool, sleep, signal, child, join };
 std::string_view to_string(step_kind kind);
 // The kind `name` names ("tool"), as to_string writes it; nullopt for any
 // other text. The one reader of kinds, for the wire and the journal alike.
 std::optional<step_kind> parse_step_kind(std::string_view name);
 // True for the kinds only the host records: tool, sleep, signal, child, join.
+// The others the agent records, with `step` (and `begin`, but for patch).
 bool host_recorded(step_kind kind);
 
 struct error_info {

@@ -45,8 +45,8 @@ struct step_guard {
   explicit step_guard(session& s) : s_(s) {
     if (s_.in_step)
       throw std::logic_error(
-          "ctx.step, tool, sleep, sleep_until, wait_signal, start_child, join, now and random cannot be called "
-          "inside a step");
+          "ctx.step, tool, sleep, sleep_until, wait_signal, start_child, join, now, random and patched cannot be "
+          "called inside a step");
     // A replayed call returns at once: it sees a cancel read with the history
     // but does not spend a read of the channel on each of thousands of steps.
     if (!s_.replaying()) s_.throw_if_cancelled();
@@ -203,6 +203,21 @@ double context::random() {
     return json(std::uniform_real_distribution<double>(0.0, 1.0)(random_engine()));
   }, retry_policy::no_retry());
   return v.get<double>();
+}
+
+bool context::patched(std::string_view id) {
+  step_guard guard(session_);
+  if (id.empty() || id.size() > protocol::max_name_size)
+    throw std::invalid_argument("ctx.patched needs an id of 1 to 1024 bytes");
+  if (auto replayed = session_.replay_patch(id)) return *replayed;
+  protocol::step_result r;
+  r.seq = session_.take_seq();
+  r.name = std::string(id);
+  r.kind = protocol::step_kind::patch;
+  r.output = true;
+  r.attempt = session_.first_attempt_for(r.seq);
+  session_.report(protocol::step_msg{r, false});  // an ok step is acknowledged, never retried
+  return true;
 }
 
 void context::emit(const json& data) {

@@ -193,12 +193,26 @@ protocol::step_result session::request(const protocol::agent_message& m, std::ui
   return std::move(result->result);
 }
 
+protocol::step_result& session::next_recorded() {
+  if (next_seq_ - chunk_.from >= chunk_.steps.size()) pull_history();
+  return chunk_.steps[next_seq_ - chunk_.from];
+}
+
+std::optional<bool> session::replay_patch(std::string_view id) {
+  if (nondeterminism_) throw nondeterminism{*nondeterminism_};
+  if (!replaying()) return std::nullopt;
+  const auto& r = next_recorded();
+  if (r.kind != protocol::step_kind::patch || r.name != id) return false;
+  ++next_seq_;
+  if (!replaying()) chunk_ = {};
+  return true;
+}
+
 std::optional<protocol::step_result> session::replay_next(std::string_view name,
                                                          protocol::step_kind kind) {
   if (nondeterminism_) throw nondeterminism{*nondeterminism_};
   if (next_seq_ >= start_.history_steps) return std::nullopt;
-  if (next_seq_ - chunk_.from >= chunk_.steps.size()) pull_history();
-  auto& r = chunk_.steps[next_seq_ - chunk_.from];
+  auto& r = next_recorded();
   if (r.name != name || r.kind != kind) {
     nondeterminism_ = "non-determinism at step " + std::to_string(next_seq_) + ": the journal has " +
                       std::string(protocol::to_string(r.kind)) + " '" + r.name + "' but the code now asks for " +

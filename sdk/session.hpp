@@ -42,6 +42,10 @@ class session {
   // remembered, so a workflow that catches it still fails).
   std::optional<protocol::step_result> replay_next(std::string_view name, protocol::step_kind kind);
   bool replaying() const { return next_seq_ < start_.history_steps; }
+  // While replaying: whether the next position holds patch marker `id`,
+  // which is then consumed (PROTOCOL.md §4.1); any other record stays for
+  // the next operation. nullopt when past the history.
+  std::optional<bool> replay_patch(std::string_view id);
 
   // Live steps: the seq and first attempt number for a new step.
   std::uint64_t take_seq() { return next_seq_++; }
@@ -87,6 +91,9 @@ class session {
   bool read_channel(std::optional<std::chrono::milliseconds> wait);
   // Replaces chunk_ with the host's steps from next_seq_ on.
   void pull_history();
+  // The history's record at next_seq_ (pulled when the chunk ends before
+  // it); only while replaying.
+  protocol::step_result& next_recorded();
 
   int fd_;
   protocol::frame_decoder decoder_;

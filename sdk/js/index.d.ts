@@ -72,6 +72,15 @@ export interface Context {
   now(): Promise<Date>;
   /** A uniform number in [0, 1), journaled as "ctx.random". */
   random(): Promise<number>;
+  /**
+   * Whether this run takes the branch of patch `id` (Temporal's `patched`):
+   * `if (await ctx.patched("fix-rounding")) { new code } else { old code }`.
+   * True in a run that reaches this point with this code (a marker is
+   * journaled, so its replays take the same branch), false in a run whose
+   * journal was written by code that passed this point without it. Remove
+   * the call only when no run that recorded it can replay again.
+   */
+  patched(id: string): Promise<boolean>;
   /** A live, non-durable event for whoever watches the run; dropped while replaying. */
   emit(data: unknown): void;
   /** True once the host's cancel has arrived (read whenever the workflow awaits). */

@@ -44,6 +44,14 @@ json step(std::uint64_t seq) {
   return to_json(agent_message{step_msg{r}});
 }
 
+// A begin of operation 0 of `kind`.
+json begin(const char* name, step_kind kind) {
+  begin_msg b;
+  b.name = name;
+  b.kind = kind;
+  return to_json(agent_message{b});
+}
+
 json hello() { return {{"t", "hello"}, {"v", version}, {"sdk", "hostile"}}; }
 
 // Returns the host's start message.
@@ -83,16 +91,18 @@ int main() {
     else if (mode == "after_done") { send(step(0)); receive(); send({{"t", "done"}, {"output", 1}}); send(step(1)); }
     else if (mode == "truncated") { put(std::string("\x00\x00\x01\x00{\"t\":", 9)); return 0; }
     else if (mode == "exit_midway") { send(step(journaled)); receive(); return 7; }
+    else if (mode == "false_patch") {
+      json marker = step(0);
+      marker["kind"] = "patch";
+      marker["output"] = false;  // a marker is true or absent
+      send(marker);
+    } else if (mode == "patch_begin") send(begin("fix", step_kind::patch));
     else if (mode == "forged_tool_step") {
       json forged = step(0);
       forged["kind"] = "tool";  // as if the host had brokered a tool call
       send(forged);
-    } else if (mode == "forged_signal_begin") {
-      begin_msg begin;
-      begin.name = "deploy";
-      begin.kind = step_kind::signal;
-      send(to_json(agent_message{begin}));
-    } else if (mode == "second_hello") send(hello());
+    } else if (mode == "forged_signal_begin") send(begin("deploy", step_kind::signal));
+    else if (mode == "second_hello") send(hello());
     else if (mode == "deep_nesting") {
       json deep = step(0);
       deep["output"] = nested(129);

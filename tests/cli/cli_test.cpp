@@ -524,3 +524,16 @@ TEST_CASE("cairn ls filters by status, agent and age, pages with --limit and --b
   CHECK(bad.code == 2);
   CHECK_THAT(bad.err, Catch::Contains("no run 'nobody'"));
 }
+
+TEST_CASE("resume --agent refuses an ended run, an unknown one and --all; show names the version a run ran") {
+  cairn::testing::temp_dir dir;
+  REQUIRE(run_cli(dir, run_steps("done", 1)).code == 0);
+  auto ended = run_cli(dir, {"resume", "done", "--agent", STEP_AGENT});
+  CHECK(ended.code == 2);
+  CHECK_THAT(ended.err, Catch::Contains("run done has ended (completed)"));
+  CHECK(run_cli(dir, {"resume", "--all", "--agent", STEP_AGENT}).code == 2);
+  CHECK(run_cli(dir, {"resume", "ghost", "--agent", STEP_AGENT}).code == 2);
+  auto shown = run_cli(dir, {"show", "done"});
+  CHECK_THAT(shown.out, Catch::Contains("  version    sha256:"));
+  CHECK(std::filesystem::is_directory(dir / ".cairn" / "agents"));
+}

@@ -125,6 +125,23 @@ TEST_CASE("conformance: code that no longer matches its journal fails the run, e
   CHECK(h.logged("nd", "a") == 1);
 }
 
+TEST_CASE("conformance: patched takes the new branch only where the journal has not passed its point") {
+  const auto agent = GENERATE(from_range(conformance_agents()));
+  INFO(agent.language);
+  host h;
+  auto run = h.start(agent, "pt", {{"scenario", "patched"}});
+  INFO(error_of(run));
+  REQUIRE(run.status == run_status::completed);
+  CHECK(run.output == json{{"first", false}, {"second", true}, {"attempt", 3}});
+  std::vector<std::string> journaled;
+  for (const auto& s : h.journal->steps("pt"))
+    journaled.push_back(std::string(protocol::to_string(s.result.kind)) + " " + s.result.name);
+  // fix-1 left no marker (old code had passed it); fix-2's, journaled live, was replayed.
+  CHECK(journaled == std::vector<std::string>{"step a", "step old", "patch fix-2"});
+  CHECK(h.logged("pt", "old") == 1);
+  CHECK(h.logged("pt", "new") == 0);
+}
+
 TEST_CASE("conformance: a failing step is retried by the host with the backoff the agent asked for") {
   const auto agent = GENERATE(from_range(conformance_agents()));
   INFO(agent.language);

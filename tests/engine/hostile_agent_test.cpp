@@ -58,6 +58,8 @@ TEST_CASE("hostile agents fail their run and leave the journal and other runs in
       {"dup_seq", "step for seq 0, which is already journaled", 1},
       {"skip_seq", "step for seq 5 skips ahead (next is 1)", 1},
       {"after_done", "sent a frame after done", 1},
+      {"false_patch", "a patch marker that is not status ok with output true", 0},
+      {"patch_begin", "a begin of kind patch", 0},
       {"silent", "did not say hello", 0},
       {"deep_output", "output of step 0 nests deeper than 125 levels", 0},
       {"truncated", "in the middle of a frame", 0},

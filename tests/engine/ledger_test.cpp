@@ -147,10 +147,11 @@ TEST_CASE("the schema refuses an event it does not declare, or data other than d
 TEST_CASE("every declared kind is declared once, and `cairn show` lists what it marks notable") {
   std::set<std::string_view> seen;
   for (const auto& d : event_declarations()) CHECK(seen.insert(d.kind).second);
-  CHECK(seen.size() == 21);
+  CHECK(seen.size() == 24);
   CHECK(declared_event("run_failed")->notable);
   CHECK_FALSE(declared_event("attempt_started")->notable);
   CHECK(declared_event("cancel_requested")->writer == event_writer::request);
+  CHECK(declared_event("agent_replaced")->writer == event_writer::request);  // cairn resume --agent
   CHECK_FALSE(declared_event("written_by_a_newer_cairn"));
 }
 
@@ -179,6 +180,7 @@ void check_kept_matches_history(storage::journal& reader, const std::string& run
   CHECK(kc.has_value() == dc.has_value());
   if (kc && dc) CHECK((kc->tool == dc->tool && kc->idempotency == dc->idempotency && kc->args == dc->args));
   CHECK(kept->llm_tokens == derived.llm_tokens);
+  CHECK(kept->agent == derived.agent);
   CHECK(kept->suspensions_since(now - 3'600'000) == derived.suspensions_since(now - 3'600'000));
   // And the readers the engine uses say the same.
   CHECK(step_failures(reader, run, at) == derived.failures_at(at));
@@ -199,7 +201,7 @@ TEST_CASE("the kept run state equals what the run's history says, after every ef
     for (int i = 0; i < 40; ++i) {
       INFO("effect " << i);
       auto s = a_step("r", seq);
-      switch (rng() % 9) {
+      switch (rng() % 10) {
         case 0: b.l.apply("r", {effects::retry_due{seq, "s", 1, {"boom", "error"}, 10}}); break;
         case 1:
           b.l.apply("r", {effects::tool_started{seq, rng() % 2 ? "http.fetch" : "send_mail",
@@ -240,6 +242,14 @@ TEST_CASE("the kept run state equals what the run's history says, after every ef
         case 7:
           b.l.apply("r", {effects::sandbox_warning{"noise"}});  // changes nothing kept
           break;
+        case 8: {  // the agent identified, or replaced by `cairn resume --agent`
+          effects::agent_chosen chosen;
+          chosen.version.program = "/agents/a" + std::to_string(rng() % 3) + ".py";
+          chosen.version.id = "sha256:" + std::to_string(i);
+          chosen.replaced = rng() % 2;
+          b.l.apply("r", {chosen});
+          break;
+        }
         default:
           b.l.apply("r", {effects::step_committed{s, std::nullopt, 0}});
           ++seq;

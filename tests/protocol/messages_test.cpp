@@ -505,16 +505,16 @@ TEST_CASE("name must be 1 to 1024 bytes", "[messages][hostile]") {
   CHECK_THAT(agent_error(h), Contains("'sdk'"));
 }
 
-TEST_CASE("kind must be one of the eight kinds", "[messages][hostile]") {
+TEST_CASE("kind must be one of the nine kinds", "[messages][hostile]") {
   for (const json& base : {valid_begin(), valid_step_ok()}) {
     // The codec accepts every kind; refusing a begin or step of a kind only the
     // host records is the engine's check.
-    for (const char* k : {"step", "now", "random", "tool", "sleep", "signal", "child", "join"}) {
+    for (const char* k : {"step", "now", "random", "patch", "tool", "sleep", "signal", "child", "join"}) {
       json j = base;
       j["kind"] = k;
       CHECK(agent_error(j) == "<accepted>");
     }
-    for (const char* k : {"", "STEP", "TOOL", "step ", " now", "tools", "wait", "timer", "Sleep", "cancel"}) {
+    for (const char* k : {"", "STEP", "TOOL", "step ", " now", "tools", "wait", "timer", "Sleep", "cancel", "patched"}) {
       json j = base;
       j["kind"] = k;
       INFO(j.dump());

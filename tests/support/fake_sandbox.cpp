@@ -123,6 +123,9 @@ class fake_process final : public runtime::agent_process {
   std::thread thread_;
 };
 
+// How a fake agent's file begins: then the path it was registered as.
+constexpr std::string_view fake_agent_mark = "a fake agent, run by tests/support/fake_sandbox.cpp in the test's process: ";
+
 class fake_sandbox final : public runtime::sandbox {
  public:
   fake_sandbox(fake_backend& backend, fs::path workspace) : backend_(backend), workspace_(std::move(workspace)) {}
@@ -132,6 +135,10 @@ class fake_sandbox final : public runtime::sandbox {
     {
       std::lock_guard lock(backend_.mutex_);
       auto it = backend_.agents_.find(program.string());
+      std::string line;
+      if (it == backend_.agents_.end() && std::getline(std::ifstream(program), line) &&
+          line.starts_with(fake_agent_mark))
+        it = backend_.agents_.find(line.substr(fake_agent_mark.size()));
       if (it == backend_.agents_.end())
         throw runtime::sandbox_error(runtime::sandbox_errc::bad_spec,
                                      "no fake agent is registered as " + program.string());
@@ -152,7 +159,8 @@ class fake_sandbox final : public runtime::sandbox {
 fs::path fake_backend::add_agent(const fs::path& folder, const std::string& name, fake_agent agent) {
   fs::create_directories(folder);
   const auto program = folder / name;
-  std::ofstream(program) << "a fake agent: run by tests/support/fake_sandbox.cpp in the test's process\n";
+  // Its content names it: a copy kept by the engine (engine/agent_versions.hpp) runs the same agent.
+  std::ofstream(program) << fake_agent_mark << program.string() << "\n";
   fs::permissions(program, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
   std::lock_guard lock(mutex_);
   agents_[program.string()] = std::move(agent);

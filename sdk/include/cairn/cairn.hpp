@@ -207,6 +207,13 @@ class context {
   std::chrono::system_clock::time_point now();
   // A uniform number in [0, 1), journaled.
   double random();
+  // Whether this run takes the branch of patch `id` (Temporal's `patched`):
+  //   if (ctx.patched("fix-rounding")) { new code } else { old code }
+  // True in a run that reaches this point with this code (a marker is
+  // journaled, so its replays take the same branch), false in a run whose
+  // journal was written by code that passed this point without it. Remove
+  // the call only when no run that recorded it can replay again.
+  bool patched(std::string_view id);
   // A live, non-durable event for whoever watches the run (progress, tokens).
   void emit(const json& data);
 

@@ -199,6 +199,25 @@ export class Context {
     return this.#call(() => () => this.#runStep("ctx.random", "random", Math.random, noRetry));
   }
 
+  // True in a run that reaches this point with this code (a marker is
+  // journaled), false in one whose journal old code wrote past it (PROTOCOL.md §4.1).
+  patched(id) {
+    return this.#call(() => {
+      const n = nameOf(id, "a patch id");
+      return async () => {
+        const s = this.#s;
+        const replayed = await s.replayPatch(n);
+        if (replayed !== null) return replayed;
+        const seq = s.nextSeq++;
+        const attempt = s.firstAttemptFor(seq);
+        const head = `{"t":"step","seq":${seq},"name":${JSON.stringify(n)},"kind":"patch"`;
+        s.send(`${head},"status":"ok","output":true,"attempt":${attempt}}`);
+        await s.report(seq, true); // an ok step is acknowledged, never retried
+        return true;
+      };
+    });
+  }
+
   // A live, non-durable event for whoever watches the run; dropped while replaying.
   emit(data) {
     const text = toJsonText(data, "the data of ctx.emit");
@@ -212,8 +231,8 @@ export class Context {
     try {
       if (this.#inStep.getStore())
         throw new Error(
-          "ctx.step, tool, sleep, sleepUntil, waitSignal, startChild, join, now and random cannot be called " +
-            "inside a step's function",
+          "ctx.step, tool, sleep, sleepUntil, waitSignal, startChild, join, now, random and patched cannot " +
+            "be called inside a step's function",
         );
       perform = prepare();
     } catch (e) {

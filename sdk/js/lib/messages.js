@@ -11,7 +11,7 @@ export const maxNameBytes = 1024; // a name, or an error's type
 // below a frame's): the start of a huge message says as much.
 export const maxErrorMessageBytes = 64 * 1024;
 const hostKinds = new Set(["tool", "sleep", "signal", "child", "join"]);
-const allKinds = new Set(["step", "now", "random", ...hostKinds]);
+const allKinds = new Set(["step", "now", "random", "patch", ...hostKinds]);
 
 function bad(t, field, why) {
   throw new HostGone(`the host sent a malformed '${t}' message: field '${field}' ${why}`);

@@ -89,11 +89,7 @@ export class Session {
   // remembered so that the run fails even if the workflow catches it.
   async replayNext(name, kind) {
     if (this.nextSeq >= this.start.history_steps) return null;
-    let at = this.nextSeq - this.#chunk.from;
-    if (at >= this.#chunk.steps.length) {
-      await this.#pullHistory();
-      at = 0;
-    }
+    const at = await this.#nextRecorded();
     const r = this.#chunk.steps[at];
     if (r.name !== name || r.kind !== kind) {
       this.nondeterminism =
@@ -101,10 +97,34 @@ export class Session {
         `${kind} '${name}'; the agent's code changed or branches on something not journaled`;
       throw new NondeterminismError(this.nondeterminism);
     }
+    this.#consume(at);
+    return r;
+  }
+
+  // While replaying: whether the next position holds patch marker `id`,
+  // which is then consumed (PROTOCOL.md §4.1); any other record stays for
+  // the next operation. null once past the history.
+  async replayPatch(id) {
+    if (this.nextSeq >= this.start.history_steps) return null;
+    const at = await this.#nextRecorded();
+    const r = this.#chunk.steps[at];
+    if (r.kind !== "patch" || r.name !== id) return false;
+    this.#consume(at);
+    return true;
+  }
+
+  // The chunk's index of the record at nextSeq, pulled when the chunk ends before it.
+  async #nextRecorded() {
+    const at = this.nextSeq - this.#chunk.from;
+    if (at < this.#chunk.steps.length) return at;
+    await this.#pullHistory();
+    return 0;
+  }
+
+  #consume(at) {
     this.#chunk.steps[at] = null; // the workflow holds it now; the chunk need not
     this.nextSeq++;
     if (!this.replaying) this.#chunk = { from: 0, steps: [] };
-    return r;
   }
 
   async #pullHistory() {

@@ -75,10 +75,31 @@ json nondeterminism(cairn::context& ctx) {
   return {{"caught", true}};
 }
 
+// Attempt 1 is the code before the patches; later attempts, the code after.
+json patched(cairn::context& ctx) {
+  auto logging_step = [&](const std::string& name, int value) {
+    return ctx.step(name, [&] {
+      log_effect(name);
+      return value;
+    });
+  };
+  logging_step("a", 1);
+  if (ctx.attempt() == 1) {
+    logging_step("old", 2);
+    crash();
+  }
+  const bool first = ctx.patched("fix-1");
+  logging_step(first ? "new" : "old", 2);
+  const bool second = ctx.patched("fix-2");
+  if (ctx.attempt() == 2) crash();
+  return {{"first", first}, {"second", second}, {"attempt", ctx.attempt()}};
+}
+
 json workflow(cairn::context& ctx, const json& in) {
   const std::string scenario = in.at("scenario").get<std::string>();
   if (scenario == "steps") return steps(ctx, in);
   if (scenario == "nondeterminism") return nondeterminism(ctx);
+  if (scenario == "patched") return patched(ctx);
   if (scenario == "retry") {
     cairn::retry_policy policy{3, 50ms, 2.0, 1000ms, 0ms, 0.0};
     auto value = ctx.step("flaky", [] {

@@ -53,6 +53,21 @@ const scenarios = {
     return { caught: true };
   },
 
+  // Attempt 1 is the code before the patches; later attempts, the code after.
+  async patched(ctx) {
+    await ctx.step("a", () => (log("a"), 1));
+    if (ctx.attempt === 1) {
+      await ctx.step("old", () => (log("old"), 2));
+      crash();
+    }
+    const first = await ctx.patched("fix-1");
+    const branch = first ? "new" : "old";
+    await ctx.step(branch, () => (log(branch), 2));
+    const second = await ctx.patched("fix-2");
+    if (ctx.attempt === 2) crash();
+    return { first, second, attempt: ctx.attempt };
+  },
+
   async retry(ctx) {
     const value = await ctx.step("flaky", () => {
       log("flaky");

@@ -75,6 +75,20 @@ def nondeterminism(ctx: cairn.Context, input: Any) -> Any:
     return {"caught": True}
 
 
+def patched(ctx: cairn.Context, input: Any) -> Any:
+    # Attempt 1 is the code before the patches; later attempts, the code after.
+    logging_step(ctx, "a", 1)
+    if ctx.attempt == 1:
+        logging_step(ctx, "old", 2)
+        crash()
+    first = ctx.patched("fix-1")
+    logging_step(ctx, "new" if first else "old", 2)
+    second = ctx.patched("fix-2")
+    if ctx.attempt == 2:
+        crash()
+    return {"first": first, "second": second, "attempt": ctx.attempt}
+
+
 def retry(ctx: cairn.Context, input: Any) -> Any:
     def flaky() -> str:
         log("flaky")
@@ -165,7 +179,7 @@ def emit(ctx: cairn.Context, input: Any) -> Any:
     return {"ok": True}
 
 
-SCENARIOS = {f.__name__: f for f in (steps, nondeterminism, retry, exhausted, terminal, signals, timers, children,
+SCENARIOS = {f.__name__: f for f in (steps, nondeterminism, patched, retry, exhausted, terminal, signals, timers, children,
                                      cancel, large_output, big_history, emit)}
 
 

@@ -11,7 +11,7 @@ from ._wire import MAX_DURATION_MS, MAX_NAME_BYTES, HostGone
 VERSION = 2
 MAX_SEQ = 2**63 - 1
 MAX_ATTEMPT = 1_000_000
-KINDS = frozenset({"step", "now", "random", "tool", "sleep", "signal", "child", "join"})
+KINDS = frozenset({"step", "now", "random", "patch", "tool", "sleep", "signal", "child", "join"})
 HOST_RECORDED = frozenset({"tool", "sleep", "signal", "child", "join"})
 
 
@@ -141,7 +141,7 @@ def step_record(m: dict[str, Any], t: str) -> StepRecord:
     name = _name(m, t)
     kind = _string(m, t, "kind")
     if kind not in KINDS:
-        _bad(t, "kind", f"must be one of step, now, random, tool, sleep, signal, child, join (got {kind[:64]!r})")
+        _bad(t, "kind", f"must be one of step, now, random, patch, tool, sleep, signal, child, join (got {kind[:64]!r})")
     status = _string(m, t, "status")
     output: Any = None
     message, error_type = "", "error"

@@ -236,6 +236,34 @@ class Session:
             raise self.fail(f"expected the host's history from step {self.next_seq}")
         return reply
 
+    def _next_recorded(self) -> StepRecord:
+        """The history's record at the next position, pulled when the chunk
+        ends before it; only while replaying."""
+        chunk = self._chunk
+        if chunk is None or self.next_seq - chunk.start >= len(chunk.steps):
+            self._chunk = chunk = None  # hold one chunk at a time
+            chunk = self._chunk = self._pull_history()
+        return chunk.steps[self.next_seq - chunk.start]
+
+    def _consume(self) -> None:
+        self.next_seq += 1
+        if not self.replaying:
+            self._chunk = None  # replay is over: hold no history while the run goes on
+
+    def replay_patch(self, patch_id: str) -> bool | None:
+        """While replaying: whether the next position holds patch marker
+        `patch_id`, which is then consumed (PROTOCOL.md §4.1); any other
+        record stays for the next operation. None when past the history."""
+        if self.nondeterminism is not None:
+            raise NondeterminismError(self.nondeterminism)
+        if not self.replaying:
+            return None
+        r = self._next_recorded()
+        if r.kind != "patch" or r.name != patch_id:
+            return False
+        self._consume()
+        return True
+
     def replay_next(self, name: str, kind: str) -> StepRecord | None:
         """The journaled outcome at the next position, or None when past the
         history. A different name or kind raises NondeterminismError (and is
@@ -244,20 +272,14 @@ class Session:
             raise NondeterminismError(self.nondeterminism)
         if not self.replaying:
             return None
-        chunk = self._chunk
-        if chunk is None or self.next_seq - chunk.start >= len(chunk.steps):
-            self._chunk = chunk = None  # hold one chunk at a time
-            chunk = self._chunk = self._pull_history()
-        r = chunk.steps[self.next_seq - chunk.start]
+        r = self._next_recorded()
         if r.name != name or r.kind != kind:
             self.nondeterminism = (
                 f"non-determinism at step {self.next_seq}: the journal has {r.kind} '{r.name}' but the code now "
                 f"asks for {kind} '{name}'; the agent's code changed or branches on something not journaled"
             )
             raise NondeterminismError(self.nondeterminism)
-        self.next_seq += 1
-        if not self.replaying:
-            self._chunk = None  # replay is over: hold no history while the run goes on
+        self._consume()
         return r
 
     def take_seq(self) -> int:

@@ -63,7 +63,7 @@ def _error_type(e: BaseException) -> str:
 
 class Context:
     """Every journaled call (step, tool, sleep, sleep_until, wait_signal,
-    start_child, join, now, random) raises CancelledError once the run is
+    start_child, join, now, random, patched) raises CancelledError once the run is
     cancelled, also while it waits for a timer, signal or child. A cancel does
     not interrupt a running step or tool call: its outcome is journaled, the
     step makes no further attempt, and the next call raises. Not thread-safe:
@@ -79,8 +79,8 @@ class Context:
         s = self._s
         if s.in_step:
             raise RuntimeError(
-                "ctx.step, tool, sleep, sleep_until, wait_signal, start_child, join, now and random cannot be "
-                "called inside a step"
+                "ctx.step, tool, sleep, sleep_until, wait_signal, start_child, join, now, random and patched "
+                "cannot be called inside a step"
             )
         # A replayed call returns at once: it sees a cancel read with the
         # history but does not spend a read of the channel on each step.
@@ -307,6 +307,31 @@ class Context:
         if not isinstance(x, int | float) or isinstance(x, bool):
             raise ValueError(f"the journal's ctx.random is {x!r}, not a number")
         return float(x)
+
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the branch of patch `patch_id` (Temporal's
+        `patched`):
+
+            if ctx.patched("fix-rounding"):
+                ...  # new code
+            else:
+                ...  # old code
+
+        True in a run that reaches this point with this code (a marker is
+        journaled, so its replays take the same branch), False in a run whose
+        journal was written by code that passed this point without it. Remove
+        the call only when no run that recorded it can replay again."""
+        check_name(patch_id, "a patch id")
+        s = self._s
+        with self._journaled():
+            replayed = s.replay_patch(patch_id)
+            if replayed is not None:
+                return replayed
+            seq = s.take_seq()
+            step = {"t": "step", "seq": seq, "name": patch_id, "kind": "patch", "status": "ok", "output": True,
+                    "attempt": s.first_attempt_for(seq)}
+            s.report(encode_frame(step), seq, True)  # an ok step is acknowledged, never retried
+            return True
 
     def emit(self, data: Json) -> None:
         """A live, non-durable event for whoever watches the run (progress,
