@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "engine/attempt_driver.hpp"
-#include "engine/clock.hpp"
+#include "engine/io.hpp"
 #include "engine/effects.hpp"
 #include "runtime/crash_point.hpp"
 

@@ -10,7 +10,7 @@
 
 #include "engine/agent_versions.hpp"
 #include "engine/attempt.hpp"
-#include "engine/clock.hpp"
+#include "engine/io.hpp"
 #include "engine/effects.hpp"
 #include "runtime/crash_point.hpp"
 #include "engine/liveness.hpp"

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -82,6 +84,52 @@ per_process& this_process() {
 }
 
 }  // namespace
+
+namespace {
+
+std::atomic<bool> faking{false};
+std::atomic<clock::rep> fake_steady{0};  // ticks of clock::duration
+
+}  // namespace
+
+clock::time_point clock::now() noexcept {
+  if (faking.load(std::memory_order_acquire)) return time_point(duration(fake_steady.load(std::memory_order_acquire)));
+  return time_point(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+bool clock::faked() noexcept { return faking.load(std::memory_order_acquire); }
+
+void clock::fake_at(std::optional<time_point> at) noexcept {
+  if (at) fake_steady.store(at->time_since_epoch().count(), std::memory_order_release);
+  faking.store(at.has_value(), std::memory_order_release);
+}
+
+void clock::advance_fake(duration by) noexcept { fake_steady.fetch_add(by.count(), std::memory_order_acq_rel); }
+
+clock::duration clock_wait_traits::to_wait_duration(const clock::duration& d) {
+  if (!clock::faked()) return d;
+  return std::min<clock::duration>(d, std::chrono::milliseconds(1));
+}
+
+clock::duration clock_wait_traits::to_wait_duration(const clock::time_point& t) {
+  return to_wait_duration(t - clock::now());
+}
+
+int poll_timeout(clock::time_point t) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - clock::now());
+  if (left.count() <= 0) return 0;
+  if (clock::faked()) return 1;
+  return static_cast<int>(std::min<std::int64_t>(left.count(), 24 * 3600 * 1000));
+}
+
+bool timer_due(std::int64_t now_ms, std::int64_t until_ms) {
+#ifdef CAIRN_TEST_UNSAFE_TIMER_EARLY
+  // Test seam (cairn_unsafe_timer_early): a timer fires a second early.
+  return now_ms + 1'000 >= until_ms;
+#else
+  return now_ms >= until_ms;
+#endif
+}
 
 std::atomic<int> live_attempts{0};
 std::atomic<int> begun_attempts{0};

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/clock.hpp"
+#include "engine/io.hpp"
 #include "storage/wakeup.hpp"
 
 namespace cairn::engine {

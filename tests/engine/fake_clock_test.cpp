@@ -13,7 +13,7 @@
 #include <optional>
 #include <thread>
 
-#include "engine/clock.hpp"
+#include "engine/fake_clock.hpp"
 #include "engine/engine.hpp"
 #include "engine/ledger.hpp"
 #include "engine/worker_lease.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/clock.hpp"
+#include "engine/fake_clock.hpp"
 #include "engine/scheduler.hpp"
 #include "storage/memory/memory_journal.hpp"
 

@@ -12,7 +12,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include "engine/clock.hpp"
+#include "engine/fake_clock.hpp"
 #include "engine/io.hpp"
 #include "engine/tool_broker.hpp"
 

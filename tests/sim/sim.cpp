@@ -27,7 +27,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "engine/attempt.hpp"
-#include "engine/clock.hpp"
+#include "engine/fake_clock.hpp"
 #include "engine/engine.hpp"
 #include "engine/io.hpp"
 #include "engine/tools/tool.hpp"
