@@ -12,7 +12,6 @@
 #include "cli/format.hpp"
 #include "cli/support.hpp"
 #include "engine/doctor.hpp"
-#include "engine/event_schema.hpp"
 #include "engine/owner.hpp"
 #include "engine/workspace_files.hpp"
 #include "protocol/bounded_json.hpp"
@@ -101,8 +100,7 @@ int resume_command(const paths& p, const std::string& run_id, bool all, const st
         return report_stopped(end, signal, false);
       }
       results.push_back(to_json(end));
-      const bool fine = end.status == storage::run_status::completed || end.status == storage::run_status::waiting;
-      worst = std::max(worst, as_json ? (fine ? 0 : 1) : report_end(p, end, false));
+      worst = std::max(worst, as_json ? exit_code_of(end) : report_end(p, end, false));
     }
     if (as_json) std::cout << results.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
     return worst;
@@ -288,12 +286,9 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
     steps([](const storage::step_record& s) { std::cout << step_row(s); });
     bool any_notable = false;
     events([&](const storage::event_record& e) {
-      // What the schema marks notable; a kind written by a newer cairn, too.
-      const auto* declared = engine::declared_event(e.kind);
-      if (declared && !declared->notable) return;
+      if (!notable(e)) return;
       if (!std::exchange(any_notable, true)) std::cout << "\nevents\n";
-      std::cout << fmt::format("  {}  {:<16} {}{}\n", format_time(e.at_ms), terminal_text(e.kind),
-                               e.seq ? fmt::format("seq {} ", *e.seq) : "", preview(e.data, 90));
+      std::cout << event_line(e) << "\n";
     });
     if (!signals.empty()) std::cout << "\nsignals\n";
     for (const auto& sig : signals)

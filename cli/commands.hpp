@@ -41,6 +41,13 @@ struct ls_args {
   std::optional<std::int64_t> limit;
 };
 int ls_command(const paths& p, const ls_args& args, bool as_json);
+// `cairn logs`: a run's journal and its agent's output (cli/logs_command.cpp).
+struct logs_args {
+  std::string run_id;
+  bool follow = false;
+  std::optional<std::uint64_t> tail;  // the last N entries of the journal and lines of output
+};
+int logs_command(const paths& p, const logs_args& args, bool as_json);
 int show_command(const paths& p, const std::string& run_id, bool as_json);
 int doctor_command(const paths& p, bool as_json);
 // Lists the files of a run's workspace under `path` ("" all), or prints the

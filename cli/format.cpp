@@ -9,6 +9,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include "engine/event_schema.hpp"
 #include "engine/owner.hpp"
 #include "protocol/text.hpp"
 
@@ -125,6 +126,16 @@ std::string step_row(const storage::step_record& s) {
   return fmt::format("{:>3}  {:<26} {:<6} {:<6} {:>7} {:>9}  {}\n", r.seq, protocol::clip(terminal_text(r.name), 26),
                      protocol::to_string(r.kind), step_status(r), r.attempt, format_duration_us(r.duration_us),
                      step_preview(r, 56));
+}
+
+std::string event_line(const storage::event_record& e) {
+  return fmt::format("  {}  {:<16} {}{}", format_time(e.at_ms), terminal_text(e.kind),
+                     e.seq ? fmt::format("seq {} ", *e.seq) : "", preview(e.data, 90));
+}
+
+bool notable(const storage::event_record& e) {
+  const auto* declared = engine::declared_event(e.kind);
+  return !declared || declared->notable;
 }
 
 std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs) {

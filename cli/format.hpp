@@ -40,6 +40,11 @@ std::string steps_header();
 // `next_seq` is the step after the last journaled.
 std::string state_summary(const std::optional<json>& kept, std::uint64_t journal_bytes, std::uint64_t next_seq);
 std::string step_row(const storage::step_record& s);
+// A journal event as `cairn show` and `cairn logs` list it, on one line:
+// its time, kind, step and data; and whether they list it (what the schema
+// marks notable, and a kind written by a newer cairn).
+std::string event_line(const storage::event_record& e);
+bool notable(const storage::event_record& e);
 std::string runs_table(storage::journal& journal, const std::vector<storage::run_record>& runs);
 std::string run_summary(const storage::run_record& run);
 // What a waiting run waits for, and how to end the wait: "waits for signal

@@ -254,6 +254,16 @@ int main(int argc, char** argv) {
   show_cmd->add_option("run", show_id, "run id")->required();
   show_cmd->add_flag("--json", as_json, "JSON output");
 
+  cairn::cli::logs_args logs;
+  auto* logs_cmd = app.add_subcommand("logs", "a run's steps and events and its agent's output; --follow until it ends, "
+                                              "whichever process executes it");
+  logs_cmd->add_option("run", logs.run_id, "run id")->required();
+  logs_cmd->add_flag("-f,--follow", logs.follow, "keep printing as the run goes on; exit when it ends, with the code "
+                                                 "`cairn run` would give");
+  logs_cmd->add_option("--tail", logs.tail, "only the last N steps and events, and the last N lines of output")
+      ->type_name("N");
+  logs_cmd->add_flag("--json", as_json, "one JSON object per line: {\"type\": \"step\"|\"event\"|\"output\"|\"note\"|\"end\", ...}");
+
   std::string workspace_id, workspace_path;
   auto* workspace_cmd = app.add_subcommand(
       "workspace", "list a run's workspace files, or print one; live, suspended or ended, without waking it");
@@ -322,6 +332,7 @@ int main(int argc, char** argv) {
   if (*rm_cmd) return cairn::cli::rm_command(paths, rm_ids, as_json);
   if (*gc_cmd) return cairn::cli::gc_command(paths, gc, as_json);
   if (*workers_cmd) return cairn::cli::workers_command(paths, as_json);
+  if (*logs_cmd) return cairn::cli::logs_command(paths, logs, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
   if (*workspace_cmd) return cairn::cli::workspace_command(paths, workspace_id, workspace_path, as_json);
   if (*doctor_cmd) return cairn::cli::doctor_command(paths, as_json);

@@ -99,6 +99,10 @@ engine::engine_options options_for(const paths& p) {
   return o;
 }
 
+int exit_code_of(const storage::run_record& run) {
+  return run.status == storage::run_status::completed || run.status == storage::run_status::waiting ? 0 : 1;
+}
+
 int report_end(const paths& p, const storage::run_record& run, bool as_json) {
   if (as_json) {
     std::cout << to_json(run).dump(2, ' ', false, json::error_handler_t::replace) << std::endl;

@@ -66,8 +66,10 @@ int guarded(F&& body) {
   }
 }
 
-// Prints how the run ended (or what it waits for); the exit code: 0
+// The exit code of a command that followed `run` to where it is: 0
 // completed or waiting, 1 failed, cancelled or in doubt.
+int exit_code_of(const storage::run_record& run);
+// Prints how the run ended (or what it waits for); its exit_code_of.
 int report_end(const paths& p, const storage::run_record& run, bool as_json);
 // The steps already journaled, before a resumed run goes on.
 void print_history(storage::journal& journal, const std::string& run_id, bool quiet);

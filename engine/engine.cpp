@@ -28,15 +28,19 @@ namespace {
 
 class null_observer : public run_observer {};
 
+engine_error being_executed(const std::string& run_id, const std::string& owner) {
+  return engine_error(errc::busy, fmt::format("run {} is being executed by {}; follow it with `cairn logs {} --follow`, "
+                                              "or stop that process and `cairn resume {}`",
+                                              run_id, describe_owner(owner), run_id, run_id));
+}
+
 // Throws unless this process may take the run: nobody alive holds it.
 void check_claimable(storage::journal& journal, const storage::run_record& run) {
   const std::string me = current_owner().str();
   if (!run.owner.empty() && run.owner != me) {
     switch (check_owner(journal, run.owner)) {
       case owner_state::alive:
-        throw engine_error(errc::busy, fmt::format("run {} is being executed by {}; wait for it, or stop that "
-                                                   "process and `cairn resume {}`",
-                                                   run.id, describe_owner(run.owner), run.id));
+        throw being_executed(run.id, run.owner);
       case owner_state::unknown:
         throw engine_error(errc::busy, fmt::format("run {} is owned by {}, which this machine cannot check; "
                                                    "resume it there",
@@ -575,9 +579,7 @@ storage::run_record engine::idle_run(const std::string& run_id) {
   if (!run) throw engine_error(errc::not_found, fmt::format("no run '{}' in {}", run_id, journal_.path().string()));
   if (!run->owner.empty() && run->owner != current_owner().str() &&
       check_owner(journal_, run->owner) != owner_state::dead)
-    throw engine_error(errc::busy, fmt::format("run {} is being executed by {}; wait for it, or stop that process and "
-                                               "`cairn resume {}`",
-                                               run_id, describe_owner(run->owner), run_id));
+    throw being_executed(run_id, run->owner);
   return *run;
 }
 

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/log_reader.hpp"
 #include "runtime/sandbox.hpp"
 
 namespace cairn::runtime {
@@ -23,8 +24,6 @@ namespace {
 constexpr std::size_t buffer_bytes = 64 << 10;
 // Per turn of the pump: a writer that never pauses still lets tail() in.
 constexpr int reads_per_turn = 16;
-constexpr std::string_view marker_start = "[cairn: ";
-constexpr std::string_view marker_end = " bytes of older output dropped]\n";
 // A kept part starts after its first newline when one comes this early.
 constexpr std::size_t line_search_bytes = 4096;
 
@@ -54,20 +53,6 @@ bool write_all(int fd, const char* data, std::size_t size) {
     size -= static_cast<std::size_t>(n);
   }
   return true;
-}
-
-// The count of the log's first line, when it is a marker; and that line's length.
-std::pair<std::uint64_t, std::size_t> dropped_so_far(int fd) {
-  std::string head = read_at(fd, 80, 0);
-  if (!head.starts_with(marker_start)) return {0, 0};
-  auto end = head.find(marker_end);
-  if (end == std::string::npos) return {0, 0};
-  std::uint64_t n = 0;
-  for (char c : head.substr(marker_start.size(), end - marker_start.size())) {
-    if (c < '0' || c > '9') return {0, 0};
-    n = n * 10 + static_cast<std::uint64_t>(c - '0');
-  }
-  return {n, end + marker_end.size()};
 }
 
 }  // namespace
@@ -201,7 +186,7 @@ void output_log::rotate() {
   if (!old || ::fstat(old.get(), &st) < 0 || ::fstat(file_.get(), &ours) < 0 || st.st_ino != ours.st_ino ||
       st.st_dev != ours.st_dev)
     return;
-  auto [dropped, marker_bytes] = dropped_so_far(old.get());
+  auto [dropped, marker_bytes] = read_log_marker(old.get());
   const auto size = static_cast<std::uint64_t>(st.st_size);
   std::uint64_t keep_from = std::max<std::uint64_t>(size - max_bytes_ / 2, marker_bytes);
   std::string first = read_at(old.get(), line_search_bytes, static_cast<off_t>(keep_from));
@@ -214,7 +199,7 @@ void output_log::rotate() {
   if (!next) return;
   ::fchown(next.get(), st.st_uid, st.st_gid);
   ::fchmod(next.get(), st.st_mode & 0777);
-  std::string marker = fmt::format("{}{}{}", marker_start, dropped, marker_end);
+  std::string marker = log_marker_line(dropped);
   bool ok = write_all(next.get(), marker.data(), marker.size());
   for (std::uint64_t at = keep_from; ok && at < size;) {
     std::string chunk = read_at(old.get(), std::min<std::uint64_t>(buffer_bytes, size - at), static_cast<off_t>(at));

@@ -4,12 +4,16 @@
 //
 // input: {"steps": N, "sleep_ms": 0, "fail_first": {"3": 2}, "terminal_at": -1,
 //         "crash_at": -1, "rename_on_attempt2": -1, "catch_failure": false,
-//         "mark_begin": false}
+//         "mark_begin": false, "print": "", "long_line_bytes": 0}
 // mark_begin: each body also appends its step number to began.log as it
 // starts (before its sleep), so a test can tell the agent is inside a body.
+// print: each step's body writes "PRINT I" to stdout (the run's log) as it
+// starts, the text as given (escape sequences too); long_line_bytes: before
+// its first step the agent writes one line of that many 'x' to stderr.
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -28,6 +32,9 @@ int main(int argc, char** argv) {
     const int rename_at = input.value("rename_on_attempt2", -1);
     const json fail_first = input.value("fail_first", json::object());
     const bool mark_begin = input.value("mark_begin", false);
+    const std::string print = input.value("print", "");
+    if (const auto n = input.value("long_line_bytes", std::size_t{0}); n > 0)
+      std::fprintf(stderr, "%s\n", std::string(n, 'x').c_str());
     std::random_device rd;
 
     json outputs = json::array();
@@ -38,6 +45,10 @@ int main(int argc, char** argv) {
       auto body = [&] {
         ++tries;
         if (mark_begin) std::ofstream("began.log", std::ios::app) << i << "\n";
+        if (!print.empty()) {
+          std::printf("%s %d\n", print.c_str(), i);
+          std::fflush(stdout);
+        }
         if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
         const auto nonce = std::to_string(rd()) + "-" + std::to_string(rd());
         std::ofstream("exec.log", std::ios::app) << i << " " << nonce << " attempt " << ctx.attempt() << "\n";

@@ -14,9 +14,11 @@
 //                                                    when "first_only" is true), with a timeout
 //   {"op": "fail", "message": "boom"}                 throw from the workflow
 //   {"op": "crash"}                                  abort outside any step, on every attempt
+//   {"op": "print", "text": "hello"}                 the text and a newline to stdout (the run's log), at once
 // With "catch": true a child_failed / step_failed / child_error is caught and
 // recorded in the output instead of failing the run.
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -76,6 +78,11 @@ json run_op(cairn::context& ctx, const json& op, std::vector<cairn::child_handle
         std::this_thread::sleep_for(std::chrono::milliseconds(op.at("ms").get<int>()));
       return name;
     }, policy);
+  }
+  if (kind == "print") {
+    std::printf("%s\n", op.at("text").get<std::string>().c_str());
+    std::fflush(stdout);
+    return "printed";
   }
   if (kind == "fail") throw std::runtime_error(op.value("message", "the plan says fail"));
   if (kind == "crash") std::abort();

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -118,6 +119,70 @@ TEST_CASE("cairn run shows each step, exits 0, and show --json has the journal")
   auto again = run_cli(dir, run_steps("r1", 3));
   CHECK(again.code == 0);
   CHECK_THAT(again.out, Catch::Contains("already exists"));
+}
+
+TEST_CASE("cairn logs: an ended run's steps and its agent's output, escaped and bounded; --tail; --json by line") {
+  cairn::testing::temp_dir dir;
+  // Output that would retitle and clear a terminal, and a 1 MiB line.
+  const std::string hostile = "hi \x1b]0;pwned\x07\x1b[2J\xc2\x9b";
+  auto r = run_cli(dir, {"run", STEP_AGENT, "--id", "lg", "--input",
+                         json{{"steps", 3}, {"print", hostile}, {"long_line_bytes", 1 << 20}}.dump()});
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+
+  auto logs = run_cli(dir, {"logs", "lg"});
+  INFO(logs.out << logs.err);
+  CHECK(logs.code == 0);
+  for (int i = 0; i < 3; ++i) {
+    const auto n = std::to_string(i);
+    CHECK_THAT(logs.out, Catch::Contains("  " + n + "  step   step " + n));
+    CHECK_THAT(logs.out, Catch::Contains("  | hi \\x1b]0;pwned\\x07\\x1b[2J\\u009b " + n + "\n"));
+  }
+  CHECK(logs.out.find('\x1b') == std::string::npos);
+  CHECK(logs.out.find("\xc2\x9b") == std::string::npos);
+  CHECK_THAT(logs.out, Catch::Contains("more bytes of this line]"));
+  CHECK(logs.out.size() < 64 * 1024);  // the 1 MiB line is cut, not printed
+  CHECK_THAT(logs.out, Catch::Contains("run lg completed"));
+  // The journal first, then the agent's output.
+  CHECK(logs.out.find("step 2") < logs.out.find("  | "));
+
+  auto tail = run_cli(dir, {"logs", "lg", "--tail", "1"});
+  CHECK(tail.code == 0);
+  CHECK_THAT(tail.out, Catch::Contains("  2  step   step 2"));
+  CHECK_THAT(tail.out, !Catch::Contains("step 1"));
+  CHECK_THAT(tail.out, Catch::Contains("pwned\\x07\\x1b[2J\\u009b 2\n"));
+  CHECK_THAT(tail.out, !Catch::Contains("pwned\\x07\\x1b[2J\\u009b 1\n"));
+
+  auto as_json = run_cli(dir, {"logs", "lg", "--json"});
+  REQUIRE(as_json.code == 0);
+  std::map<std::string, int> types;
+  std::istringstream lines(as_json.out);
+  json last;
+  for (std::string line; std::getline(lines, line);) {
+    last = json::parse(line);  // each line one object
+    ++types[last.at("type").get<std::string>()];
+    if (last["type"] == "output" && last["line"].get<std::string>().starts_with("hi"))
+      CHECK(last["line"].get<std::string>().starts_with(hostile));  // the bytes, for a program to read
+  }
+  CHECK(types["step"] == 3);
+  CHECK(types["output"] == 4);
+  CHECK(last["type"] == "end");
+  CHECK(last["run"]["status"] == "completed");
+
+  auto unknown = run_cli(dir, {"logs", "nobody"});
+  CHECK(unknown.code == 2);
+  CHECK_THAT(unknown.err, Catch::Contains("no run 'nobody'"));
+
+  // A link planted at the log's path is not followed.
+  const auto log = dir / ".cairn" / "logs" / "lg.log";
+  std::ofstream(dir / "secret") << "SECRET\n";
+  std::filesystem::remove(log);
+  std::filesystem::create_symlink(dir / "secret", log);
+  auto planted = run_cli(dir, {"logs", "lg"});
+  INFO(planted.out << planted.err);
+  CHECK(planted.code == 0);
+  CHECK_THAT(planted.out + planted.err, !Catch::Contains("SECRET"));
+  CHECK_THAT(planted.out, Catch::Contains("not a regular file"));
 }
 
 TEST_CASE("a failed run exits 1 with its error on stderr") {

@@ -523,6 +523,50 @@ TEST_CASE("cairn submit prints only the run id and returns without executing any
   CHECK(h.journal()->find_run("q1")->input == json{{"plan", plan_of({step("a")})}});
 }
 
+TEST_CASE("cairn logs --follow prints a run that serve executes as it goes, waits with it, exits with its end's code") {
+  cairn_home h;
+  h.submit("f1", plan_of({{{"op", "print"}, {"text", "hello"}}, step("a"), slow("s", 200), wait_for_signal("go"),
+                          step("b"), {{"op", "print"}, {"text", "bye"}}, step("c")}));
+  h.submit("f2", plan_of({step("a"), {{"op", "fail"}, {"message", "boom"}}}));
+  // Followed from before any worker takes them: the followers are woken, not told to give up.
+  const auto out1 = h.file("follow1.out"), out2 = h.file("follow2.out"), err = h.file("follow.err");
+  const pid_t follow1 = h.spawn({"logs", "f1", "--follow"}, out1, err);
+  const pid_t follow2 = h.spawn({"logs", "f2", "--follow", "--json"}, out2, err);
+  daemon_process daemon(h, "serve");
+  const auto exit_code = [&](pid_t pid) {
+    const auto deadline = steady::now() + patience;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (steady::now() >= deadline) {
+        ::kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        FAIL("cairn logs --follow did not end: " << slurp(out1) << slurp(out2) << slurp(err) << daemon.log());
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  };
+  eventually("the follower says what f1 waits for",
+             [&] { return slurp(out1).find("waits for signal 'go'") != std::string::npos; },
+             [&] { return slurp(out1) + slurp(err) + daemon.log(); });
+  h.signal("f1", "go", json("now"));
+  CHECK(exit_code(follow1) == 0);
+  const auto text = slurp(out1);
+  INFO(text << slurp(err));
+  for (const auto* name : {"step   a ", "step   s ", "signal go ", "step   b ", "step   c "})
+    CHECK_THAT(text, Catch::Contains(name));
+  CHECK_THAT(text, Catch::Contains("  | hello\n"));
+  CHECK_THAT(text, Catch::Contains("  | bye\n"));
+  CHECK_THAT(text, Catch::Contains("run f1 completed"));
+
+  CHECK(exit_code(follow2) == 1);
+  std::istringstream lines(slurp(out2));
+  json last;
+  for (std::string line; std::getline(lines, line);) last = json::parse(line);
+  CHECK(last["type"] == "end");
+  CHECK(last["run"]["status"] == "failed");
+}
+
 TEST_CASE("serve --max-concurrent 2 runs every submitted run, never more than 2 at once") {
   cairn_home h;
   const json plan = plan_of({step("a"), slow("s", 300), step("b")});
