@@ -515,7 +515,7 @@ TEST_CASE("resuming a run whose files are on another machine ends at once with w
 TEST_CASE("a command cairn does not have is named, with the commands it has") {
   cairn::testing::temp_dir dir;
   for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"logs", "run-1"}, {"prune", "x"}, {"--db", "other.db", "lgs"}}) {
+       {std::vector<std::string>{"attach", "run-1"}, {"prune", "x"}, {"--db", "other.db", "lgs"}}) {
     auto r = run_cli(dir, args);
     const auto& name = args[0] == "--db" ? args[2] : args[0];
     INFO(name);

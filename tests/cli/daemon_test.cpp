@@ -524,7 +524,7 @@ TEST_CASE("cairn submit prints only the run id and returns without executing any
 }
 
 TEST_CASE("cairn logs --follow prints a run that serve executes as it goes, waits with it, exits with its end's code") {
-  cairn_home h;
+  cairn_home h(cairn_home::any_backend);
   h.submit("f1", plan_of({{{"op", "print"}, {"text", "hello"}}, step("a"), slow("s", 200), wait_for_signal("go"),
                           step("b"), {{"op", "print"}, {"text", "bye"}}, step("c")}));
   h.submit("f2", plan_of({step("a"), {{"op", "fail"}, {"message", "boom"}}}));
