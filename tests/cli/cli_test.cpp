@@ -183,6 +183,16 @@ TEST_CASE("cairn logs: an ended run's steps and its agent's output, escaped and 
   CHECK(planted.code == 0);
   CHECK_THAT(planted.out + planted.err, !Catch::Contains("SECRET"));
   CHECK_THAT(planted.out, Catch::Contains("not a regular file"));
+
+  // A run whose workspace (and so its log) is on another host: its journal, and where its output is.
+  std::filesystem::remove(log);
+  SQLite::Database(dir / ".cairn" / "cairn.db", SQLite::OPEN_READWRITE)
+      .exec("UPDATE runs SET workspace_host = 'far-host' WHERE id = 'lg'");
+  auto elsewhere = run_cli(dir, {"logs", "lg"});
+  INFO(elsewhere.out << elsewhere.err);
+  CHECK(elsewhere.code == 0);
+  CHECK_THAT(elsewhere.out, Catch::Contains("  2  step   step 2"));
+  CHECK_THAT(elsewhere.out, Catch::Contains("the agent's output of run lg is on far-host"));
 }
 
 TEST_CASE("a failed run exits 1 with its error on stderr") {
