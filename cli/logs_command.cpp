@@ -11,12 +11,11 @@
 // journal's folder (a step committed: its WAL grew); PostgreSQL announces no
 // step, so a periodic look (every `safety_net`) finds those.
 #include <poll.h>
-#include <sys/inotify.h>
-#include <unistd.h>
 
 #include <csignal>
 #include <deque>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -24,10 +23,9 @@
 #include "cli/format.hpp"
 #include "cli/support.hpp"
 #include "engine/owner.hpp"
+#include "engine/run_log.hpp"
 #include "engine/run_paths.hpp"
 #include "engine/wakeups.hpp"
-#include "runtime/log_reader.hpp"
-#include "runtime/unique_fd.hpp"
 #include "storage/wakeup.hpp"
 
 namespace cairn::cli {
@@ -166,7 +164,7 @@ class run_logs {
   run_logs(const paths& p, const storage::run_record& run, printer& out)
       : p_(p), id_(run.id), log_(engine::run_log(p.home, run.id)), out_(out) {}
 
-  runtime::log_reader& log() { return log_; }
+  engine::run_log_reader& log() { return log_; }
 
   // Prints what the journal and the log gained.
   void pass(storage::journal& journal, const storage::run_record& run) {
@@ -190,7 +188,7 @@ class run_logs {
  private:
   // Said once per state of the log: missing (and where it is instead), refused.
   void say_where_output_is(const storage::run_record& run) {
-    using state = runtime::log_reader::state;
+    using state = engine::run_log_reader::state;
     const auto now = log_.last_state();
     if (now == said_) return;
     said_ = now;
@@ -209,11 +207,11 @@ class run_logs {
 
   const paths& p_;
   std::string id_;
-  runtime::log_reader log_;
+  engine::run_log_reader log_;
   printer& out_;
   journal_cursor journal_;
   output_lines lines_;
-  runtime::log_reader::state said_ = runtime::log_reader::state::readable;
+  engine::run_log_reader::state said_ = engine::run_log_reader::state::readable;
 };
 
 engine::stop_flag* logs_stop = nullptr;
@@ -222,25 +220,6 @@ volatile std::sig_atomic_t logs_stopped_by = 0;
 void stop_logs(int signal) {
   if (logs_stopped_by == 0) logs_stopped_by = signal;
   if (logs_stop) logs_stop->raise();
-}
-
-// An inotify descriptor that becomes readable when the logs folder or (for
-// SQLite) the journal's folder changes; never follows a link it is given.
-runtime::unique_fd watch_changes(const paths& p) {
-  runtime::unique_fd fd(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
-  if (!fd) return fd;
-  constexpr auto mask = IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DONT_FOLLOW | IN_ONLYDIR;
-  // The home too: its logs folder may not be made yet.
-  for (const auto& folder : {p.home / "logs", p.home}) ::inotify_add_watch(fd.get(), folder.c_str(), mask);
-  if (!storage::is_postgres_url(p.db.string()))
-    ::inotify_add_watch(fd.get(), p.db.parent_path().c_str(), IN_MODIFY | IN_DONT_FOLLOW | IN_ONLYDIR);
-  return fd;
-}
-
-void drain(int fd) {
-  char buffer[4096];
-  while (::read(fd, buffer, sizeof buffer) > 0) {
-  }
 }
 
 }  // namespace
@@ -259,7 +238,7 @@ int logs_command(const paths& p, const logs_args& args, bool as_json) {
       throw engine::engine_error(engine::errc::not_found, fmt::format("no run '{}' in {}", args.run_id, shown_db(p)));
     // Listening before the first look: a change made meanwhile still wakes the loop.
     std::unique_ptr<storage::wake_listener> listener;
-    runtime::unique_fd changes;
+    std::optional<engine::log_change_watch> changes;
     if (args.follow) {
       try {
         listener = std::make_unique<storage::wake_listener>(p.db, [id = run->id](const std::string& run_id, storage::change) {
@@ -268,7 +247,7 @@ int logs_command(const paths& p, const logs_args& args, bool as_json) {
       } catch (const storage::storage_error& e) {
         std::cerr << "cairn: " << terminal_text(e.what()) << "; looking every second instead" << std::endl;
       }
-      changes = watch_changes(p);
+      changes.emplace(p.home, p.db);
     }
 
     printer out(as_json, args.tail);
@@ -287,7 +266,7 @@ int logs_command(const paths& p, const logs_args& args, bool as_json) {
         said_wait.clear();
       }
       std::cout << std::flush;
-      pollfd fds[] = {{stop.fd(), POLLIN, 0}, {woken.fd(), POLLIN, 0}, {changes.get(), POLLIN, 0}};
+      pollfd fds[] = {{stop.fd(), POLLIN, 0}, {woken.fd(), POLLIN, 0}, {changes && *changes ? changes->fd() : -1, POLLIN, 0}};
       ::poll(fds, std::size(fds), safety_net_ms);
       if (stop.raised()) {
         logs.end_output();
@@ -295,7 +274,7 @@ int logs_command(const paths& p, const logs_args& args, bool as_json) {
         return 128 + static_cast<int>(logs_stopped_by);
       }
       woken.take();
-      if (changes) drain(changes.get());
+      if (changes && *changes) changes->drain();
     }
     logs.end_output();
     std::cout << std::flush;
