@@ -53,6 +53,10 @@ int doctor_command(const paths& p, bool as_json);
 // Lists the files of a run's workspace under `path` ("" all), or prints the
 // file `path`; never wakes the run (see engine/workspace_files.hpp).
 int workspace_command(const paths& p, const std::string& run_id, const std::string& path, bool as_json);
+// The files of a run's checkpoint after step `seq`, and what changed between two steps.
+int workspace_at_command(const paths& p, const std::string& run_id, std::uint64_t seq, const std::string& path,
+                         bool as_json);
+int diff_command(const paths& p, const std::string& run_id, std::uint64_t from, std::uint64_t to, bool as_json);
 int settle_command(const paths& p, const settle_args& args, bool as_json);
 
 // retention_commands.cpp: removing ended runs and their files.

@@ -270,6 +270,21 @@ int main(int argc, char** argv) {
   workspace_cmd->add_option("run", workspace_id, "run id")->required();
   workspace_cmd->add_option("path", workspace_path, "a file or folder in /workspace (default: all)");
   workspace_cmd->add_flag("--json", as_json, "JSON output (a listing)");
+  std::int64_t workspace_at = -1;
+  workspace_cmd
+      ->add_option("--at", workspace_at,
+                   "the files as the checkpoint of step SEQ holds them (read from the journal), not as they are now")
+      ->type_name("SEQ")
+      ->check(CLI::NonNegativeNumber);
+
+  std::string diff_id;
+  std::uint64_t diff_from = 0, diff_to = 0;
+  auto* diff_cmd =
+      app.add_subcommand("diff", "what a run's steps changed in its workspace, between two steps' checkpoints");
+  diff_cmd->add_option("run", diff_id, "run id")->required();
+  diff_cmd->add_option("from", diff_from, "the earlier step (SEQ)")->required();
+  diff_cmd->add_option("to", diff_to, "the later step (SEQ)")->required();
+  diff_cmd->add_flag("--json", as_json, "JSON output");
 
   auto* doctor_cmd = app.add_subcommand("doctor", "can this machine sandbox agents and write the journal?");
   doctor_cmd->add_flag("--json", as_json, "JSON output");
@@ -334,7 +349,11 @@ int main(int argc, char** argv) {
   if (*workers_cmd) return cairn::cli::workers_command(paths, as_json);
   if (*logs_cmd) return cairn::cli::logs_command(paths, logs, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
+  if (*workspace_cmd && workspace_at >= 0)
+    return cairn::cli::workspace_at_command(paths, workspace_id, static_cast<std::uint64_t>(workspace_at),
+                                            workspace_path, as_json);
   if (*workspace_cmd) return cairn::cli::workspace_command(paths, workspace_id, workspace_path, as_json);
+  if (*diff_cmd) return cairn::cli::diff_command(paths, diff_id, diff_from, diff_to, as_json);
   if (*doctor_cmd) return cairn::cli::doctor_command(paths, as_json);
   if (*settle_cmd) return cairn::cli::settle_command(paths, settle, as_json);
   if (*submit_cmd) return cairn::cli::submit_command(paths, submit, as_json);

@@ -1,5 +1,6 @@
 #include "engine/attempt.hpp"
 
+#include <limits>
 #include <sched.h>
 
 #include <atomic>
@@ -118,6 +119,7 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
     observer_.on_warning(warning);
   }
   if (!process_) process_ = co_await offload([&] { return box->exec(program(), {}); }, pool::starts);
+  co_await watch_workspace();
   events_.watch_process(process_->pid());
   const auto executor = co_await asio::this_coro::executor;
   channel_fd_.emplace(executor, process_->io().fd());
@@ -145,6 +147,51 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   }
   co_await offload([&] { box.reset(); }, pool::teardown);
   co_return result;
+}
+
+// Before the agent is told to start (it waits for that): the workspace is
+// watched, and after a crash what the attempt before wrote past its last
+// step is put back as that step left it.
+task<void> attempt_driver::watch_workspace() {
+  storage::journal* store = journal_.checkpoint_store();
+  if (!store || policy_.journal.checkpoint_bytes == 0 || run_.workspace.empty()) co_return;
+  std::string warning;
+  std::size_t rolled_back = 0;
+  std::optional<workspace_checkpoint> baseline;
+  co_await offload(
+      [&] {
+        try {
+          // Without a checkpoint yet (the run's first attempt, or one begun
+          // by a cairn that kept none) nothing says what the workspace held
+          // before: its files are kept, and recorded as the baseline.
+          const bool any = has_checkpoint(*store, run_.id, std::numeric_limits<std::uint64_t>::max());
+          const bool crashed = any && previous_attempt_crashed(*store, run_.id);
+          checkpoints_ = std::make_unique<workspace_checkpointer>(
+              *store, run_.workspace, checkpoint_state(*store, run_.id), crashed, policy_.journal.checkpoint_bytes,
+              checkpoint_bytes(*store, run_.id));
+          rolled_back = checkpoints_->rolled_back();
+          if (!any) {
+            baseline = checkpoints_->take();
+            if (!baseline) baseline = workspace_checkpoint{{{"files", json::object()}, {"removed", json::array()}, {"bytes", 0}}, {}, {}};
+          }
+        } catch (const runtime::sandbox_error& e) {
+          checkpoints_.reset();
+          warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.what());
+        } catch (const budget_exceeded& e) {
+          checkpoints_.reset();
+          warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.message);
+        }
+      },
+      pool::starts);
+  if (baseline) co_await apply_effect(effects::workspace_baseline{std::move(*baseline)});
+  if (!warning.empty()) {
+    co_await apply_effect(effects::sandbox_warning{warning});
+    observer_.on_warning(warning);
+  }
+  if (rolled_back > 0)
+    observer_.on_warning(fmt::format("run {}: {} entries of its workspace were put back as its last committed step "
+                                     "left them (the attempt before ended mid-step)",
+                                     run_.id, rolled_back));
 }
 
 task<attempt_result> attempt_driver::converse_to_end(const protocol::start_msg& start) {
@@ -492,8 +539,10 @@ protocol::ack_msg attempt_driver::ack_of(std::uint64_t seq) const {
 // The answer to the agent goes out only after this returns: the row is durable.
 task<void> attempt_driver::commit(const storage::step_record& record,
                                   std::optional<effects::delivered_signal> signal) {
+  std::optional<workspace_checkpoint> checkpoint;
+  if (checkpoints_) checkpoint = co_await offload([&] { return checkpoints_->take(); }, pool::tools);
   runtime::crash_point("before_commit");
-  co_await apply_effect(effects::step_committed{record, std::move(signal)});
+  co_await apply_effect(effects::step_committed{record, std::move(signal), 0, std::move(checkpoint)});
   runtime::crash_point("after_commit");
   ++expected_seq_;
   step_failures_ = 0;

@@ -78,6 +78,9 @@ class attempt_journal {
   virtual std::optional<storage::run_record> find_run(const std::string& id) = 0;
   // Tokens the run's journaled llm.chat calls counted.
   virtual std::uint64_t llm_tokens_spent() = 0;
+  // Where the run's workspace checkpoints are read (workspace_checkpoints.hpp);
+  // nullptr: the run keeps none here (a journal of a test's own).
+  virtual storage::journal* checkpoint_store() { return nullptr; }
 };
 
 // The engine's settings an attempt needs (engine_options holds them).

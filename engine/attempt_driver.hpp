@@ -16,6 +16,7 @@
 #include "engine/io.hpp"
 #include "engine/step_retry.hpp"
 #include "engine/tool_broker.hpp"
+#include "engine/workspace_checkpoints.hpp"
 
 namespace cairn::engine {
 
@@ -105,6 +106,7 @@ class attempt_driver {
   task<void> end(attempt_result result);
   // Kills every process of the sandbox, off the event loop.
   task<void> kill();
+  task<void> watch_workspace();
   attempt_result cancelled_result() const;
   bool stopping() const { return options_.stopping && options_.stopping->load(); }
 
@@ -165,6 +167,9 @@ class attempt_driver {
   std::optional<std::int64_t> begun_at_ms_;
   // The step the agent is executing (begin seen, no step yet).
   std::optional<protocol::begin_msg> in_step_;
+  // The workspace's checkpoints (workspace_checkpoints.hpp); none when the
+  // policy keeps none or the journal has no place for them.
+  std::unique_ptr<workspace_checkpointer> checkpoints_;
   clock::time_point step_started_;
   // Cancellation: sent to the agent, and when the grace period ends.
   bool cancel_sent_ = false, timed_out_ = false;

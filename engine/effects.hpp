@@ -12,6 +12,7 @@
 #include "protocol/messages.hpp"
 #include "runtime/agent_version.hpp"
 #include "storage/journal.hpp"
+#include "engine/workspace_checkpoints.hpp"
 
 namespace cairn::engine::effects {
 
@@ -29,6 +30,8 @@ struct step_committed {
   storage::step_record record;
   std::optional<delivered_signal> signal;
   std::uint64_t tokens = 0;  // a model's tokens the step's result counts (an llm.chat result's usage)
+  // What the step changed in the workspace, stored with it (workspace_checkpoints.hpp).
+  std::optional<workspace_checkpoint> checkpoint;
 };
 
 // An attempt of a failed step, to be made again after `delay_ms`.
@@ -135,6 +138,13 @@ struct agent_chosen {
   bool replaced = false;
 };
 
+// The workspace as the run's first checkpointing attempt found it, before
+// its agent started: what a crash before the first step rolls back to
+// (workspace_checkpoints.hpp).
+struct workspace_baseline {
+  workspace_checkpoint checkpoint;
+};
+
 // At an attempt, what is at the run's agent path is not the version the run
 // began with (`was`, `now`: version ids); the attempt executes `runs`.
 struct agent_changed {
@@ -158,6 +168,7 @@ using effect = std::variant<effects::step_committed, effects::retry_due, effects
                             effects::timer_set, effects::wait_started, effects::child_started,
                             effects::sandbox_warning, effects::cancel_sent, effects::limit_exceeded,
                             effects::attempt_crashed, effects::suspended, effects::released, effects::run_ended,
-                            effects::attempts_reset, effects::agent_chosen, effects::agent_changed>;
+                            effects::attempts_reset, effects::agent_chosen, effects::agent_changed,
+                            effects::workspace_baseline>;
 
 }  // namespace cairn::engine

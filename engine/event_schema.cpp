@@ -30,6 +30,7 @@ constexpr std::string_view suspended_fields[] = {"count", "bytes_written", "cpu_
 constexpr std::string_view agent_fields[] = {"agent",  "version", "program_sha256", "script", "files",
                                              "bytes",  "partial?", "kept?",         "unkept?"};
 constexpr std::string_view agent_changed_fields[] = {"agent", "was", "now", "runs"};
+constexpr std::string_view checkpoint_fields[] = {"files", "removed", "bytes"};
 
 using enum event_writer;
 
@@ -62,6 +63,9 @@ constexpr event_declaration declarations[] = {
     {"agent_version", agent_fields, owner, false, false},
     {"agent_replaced", agent_fields, request, false, true},  // cairn resume --agent
     {"agent_changed", agent_changed_fields, owner, false, true},
+    // What a step changed in the workspace (workspace_checkpoints.hpp).
+    {"workspace_checkpoint", checkpoint_fields, owner, true, false},
+    {"workspace_baseline", checkpoint_fields, owner, false, false},
 };
 
 json error_json(const protocol::error_info& e) { return {{"error", {{"message", e.message}, {"type", e.type}}}}; }

@@ -102,9 +102,17 @@ void store(storage::journal& j, const std::string& run_id, const effect& e) {
   if (auto row = row_of(e)) append(j, run_id, *row);
   std::visit(overloaded{
                  [&](const step_committed& s) {
+                   if (s.checkpoint) {
+                     j.put_blobs(run_id, s.checkpoint->blobs, s.checkpoint->used);
+                     append(j, run_id, {std::string(checkpoint_event), s.checkpoint->data, s.record.result.seq});
+                   }
                    if (!s.signal) return j.append_step(s.record);
                    j.deliver_signal(s.signal->id, s.record);
                    append(j, run_id, signal_delivered({.id = s.signal->id, .name = s.signal->name}, s.record.result.seq));
+                 },
+                 [&](const workspace_baseline& b) {
+                   j.put_blobs(run_id, b.checkpoint.blobs, b.checkpoint.used);
+                   append(j, run_id, {std::string(baseline_event), b.checkpoint.data, std::nullopt});
                  },
                  [&](const tool_settled& t) {
                    if (t.step) j.append_step(*t.step);
@@ -320,7 +328,9 @@ task<void> ledger::apply_effect_async(std::string run_id, effect e) {
   const auto* started = std::get_if<effects::tool_started>(&e);
   const bool sync_later = started && started->idempotency == "at_most_once";
 #else
-  const bool sync_later = false;
+  // A baseline is durable with the run's first step (SIGKILL keeps it
+  // anyway): it saves the run a sync of its own as it starts.
+  const bool sync_later = std::holds_alternative<effects::workspace_baseline>(e);
 #endif
   std::vector<effect> effects;
   effects.push_back(std::move(e));

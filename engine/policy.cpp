@@ -152,6 +152,7 @@ void parse_limits(object_reader& r, policy& p) {
   journal.step_output_bytes = r.number("step_output_mb", dj.step_output_bytes / mib, 1, 15, " MiB") * mib;
   journal.signal_bytes = r.number("signal_kb", dj.signal_bytes >> 10, 1, 15ull << 10, " KiB") << 10;
   journal.signals = r.number("signals", dj.signals, 1, 1'000'000);
+  journal.checkpoint_bytes = r.number("checkpoint_mb", dj.checkpoint_bytes / mib, 0, 1ull << 24, " MiB") * mib;
   r.done();
   p.limits = l;
 }
@@ -489,7 +490,8 @@ json to_json(const policy& p) {
             {"journal_mb", p.journal.journal_bytes / mib},
             {"step_output_mb", p.journal.step_output_bytes / mib},
             {"signal_kb", p.journal.signal_bytes >> 10},
-            {"signals", p.journal.signals}}},
+            {"signals", p.journal.signals},
+            {"checkpoint_mb", p.journal.checkpoint_bytes / mib}}},
           {"timeouts",
            {{"run_seconds", p.timeouts.run.count()},
             {"step_seconds", p.timeouts.step.count()},

@@ -85,12 +85,15 @@ struct child_grant {
 };
 
 // What a run may make the host store, beside its sandbox's limits ("limits"
-// in the policy file: journal_mb, step_output_mb, signal_kb, signals).
+// in the policy file: journal_mb, step_output_mb, signal_kb, signals, checkpoint_mb).
 struct journal_limits {
   std::uint64_t journal_bytes = 256ull << 20;     // its steps, tool calls and events in the journal
   std::uint64_t step_output_bytes = 4ull << 20;   // one step's output or tool result, as JSON text
   std::uint64_t signal_bytes = 64ull << 10;       // one signal's payload, as JSON text
   std::uint64_t signals = 1000;                   // signals it holds, queued and delivered
+  // Pieces of its workspace files its checkpoints stored, compressed
+  // (workspace_checkpoints.hpp); 0: the run keeps no checkpoints.
+  std::uint64_t checkpoint_bytes = 1ull << 30;
 };
 
 struct policy {

@@ -32,6 +32,7 @@ class run_journal : public attempt_journal {
   std::optional<storage::signal_record> pending_signal(const std::string& name) override;
   std::optional<storage::run_record> find_run(const std::string& id) override;
   std::uint64_t llm_tokens_spent() override;
+  storage::journal* checkpoint_store() override { return &reads_; }
 
  private:
   ledger& writes_;

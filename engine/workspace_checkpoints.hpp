@@ -13,7 +13,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,8 +27,21 @@ namespace cairn::engine {
 
 using json = nlohmann::json;
 
-// The kind of the event a checkpoint is recorded as.
+// What a step's commit stores of the workspace (effects::step_committed):
+// the event's data ({"files": {PATH: ENTRY}, "removed": [PATH], "bytes":
+// the compressed size of the pieces it stored new}), those pieces, and
+// every digest the event names.
+struct workspace_checkpoint {
+  json data;
+  std::vector<storage::blob> blobs;
+  std::vector<std::string> used;
+};
+
+// The kind of the event a checkpoint is recorded as, and of the one that
+// records the workspace as the run's first checkpointing attempt found it
+// (no step's: folded before every checkpoint).
 inline constexpr std::string_view checkpoint_event = "workspace_checkpoint";
+inline constexpr std::string_view baseline_event = "workspace_baseline";
 
 // One entry of a workspace as a checkpoint recorded it.
 struct checkpoint_entry {
@@ -53,6 +68,16 @@ workspace_state checkpoint_state(storage::journal& journal, std::string_view run
 // Throws std::exception for data it cannot read.
 void apply_checkpoint(workspace_state& state, const json& data);
 
+// What every checkpoint of `run_id` stored, compressed ("bytes" summed):
+// what limits.checkpoint_mb bounds.
+std::uint64_t checkpoint_bytes(storage::journal& journal, std::string_view run_id);
+
+// Whether the attempt before the run's current one ended without handing
+// the run back (its sandbox or its host died, or the host ended it): then
+// what it wrote after its last step is half done, and rolls back. False
+// for a first attempt.
+bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id);
+
 // Whether `run_id` has a checkpoint at or before `seq`.
 bool has_checkpoint(storage::journal& journal, std::string_view run_id, std::uint64_t seq);
 
@@ -61,6 +86,26 @@ bool has_checkpoint(storage::journal& journal, std::string_view run_id, std::uin
 // Throws engine_error(not_found) when a piece is missing from the journal.
 void materialize(storage::journal& journal, const workspace_state& state, const std::filesystem::path& folder);
 
+// The bytes of the file `e` (the first `max_bytes`), handed to `take` a
+// piece at a time, read from the journal and checked against their digests.
+void read_checkpoint_file(storage::journal& journal, const checkpoint_entry& e, std::uint64_t max_bytes,
+                          const std::function<void(const char*, std::size_t)>& take);
+
+// What changed from `a` to `b`: '+' an entry only `b` has, '-' one only `a`
+// has, 'M' one both have but not alike (its bytes, type, mode or target;
+// not its time alone). By path.
+struct workspace_change {
+  char how = 'M';
+  std::string path;
+  std::optional<checkpoint_entry> before, after;
+};
+std::vector<workspace_change> diff_states(const workspace_state& a, const workspace_state& b);
+
+// The checkpoint state of `run_id` after step `seq`, for a person asking:
+// throws engine_error(not_found) when the run has no step `seq`, or kept no
+// checkpoint at or before it (it names limits.checkpoint_mb).
+workspace_state checkpoint_at(storage::journal& journal, std::string_view run_id, std::uint64_t seq);
+
 // For a fork: run `to` references every piece the checkpoints of run `from`
 // up to and including `seq` name, so removing `from` keeps them, and its
 // workspace `folder` (empty or missing) is filled with the files of `from`
@@ -68,5 +113,34 @@ void materialize(storage::journal& journal, const workspace_state& state, const 
 // the rest of the journal's prefix) then fold to the same files.
 void fork_workspace(storage::journal& journal, std::string_view from, std::uint64_t seq, std::string_view to,
                     const std::filesystem::path& folder);
+
+// An attempt's checkpoints. Made as the attempt begins, before the agent
+// is told to start: watches the workspace `folder` (mounted where the
+// sandbox has it), then walks it once against `state`, the run's last
+// checkpoint. What differs is either the next checkpoint's to store, or,
+// with `roll_back` (the attempt before crashed), put back as `state` has
+// it. Throws runtime::sandbox_error when the workspace cannot be watched.
+class workspace_checkpointer {
+ public:
+  workspace_checkpointer(storage::journal& journal, const std::filesystem::path& folder, workspace_state state,
+                         bool roll_back, std::uint64_t budget_bytes, std::uint64_t spent_bytes);
+  ~workspace_checkpointer();
+  workspace_checkpointer(const workspace_checkpointer&) = delete;
+  workspace_checkpointer& operator=(const workspace_checkpointer&) = delete;
+
+  // What changed since the last checkpoint, read and stored as pieces, for
+  // the step about to commit; nullopt when nothing did. The state moves on
+  // (a commit that fails ends the attempt). Throws budget_exceeded when the
+  // new pieces would take the run past limits.checkpoint_mb.
+  std::optional<workspace_checkpoint> take();
+
+  // What the walk as the attempt began found and put back (roll_back).
+  std::size_t rolled_back() const { return rolled_back_; }
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+  std::size_t rolled_back_ = 0;
+};
 
 }  // namespace cairn::engine

@@ -186,6 +186,13 @@ struct worker_record {
   int runs = 0;                    // runs it owns now (filled in by workers() and find_worker())
 };
 
+// A piece of a workspace file as the journal stores it (put_blobs).
+struct blob {
+  std::string digest;      // "sha256:HEX" of the piece's bytes
+  std::uint64_t size = 0;  // of the piece's bytes
+  std::string data;        // as the engine stored them (compressed)
+};
+
 struct event_record {
   std::int64_t id = 0;
   std::string run_id;
@@ -435,6 +442,17 @@ class journal {
   // (autovacuum); there it runs a plain VACUUM of the journal's tables, so
   // the space is reusable at once, and writers are not blocked.
   virtual journal_space reclaim_space(std::uint64_t max_bytes) = 0;
+
+  // Pieces of workspace files, stored by content and shared by every run
+  // (engine/workspace_checkpoints.hpp; SQLite schema 9, PostgreSQL 10).
+  // put_blobs stores `blobs` (a digest already held keeps its blob as it
+  // is) and records that run `run_id` uses every digest of `used` (the
+  // blobs' own and those other runs stored): delete_run deletes a blob when
+  // the last run that used it goes. Writes of write_together's group, like
+  // every write.
+  virtual void put_blobs(std::string_view run_id, std::span<const blob> blobs, std::span<const std::string> used) = 0;
+  // The blob stored under `digest`; nullopt when none is.
+  virtual std::optional<blob> find_blob(std::string_view digest) = 0;
 
   // Workers and their leases. register_worker inserts the worker or replaces
   // its row (a restarted worker of the same id), and deletes the rows of

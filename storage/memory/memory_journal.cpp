@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 #include <optional>
@@ -54,6 +55,8 @@ struct database::state {
   std::int64_t next_signal_id = 1;
   std::map<std::string, std::map<std::string, std::uint64_t>> payloads;  // by run: digest -> its bytes
   std::map<std::string, worker_record> workers;
+  std::map<std::string, blob> blobs;                         // by digest
+  std::map<std::string, std::set<std::string>> blob_users;  // digest -> the runs that use it
 
   // The open write transaction's undo log, its savepoints (name, log size)
   // and the commits not synced yet, oldest first.
@@ -546,6 +549,23 @@ class memory_journal final : public journal {
     take_back(db_->steps, key);
     take_back(db_->events, key);
     take_back(db_->payloads, key);
+    for (auto it = db_->blob_users.begin(); it != db_->blob_users.end();) {
+      if (!it->second.contains(key)) {
+        ++it;
+        continue;
+      }
+      db_->log.push_back([db = db_.get(), digest = it->first, users = it->second] { db->blob_users[digest] = users; });
+      it->second.erase(key);
+      if (!it->second.empty()) {
+        ++it;
+        continue;
+      }
+      if (auto b = db_->blobs.find(it->first); b != db_->blobs.end()) {
+        db_->log.push_back([db = db_.get(), kept = b->second] { db->blobs[kept.digest] = kept; });
+        db_->blobs.erase(b);
+      }
+      it = db_->blob_users.erase(it);
+    }
     for (auto it = db_->signals.begin(); it != db_->signals.end();) {
       if (it->second.run_id != id) {
         ++it;
@@ -561,6 +581,25 @@ class memory_journal final : public journal {
   // Nothing on disk: a database of memory has no file to shrink.
   journal_space space() override { return {}; }
   journal_space reclaim_space(std::uint64_t) override { return {}; }
+
+  void put_blobs(std::string_view run_id, std::span<const blob> blobs, std::span<const std::string> used) override {
+    write_txn tx(*this);
+    existing_run(run_id);
+    for (const auto& b : blobs)
+      if (db_->blobs.emplace(b.digest, b).second)
+        db_->log.push_back([db = db_.get(), digest = b.digest] { db->blobs.erase(digest); });
+    for (const auto& digest : used)
+      if (db_->blob_users[digest].emplace(run_id).second)
+        db_->log.push_back([db = db_.get(), digest, id = std::string(run_id)] { db->blob_users[digest].erase(id); });
+    tx.commit();
+  }
+
+  std::optional<blob> find_blob(std::string_view digest) override {
+    std::lock_guard lock(db_->mutex);
+    auto it = db_->blobs.find(std::string(digest));
+    if (it == db_->blobs.end()) return std::nullopt;
+    return it->second;
+  }
 
   void register_worker(const worker_record& w) override {
     write_txn tx(*this);

@@ -75,6 +75,8 @@ class postgres_journal final : public journal {
   run_record delete_run(std::string_view id) override;
   journal_space space() override;
   journal_space reclaim_space(std::uint64_t max_bytes) override;
+  void put_blobs(std::string_view run_id, std::span<const blob> blobs, std::span<const std::string> used) override;
+  std::optional<blob> find_blob(std::string_view digest) override;
   void register_worker(const worker_record& worker) override;
   bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) override;
   void remove_worker(std::string_view worker_id) override;
@@ -1186,7 +1188,12 @@ run_record postgres_journal::delete_run(std::string_view id) {
     }
     check_deletable(id, check);
     // The run's row goes last: its status lets the steps go (schema 9's trigger).
-    for (const char* sql : {"DELETE FROM payloads WHERE run_id = $1", "DELETE FROM events WHERE run_id = $1",
+    // A blob another run stores meanwhile is stored again: its insert waits
+    // for this transaction and finds no conflict once it commits.
+    for (const char* sql : {"DELETE FROM blobs WHERE digest IN (SELECT digest FROM run_blobs WHERE run_id = $1) "
+                            "AND NOT EXISTS (SELECT 1 FROM run_blobs o WHERE o.digest = blobs.digest AND o.run_id <> $1)",
+                            "DELETE FROM run_blobs WHERE run_id = $1",
+                            "DELETE FROM payloads WHERE run_id = $1", "DELETE FROM events WHERE run_id = $1",
                             "DELETE FROM signals WHERE run_id = $1", "DELETE FROM steps WHERE run_id = $1",
                             "DELETE FROM run_states WHERE run_id = $1", "DELETE FROM runs WHERE id = $1"})
       j.exec(sql, id);
@@ -1205,8 +1212,33 @@ journal_space postgres_journal::space() {
 
 journal_space postgres_journal::reclaim_space(std::uint64_t) {
   // Outside any transaction, as VACUUM must be; it takes no lock a writer waits for.
-  impl_->guard({}, [&] { impl_->run("VACUUM runs, run_states, steps, events, signals, payloads"); });
+  impl_->guard({}, [&] { impl_->run("VACUUM runs, run_states, steps, events, signals, payloads, blobs, run_blobs"); });
   return space();
+}
+
+void postgres_journal::put_blobs(std::string_view run_id, std::span<const blob> blobs,
+                                 std::span<const std::string> used) {
+  auto& j = *impl_;
+  j.guard(run_id, [&] {
+    impl::txn tx(j);
+    if (j.exec("SELECT 1 FROM runs WHERE id = $1 FOR SHARE", run_id).rows() == 0) throw no_run_error(run_id, j.name);
+    for (const auto& b : blobs)
+      j.exec("INSERT INTO blobs (digest, size, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", b.digest,
+             static_cast<std::int64_t>(b.size), bytes{b.data});
+    for (const auto& digest : used)
+      j.exec("INSERT INTO run_blobs (run_id, digest) VALUES ($1, $2) ON CONFLICT DO NOTHING", run_id, digest);
+    tx.commit();
+  });
+}
+
+std::optional<blob> postgres_journal::find_blob(std::string_view digest) {
+  auto& j = *impl_;
+  return j.guard({}, [&]() -> std::optional<blob> {
+    auto r = j.exec("SELECT size, data FROM blobs WHERE digest = $1", digest);
+    if (r.rows() == 0) return std::nullopt;
+    return blob{std::string(digest), static_cast<std::uint64_t>(pg_row{r, 0}.int64(0)),
+                from_hex_bytea(pg_row{r, 0}.text(1))};
+  });
 }
 
 void postgres_journal::register_worker(const worker_record& w) {

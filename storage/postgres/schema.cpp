@@ -226,7 +226,24 @@ CREATE TRIGGER steps_no_delete BEFORE DELETE ON steps
 CREATE INDEX runs_by_created ON runs (created_at_ms, row_order);
 )sql";
 
-constexpr migration all_migrations[] = {{6, schema_v6}, {7, schema_v7}, {8, schema_v8}, {9, schema_v9}};
+// v10: workspace checkpoints, as SQLite's v9: pieces of workspace files by
+// content, shared by every run, and which runs use each.
+constexpr const char* schema_v10 = R"sql(
+CREATE TABLE blobs (
+  digest TEXT PRIMARY KEY,
+  size   BIGINT NOT NULL,
+  data   BYTEA NOT NULL
+);
+CREATE TABLE run_blobs (
+  run_id TEXT NOT NULL REFERENCES runs (id),
+  digest TEXT NOT NULL,
+  PRIMARY KEY (run_id, digest)
+);
+CREATE INDEX run_blobs_by_digest ON run_blobs (digest);
+)sql";
+
+constexpr migration all_migrations[] = {{6, schema_v6}, {7, schema_v7}, {8, schema_v8}, {9, schema_v9},
+                                        {10, schema_v10}};
 
 
 }  // namespace

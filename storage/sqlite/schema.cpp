@@ -234,6 +234,22 @@ CREATE TRIGGER steps_no_delete BEFORE DELETE ON steps
   END;
 CREATE INDEX runs_by_created ON runs (created_at_ms);
 )sql",
+    // 9: workspace checkpoints (engine/workspace_checkpoints.hpp): pieces of
+    // workspace files by content, shared by every run, and which runs use
+    // each, so a run's deletion takes the pieces no other run uses.
+    R"sql(
+CREATE TABLE blobs (
+  digest TEXT PRIMARY KEY,
+  size   INTEGER NOT NULL,
+  data   BLOB NOT NULL
+);
+CREATE TABLE run_blobs (
+  run_id TEXT NOT NULL REFERENCES runs (id),
+  digest TEXT NOT NULL,
+  PRIMARY KEY (run_id, digest)
+) WITHOUT ROWID;
+CREATE INDEX run_blobs_by_digest ON run_blobs (digest);
+)sql",
 };
 constexpr int latest = static_cast<int>(std::size(migrations));
 

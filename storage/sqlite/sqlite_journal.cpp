@@ -80,6 +80,8 @@ class sqlite_journal final : public journal {
   run_record delete_run(std::string_view id) override;
   journal_space space() override;
   journal_space reclaim_space(std::uint64_t max_bytes) override;
+  void put_blobs(std::string_view run_id, std::span<const blob> blobs, std::span<const std::string> used) override;
+  std::optional<blob> find_blob(std::string_view digest) override;
   void register_worker(const worker_record& worker) override;
   bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) override;
   void remove_worker(std::string_view worker_id) override;
@@ -676,9 +678,12 @@ run_record sqlite_journal::delete_run(std::string_view id) {
     }
     check_deletable(id, check);
     // The run's row goes last: its status lets the steps go (schema 8's trigger).
-    for (const char* sql : {"DELETE FROM payloads WHERE run_id = ?", "DELETE FROM events WHERE run_id = ?",
-                            "DELETE FROM signals WHERE run_id = ?", "DELETE FROM steps WHERE run_id = ?",
-                            "DELETE FROM run_states WHERE run_id = ?", "DELETE FROM runs WHERE id = ?"})
+    for (const char* sql : {"DELETE FROM blobs WHERE digest IN (SELECT digest FROM run_blobs WHERE run_id = ?1) "
+                            "AND NOT EXISTS (SELECT 1 FROM run_blobs o WHERE o.digest = blobs.digest AND o.run_id <> ?1)",
+                            "DELETE FROM run_blobs WHERE run_id = ?1",
+                            "DELETE FROM payloads WHERE run_id = ?1", "DELETE FROM events WHERE run_id = ?1",
+                            "DELETE FROM signals WHERE run_id = ?1", "DELETE FROM steps WHERE run_id = ?1",
+                            "DELETE FROM run_states WHERE run_id = ?1", "DELETE FROM runs WHERE id = ?1"})
       c_.changed(sql, id);
     tx.commit();
     return std::move(*record);
@@ -708,6 +713,32 @@ journal_space sqlite_journal::reclaim_space(std::uint64_t max_bytes) {
   if (left.free_bytes == 0)
     sqlite3_wal_checkpoint_v2(c_.db().getHandle(), nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
   return left;
+}
+
+// --- Pieces of workspace files (schema 9) ---
+
+void sqlite_journal::put_blobs(std::string_view run_id, std::span<const blob> blobs,
+                               std::span<const std::string> used) {
+  c_.guard(run_id, [&] {
+    write_txn tx(*this);
+    require_run(c_.statement("SELECT 1 FROM runs WHERE id = ?", run_id).executeStep() ? 1 : 0, run_id);
+    for (const auto& b : blobs)
+      c_.changed("INSERT OR IGNORE INTO blobs (digest, size, data) VALUES (?, ?, ?)", b.digest,
+                 static_cast<std::int64_t>(b.size), sqlite::blob_param{b.data});
+    for (const auto& digest : used)
+      c_.changed("INSERT OR IGNORE INTO run_blobs (run_id, digest) VALUES (?, ?)", run_id, digest);
+    tx.commit();
+  });
+}
+
+std::optional<blob> sqlite_journal::find_blob(std::string_view digest) {
+  return c_.guard({}, [&]() -> std::optional<blob> {
+    auto s = c_.statement("SELECT size, data FROM blobs WHERE digest = ?", digest);
+    if (!s.executeStep()) return std::nullopt;
+    const auto data = s.getColumn(1);
+    return blob{std::string(digest), static_cast<std::uint64_t>(s.getColumn(0).getInt64()),
+                std::string(static_cast<const char*>(data.getBlob()), static_cast<std::size_t>(data.getBytes()))};
+  });
 }
 
 // --- Workspaces assigned at first execution, workers and their leases (schema 6) ---

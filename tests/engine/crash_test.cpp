@@ -109,6 +109,22 @@ struct checker {
     }
   }
 
+  // The workspace holds each step's write exactly once, the committed one's:
+  // what an attempt that died wrote past its last committed step was rolled
+  // back to that step's checkpoint before the next attempt began.
+  void files_agree_with_the_journal() {
+    std::ifstream in(home / "workspaces" / id / "exec.log");
+    std::vector<std::string> written, committed;
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream f(line);
+      std::string seq, nonce;
+      f >> seq >> nonce;
+      written.push_back(seq + " " + nonce);
+    }
+    for (const auto& [seq, output] : acked) committed.push_back(std::to_string(seq) + " " + output["nonce"].get<std::string>());
+    REQUIRE(written == committed);
+  }
+
   void completes() {
     int status = wait_status(spawn_cairn(home, {"resume", id}, ""));
     INFO(std::ifstream(home / "cli.log").rdbuf());
@@ -121,6 +137,7 @@ struct checker {
     REQUIRE(acked.size() == steps);
     for (const auto& [seq, output] : acked) REQUIRE(run->output["outputs"][seq] == output);
     no_step_ran_after_its_ack();
+    files_agree_with_the_journal();
   }
 };
 

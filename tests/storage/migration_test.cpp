@@ -20,11 +20,12 @@ using json = nlohmann::json;
 
 namespace {
 
-// Schema 7 is schema 8 without runs_by_created, and with a trigger that
-// refuses every step's deletion: what the tests below that make an older
-// journal out of a current one undo first.
+// Schema 7 is schema 9 without schema 9's blobs and run_blobs, then
+// without runs_by_created, and with a trigger that refuses every step's
+// deletion: what the tests below that make an older journal out of a
+// current one undo first.
 const std::string undo_schema_8 =
-    "DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete; CREATE TRIGGER steps_no_delete BEFORE DELETE ON "
+    "DROP INDEX run_blobs_by_digest; DROP TABLE run_blobs; DROP TABLE blobs; DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete; CREATE TRIGGER steps_no_delete BEFORE DELETE ON "
     "steps BEGIN SELECT RAISE(ABORT, 'steps are write-once: a journaled step cannot be deleted'); END; ";
 
 // The on-disk format of schema version 1, as cairn 0.1 wrote it.
@@ -247,7 +248,7 @@ TEST_CASE("a version 3 journal is migrated in place: every run starts at epoch 0
 
   SQLite::Database raw((dir / "cairn.db").string(), SQLite::OPEN_READONLY);
   CHECK(raw.execAndGet("PRAGMA user_version").getInt() == storage::sqlite::schema_version());
-  CHECK(storage::sqlite::schema_version() == 8);
+  CHECK(storage::sqlite::schema_version() == 9);
 }
 
 TEST_CASE("a version 5 journal is migrated in place: its runs keep their workspace on shared storage, no worker yet") {

@@ -159,10 +159,10 @@ TEST_CASE("postgres: a version 7 journal is migrated in place: its runs' bytes a
     j->append_event("old", "note", {{"long", std::string(3000, 'y')}});
     bytes_before = j->bytes_of_run("old");
   }
-  // Version 7 is version 9 without version 9's (runs_by_created, the trigger that lets an ended run's steps
+  // Version 7 is version 10 without version 10's blobs and run_blobs, then without version 9's (runs_by_created, the trigger that lets an ended run's steps
   // go), then without run_states, its triggers and functions, and runs.cancel_reason.
   raw_connection(url).exec(
-      "DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete ON steps; DROP FUNCTION "
+      "DROP TABLE run_blobs; DROP TABLE blobs; DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete ON steps; DROP FUNCTION "
       "cairn_steps_go_with_their_ended_run(); DROP TRIGGER steps_no_update ON steps; CREATE TRIGGER steps_no_update "
       "BEFORE UPDATE OR DELETE ON steps FOR EACH ROW EXECUTE FUNCTION cairn_steps_are_write_once(); "
       "DROP TRIGGER runs_state ON runs; DROP TRIGGER steps_bytes ON steps; DROP TRIGGER events_bytes ON events; "
@@ -181,7 +181,7 @@ TEST_CASE("postgres: a version 7 journal is migrated in place: its runs' bytes a
   CHECK(j->bytes_of_run("old") == bytes_before + std::string("later").size() + json{{"n", 1}}.dump().size());
   j->create_run(a_run("new"));
   CHECK(j->run_state("new") == json::object());
-  CHECK(raw_connection(url).exec("SELECT version FROM cairn_schema") == "9");
+  CHECK(raw_connection(url).exec("SELECT version FROM cairn_schema") == "10");
 }
 
 TEST_CASE("postgres: a server that is not there is an io error naming host and port and what to check") {

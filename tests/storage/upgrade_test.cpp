@@ -54,6 +54,7 @@ constexpr fixture fixtures[] = {
     {"sqlite_v5.db", "sqlite", 5, true},         {"sqlite_v6.db", "sqlite", 6, true},
     {"postgres_v6.sql", "postgresql", 6, true}, {"postgres_v7.sql", "postgresql", 7, true},
     {"sqlite_v7.db", "sqlite", 7, true},         {"postgres_v8.sql", "postgresql", 8, true},
+    {"sqlite_v8.db", "sqlite", 8, true},         {"postgres_v9.sql", "postgresql", 9, true},
 };
 
 fs::path fixture_path(const fixture& f) { return fs::path(JOURNALS) / f.file; }
