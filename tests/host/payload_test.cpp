@@ -407,7 +407,7 @@ TEST_CASE("an agent calling a tool with large distinct arguments ends limit_exce
   int started = 0;
   for (const auto& e : h.journal()->events("calls")) started += e.kind == "tool_started";
   CHECK(started >= 1);
-  CHECK(started < 4);
+  CHECK(started < 6);  // about 3/4 MiB each once compressed, under 4 MiB
   CHECK(h.journal()->bytes_of_run("calls") <= 4 * mib);
 }
 

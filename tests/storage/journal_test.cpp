@@ -1625,6 +1625,17 @@ TEST_CASE("a tool's output and the requests that repeat it are stored once, and 
     after = chunk.back().id;
   }
   CHECK(events_read == requests.size());
+  // In a group commit (PostgreSQL pipelines it), claimed, with a payload the run holds already.
+  REQUIRE(j->claim_run("r", "", "me"));
+  const std::vector<write_fn> writes{[](journal& w) { w.append_step(ok_step("r", 80, tool_output(39))); },
+                                     [](journal& w) { w.append_step(ok_step("r", 81, tool_output(40))); }};
+  const auto errors = j->write_together(writes);
+  CHECK_FALSE(errors[0]);
+  CHECK_FALSE(errors[1]);
+  const auto grouped = where.open()->steps_from("r", 80, 82, UINT64_MAX);
+  REQUIRE(grouped.size() == 2);
+  CHECK(grouped[0].result.output == tool_output(39));
+  CHECK(grouped[1].result.output == tool_output(40));
 }
 
 TEST_CASE("a step output written before payloads reads as it was, a NUL-led string included") {
