@@ -19,19 +19,25 @@ void journal_budget::charge_step(const protocol::step_result& step) {
                           fmt::format("{} holds {} bytes, more than one step may ({} MiB, limits.step_output_mb in "
                                       "the policy); it was not journaled",
                                       what, bytes, limits_.step_output_bytes >> 20)};
-  charge(bytes, what);
+  if (!step.ok) return charge(bytes, what);
+  const auto stored = storage::encode_output(step.output);
+  charge_with(step.name.size() + stored.text.size(), stored.pieces, what);
 }
 
 void journal_budget::charge_event(std::string_view kind, const json& data) {
-  auto split = storage::split_payloads(data);
-  std::uint64_t bytes = kind.size() + protocol::dumped_size(split.manifest);
+  const auto split = storage::split_payloads(data);
+  charge_with(kind.size() + protocol::dumped_size(split.manifest), split.pieces, fmt::format("a {} event", kind));
+}
+
+void journal_budget::charge_with(std::uint64_t bytes, const std::vector<storage::payload>& pieces,
+                                 const std::string& what) {
   std::vector<const std::string*> added;
-  for (const auto& piece : split.pieces)
+  for (const auto& piece : pieces)
     if (!charged_payloads_.contains(piece.digest)) {
       bytes += piece.digest.size() + piece.body.size();
       added.push_back(&piece.digest);
     }
-  charge(bytes, fmt::format("a {} event", kind));
+  charge(bytes, what);
   for (const auto* digest : added) charged_payloads_.insert(*digest);
 }
 

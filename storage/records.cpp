@@ -49,6 +49,12 @@ std::tuple<std::optional<std::string>, std::optional<std::string>, std::optional
   return {std::nullopt, error.message, error.type};
 }
 
+step_outcome step_outcome_columns(const protocol::step_result& r) {
+  if (!r.ok) return {std::nullopt, r.error.message, r.error.type, {}};
+  auto stored = encode_output(r.output);
+  return {std::move(stored.text), std::nullopt, std::nullopt, std::move(stored.pieces)};
+}
+
 protocol::step_kind parse_kind(const std::string& s) {
   if (auto k = protocol::parse_step_kind(s)) return *k;
   throw storage_error(errc::corrupt, "a journaled step has an unknown kind '" + s + "'");
@@ -59,16 +65,10 @@ std::optional<std::string> null_if_empty(std::string_view s) {
   return std::string(s);
 }
 
-json join_event_data(const json& manifest, std::int64_t event_id, std::string_view run_id,
-                     const std::function<std::optional<std::string>(const std::string& digest)>& body_of) {
-  return join_payloads(manifest, [&](const std::string& digest) {
-    auto body = body_of(digest);
-    if (!body)
-      throw storage_error(errc::corrupt, fmt::format("event {} of run {} refers to payload {}, which the journal "
-                                                     "does not hold; restore it from a backup",
-                                                     event_id, run_id, digest));
-    return std::move(*body);
-  });
+json load_output(const std::optional<std::string>& text, const payload_lookup& body_of, const std::string& what,
+                 std::uint64_t* bytes) {
+  if (!text || !is_output_manifest(*text)) return load(text, what);
+  return join_payloads(load(std::string(output_json(*text)), what), body_of, what, bytes);
 }
 
 std::vector<event_record> bounded_events(const std::function<std::optional<event_record>(std::uint64_t& bytes)>& read,

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "storage/journal.hpp"
+#include "storage/payloads.hpp"
 
 namespace cairn::storage::detail {
 
@@ -38,6 +39,14 @@ json load(const std::optional<std::string>& text, std::string_view what);
 // outcome: the output's JSON when ok, else the error.
 std::tuple<std::optional<std::string>, std::optional<std::string>, std::optional<std::string>> outcome_columns(
     bool ok, const json& output, const protocol::error_info& error);
+
+// A step's output (payloads.hpp encode_output), error_message and
+// error_type columns, and the payloads its output names.
+struct step_outcome {
+  std::optional<std::string> output, error_message, error_type;
+  std::vector<payload> pieces;
+};
+step_outcome step_outcome_columns(const protocol::step_result& r);
 
 // completed, failed and cancelled are final; in_doubt is not (settle resumes it).
 protocol::step_kind parse_kind(const std::string& s);
@@ -94,13 +103,22 @@ run_record read_run(const Row& s) {
   return r;
 }
 
-// Columns 0-10 of read_step; steps_from counts columns 1, 4, 5 and 6 as a step's bytes.
+// Columns 0-10 of read_step.
 inline constexpr const char* step_columns =
     "seq, name, kind, status, output, error_message, error_type, attempt, duration_us, started_at_ms, "
     "finished_at_ms";
 
+// The output of a step as the steps table keeps it (payloads.hpp
+// encode_output), read through `body_of`; `bytes`, when given, has the
+// payloads read added.
+json load_output(const std::optional<std::string>& text, const payload_lookup& body_of, const std::string& what,
+                 std::uint64_t* bytes = nullptr);
+
+// `bytes`, when given, has the step's size added: its name, error and
+// output, with the payloads its output names.
 template <class Row>
-step_record read_step(const Row& s, std::string_view run_id) {
+step_record read_step(const Row& s, std::string_view run_id, const payload_lookup& body_of,
+                      std::uint64_t* bytes = nullptr) {
   step_record rec;
   rec.run_id = std::string(run_id);
   auto& r = rec.result;
@@ -108,8 +126,14 @@ step_record read_step(const Row& s, std::string_view run_id) {
   r.name = s.text(1);
   r.kind = parse_kind(s.text(2));
   r.ok = s.text(3) == "ok";
-  if (r.ok) r.output = load(text_or_null(s, 4), fmt::format("the output of step {} of run {}", r.seq, run_id));
-  else r.error = {s.text(5), s.text(6)};
+  if (r.ok) {
+    const auto text = text_or_null(s, 4);
+    if (bytes) *bytes += r.name.size() + (text ? text->size() : 0);
+    r.output = load_output(text, body_of, fmt::format("the output of step {} of run {}", r.seq, run_id), bytes);
+  } else {
+    r.error = {s.text(5), s.text(6)};
+    if (bytes) *bytes += r.name.size() + r.error.message.size() + r.error.type.size();
+  }
   r.attempt = static_cast<int>(s.int64(7));
   r.duration_us = s.int64(8);
   rec.started_at_ms = s.int64(9);
@@ -136,17 +160,11 @@ signal_record read_signal(const Row& s) {
 // Columns 0-4 of read_event.
 inline constexpr const char* event_columns = "id, seq, kind, data, at_ms";
 
-// The event data `manifest` was split from (payloads.hpp); a missing payload is
-// storage_error(corrupt).
-json join_event_data(const json& manifest, std::int64_t event_id, std::string_view run_id,
-                     const std::function<std::optional<std::string>(const std::string& digest)>& body_of);
-
 // `body_of` returns the payload stored under a digest for the run, nullopt when there is none.
 // `bytes`, when given, has the event's stored size added: its kind, its data's text and the
 // bodies of the payloads it names.
 template <class Row>
-event_record read_event(const Row& s, std::string_view run_id,
-                        const std::function<std::optional<std::string>(const std::string& digest)>& body_of,
+event_record read_event(const Row& s, std::string_view run_id, const payload_lookup& body_of,
                         std::uint64_t* bytes = nullptr) {
   event_record e;
   e.id = s.int64(0);
@@ -155,13 +173,8 @@ event_record read_event(const Row& s, std::string_view run_id,
   e.kind = s.text(2);
   const auto text = text_or_null(s, 3);
   if (bytes) *bytes += e.kind.size() + (text ? text->size() : 0);
-  const auto counted = [&](const std::string& digest) {
-    auto body = body_of(digest);
-    if (bytes && body) *bytes += body->size();
-    return body;
-  };
-  e.data = join_event_data(load(text, fmt::format("the data of event {} of run {}", e.id, run_id)), e.id, run_id,
-                           counted);
+  const auto what = fmt::format("the data of event {} of run {}", e.id, run_id);
+  e.data = join_payloads(load(text, what), body_of, what, bytes);
   e.at_ms = s.int64(4);
   return e;
 }

@@ -439,7 +439,7 @@ class memory_journal final : public journal {
     if (it == db_->steps.end()) return out;
     std::uint64_t bytes = 0;
     for (auto s = it->second.lower_bound(from_seq); s != it->second.end() && s->first < end_seq; ++s) {
-      bytes += step_bytes(s->second);
+      bytes += step_read_bytes(s->second);
       if (!out.empty() && bytes > max_bytes) break;
       out.push_back(s->second);
     }
@@ -818,26 +818,38 @@ class memory_journal final : public journal {
     by_run.erase(it);
   }
 
-  static std::uint64_t step_bytes(const step_record& step) {
+  // What steps_from counts of a step: its name, output and error, as read.
+  static std::uint64_t step_read_bytes(const step_record& step) {
     const auto& r = step.result;
     auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
     return r.name.size() + stored_bytes(out) + stored_bytes(message) + stored_bytes(type);
+  }
+
+  // What the SQL backends store of a step: its row's columns (the payloads counted apart).
+  static std::uint64_t step_bytes(const step_record& step) {
+    const auto [out, message, type, pieces] = step_outcome_columns(step.result);
+    return step.result.name.size() + stored_bytes(out) + stored_bytes(message) + stored_bytes(type);
+  }
+
+  void store(const std::string& id, const std::vector<payload>& pieces) {
+    auto& payloads = db_->payloads[id];
+    for (const auto& piece : pieces)
+      if (payloads.emplace(piece.digest, piece.digest.size() + piece.body.size()).second)
+        db_->log.push_back([db = db_.get(), id, digest = piece.digest] { db->payloads[id].erase(digest); });
   }
 
   void insert_step(const step_record& step) {
     existing_run(step.run_id);
     auto& of_run = db_->steps[step.run_id];
     if (of_run.count(step.result.seq)) throw step_conflict_error(step.run_id, step.result.seq, path_.string());
+    store(step.run_id, step_outcome_columns(step.result).pieces);
     of_run.emplace(step.result.seq, step);
     db_->log.push_back([db = db_.get(), id = step.run_id, seq = step.result.seq] { db->steps[id].erase(seq); });
   }
 
   void event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::uint64_t> seq) {
     const std::string id(run_id);
-    auto& payloads = db_->payloads[id];
-    for (const auto& piece : split_payloads(data).pieces)
-      if (payloads.emplace(piece.digest, piece.digest.size() + piece.body.size()).second)
-        db_->log.push_back([db = db_.get(), id, digest = piece.digest] { db->payloads[id].erase(digest); });
+    store(id, split_payloads(data).pieces);
     db_->events[id].push_back({db_->next_event_id++, id, seq, std::string(kind), data, db_->clock()});
     db_->log.push_back([db = db_.get(), id] { db->events[id].pop_back(); });
   }

@@ -508,11 +508,18 @@ struct postgres_journal::impl {
     if (parent_id && !parent_id->empty()) notify(change::child_ended, *parent_id);
   }
 
+  // Inserts the payloads of a run that does not hold them yet; none for a run
+  // that does not exist (the row that names them says so).
+  void store(std::string_view run_id, const std::vector<payload>& pieces) {
+    for (const auto& piece : pieces)
+      post("INSERT INTO payloads (run_id, digest, body) SELECT $1::text, $2::text, $3::bytea "
+           "WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1) ON CONFLICT DO NOTHING",
+           run_id, piece.digest, bytes{piece.body});
+  }
+
   void event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::int64_t> seq) {
     auto split = split_payloads(data);
-    for (const auto& piece : split.pieces)
-      post("INSERT INTO payloads (run_id, digest, body) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", run_id,
-           piece.digest, bytes{piece.body});
+    store(run_id, split.pieces);
     post("INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES ($1, $2, $3, $4, $5)", run_id, seq, kind,
          dump(split.manifest), now_ms());
   }
@@ -521,8 +528,19 @@ struct postgres_journal::impl {
   // statement, so a step costs one round trip. A (run, seq) already
   // journaled is storage_error(conflict).
   void insert_step(const step_record& step) {
+    auto columns = step_outcome_columns(step.result);
+    if (columns.pieces.empty()) return insert_step_row(step, columns);
+    // The payloads its output names with it, under the fence.
+    txn tx(*this);
+    fence(step.run_id);
+    store(step.run_id, columns.pieces);
+    insert_step_row(step, columns);
+    tx.commit();
+  }
+
+  void insert_step_row(const step_record& step, const step_outcome& columns) {
     const auto& r = step.result;
-    const auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
+    const auto& [out, message, type, pieces] = columns;
     const holds::claim* h = held.find(step.run_id);
     const std::optional<std::string> owner = h ? std::optional(h->owner) : std::nullopt;
     const std::optional<std::int64_t> epoch = h ? std::optional(h->epoch) : std::nullopt;
@@ -626,8 +644,8 @@ struct postgres_journal::impl {
     return out;
   }
 
-  // The bodies of a run's events' payloads, by digest.
-  std::function<std::optional<std::string>(const std::string&)> payloads_of(std::string_view run_id) {
+  // The bodies of a run's payloads, by digest.
+  payload_lookup payloads_of(std::string_view run_id) {
     return [this, run_id](const std::string& digest) -> std::optional<std::string> {
       auto body = exec("SELECT body FROM payloads WHERE run_id = $1 AND digest = $2", run_id, digest);
       if (body.rows() == 0) return std::nullopt;
@@ -1048,13 +1066,13 @@ std::vector<step_record> postgres_journal::steps_from(std::string_view run_id, s
                                         step_columns)),
                     run_id, static_cast<std::int64_t>(std::min<std::uint64_t>(from_seq, INT64_MAX)),
                     static_cast<std::int64_t>(std::min<std::uint64_t>(end_seq, INT64_MAX)));
+    const auto payloads = j.payloads_of(run_id);
     std::vector<step_record> steps;
     std::uint64_t bytes = 0;
     for (int i = 0; i < r.rows(); ++i) {
-      // The stored text's size, before parsing: a step that would overrun the budget is not loaded.
-      for (int column : {1, 4, 5, 6}) bytes += static_cast<std::uint64_t>(PQgetlength(r.r.get(), i, column));
+      auto step = read_step(pg_row{r, i}, run_id, payloads, &bytes);
       if (!steps.empty() && bytes > max_bytes) break;
-      steps.push_back(read_step(pg_row{r, i}, run_id));
+      steps.push_back(std::move(step));
     }
     return steps;
   });

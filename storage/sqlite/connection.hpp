@@ -41,6 +41,13 @@ inline void bind_one(SQLite::Statement& s, int i, const blob_param& v) {
 }
 inline void bind_one(SQLite::Statement& s, int i, std::int64_t v) { s.bind(i, v); }
 inline void bind_one(SQLite::Statement& s, int i, int v) { s.bind(i, v); }
+// Bytes bound as a BLOB (a compressed payload is not text).
+struct blob {
+  std::string_view bytes;
+};
+inline void bind_one(SQLite::Statement& s, int i, blob v) {
+  s.bind(i, v.bytes.data(), static_cast<int>(v.bytes.size()));
+}
 template <class T>
 void bind_one(SQLite::Statement& s, int i, const std::optional<T>& v) {
   if (v) bind_one(s, i, *v);

@@ -27,7 +27,6 @@ const std::string step_select = fmt::format("SELECT {} FROM steps ", step_column
 const std::string signal_select = fmt::format("SELECT {} FROM signals ", signal_columns);
 const std::string event_select = fmt::format("SELECT {} FROM events ", event_columns);
 
-using payload_lookup = std::function<std::optional<std::string>(const std::string& digest)>;
 std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run_id, const payload_lookup& payload);
 
 
@@ -96,16 +95,20 @@ class sqlite_journal final : public journal {
  private:
   using write_txn = write_transaction<sqlite_journal, SQLite::Exception>;
 
+  void store(std::string_view run_id, const std::vector<payload>& pieces) {
+    for (const auto& piece : pieces)
+      c_.changed("INSERT OR IGNORE INTO payloads (run_id, digest, body) VALUES (?, ?, ?)", run_id, piece.digest,
+                 blob{piece.body});
+  }
+
   void event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::int64_t> seq) {
     auto split = split_payloads(data);
-    for (const auto& piece : split.pieces)
-      c_.changed("INSERT OR IGNORE INTO payloads (run_id, digest, body) VALUES (?, ?, ?)", run_id, piece.digest,
-                 piece.body);
+    store(run_id, split.pieces);
     c_.changed("INSERT INTO events (run_id, seq, kind, data, at_ms) VALUES (?, ?, ?, ?, ?)", run_id, seq, kind,
                dump(split.manifest), now_ms());
   }
 
-  // The bodies of a run's events' payloads, by digest.
+  // The bodies of a run's payloads, by digest.
   payload_lookup payloads_of(std::string_view run_id) {
     return [this, run_id](const std::string& digest) -> std::optional<std::string> {
       auto body = c_.statement("SELECT body FROM payloads WHERE run_id = ? AND digest = ?", run_id, digest);
@@ -171,7 +174,8 @@ class sqlite_journal final : public journal {
   // Inserts the step row; a (run, seq) already journaled is storage_error(conflict).
   void insert_step(const step_record& step) {
     const auto& r = step.result;
-    auto [out, message, type] = outcome_columns(r.ok, r.output, r.error);
+    const auto [out, message, type, pieces] = step_outcome_columns(r);
+    store(step.run_id, pieces);
     try {
       c_.changed("INSERT INTO steps (run_id, seq, name, kind, status, output, error_message, error_type, attempt, "
                  "duration_us, started_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -559,8 +563,9 @@ void sqlite_journal::append_step(const step_record& step) {
 std::vector<step_record> sqlite_journal::steps(std::string_view run_id) {
   return c_.guard(run_id, [&] {
     auto s = c_.statement((step_select + "WHERE run_id = ? ORDER BY seq").c_str(), run_id);
+    const auto payloads = payloads_of(run_id);
     std::vector<step_record> steps;
-    while (s.executeStep()) steps.push_back(read_step(sqlite_row{s}, run_id));
+    while (s.executeStep()) steps.push_back(read_step(sqlite_row{s}, run_id, payloads));
     return steps;
   });
 }
@@ -571,14 +576,13 @@ std::vector<step_record> sqlite_journal::steps_from(std::string_view run_id, std
     auto s = c_.statement((step_select + "WHERE run_id = ? AND seq >= ? AND seq < ? ORDER BY seq").c_str(), run_id,
                               static_cast<std::int64_t>(std::min<std::uint64_t>(from_seq, INT64_MAX)),
                               static_cast<std::int64_t>(std::min<std::uint64_t>(end_seq, INT64_MAX)));
+    const auto payloads = payloads_of(run_id);
     std::vector<step_record> steps;
     std::uint64_t bytes = 0;
     while (s.executeStep()) {
-      // The stored text's size, before parsing: a step that would overrun the budget is not loaded.
-      bytes += static_cast<std::uint64_t>(s.getColumn(1).getBytes() + s.getColumn(4).getBytes() +
-                                          s.getColumn(5).getBytes() + s.getColumn(6).getBytes());
+      auto step = read_step(sqlite_row{s}, run_id, payloads, &bytes);
       if (!steps.empty() && bytes > max_bytes) break;
-      steps.push_back(read_step(sqlite_row{s}, run_id));
+      steps.push_back(std::move(step));
     }
     return steps;
   });

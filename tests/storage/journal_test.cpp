@@ -1564,12 +1564,93 @@ TEST_CASE("bytes_of_run counts the bytes of a run's steps and events, not other 
   j->append_event("r", "note", data);
   j->append_step(ok_step("other", 0, std::string(50'000, 'z')));
   const auto after = j->bytes_of_run("r");
-  // The step's name and output text; the event's kind and data text, its
-  // long string stored once by content (digest and body).
+  // The step's name and output text; the event's kind and data text; each
+  // long string once by content (digest and compressed body).
+  const auto output = encode_output(step.result.output);
   const auto split = split_payloads(data);
+  REQUIRE(output.pieces.size() == 1);
   REQUIRE(split.pieces.size() == 1);
-  CHECK(after - before == step.result.name.size() + 10'002 + 4 + split.manifest.dump().size() +
-                              split.pieces[0].digest.size() + 5'000);
+  CHECK(after - before == step.result.name.size() + output.text.size() + output.pieces[0].digest.size() +
+                              output.pieces[0].body.size() + 4 + split.manifest.dump().size() +
+                              split.pieces[0].digest.size() + split.pieces[0].body.size());
+  CHECK(after - before < 1'000);
+}
+
+namespace {
+
+std::string tool_output(int n) {
+  std::string s;
+  while (s.size() < 5'000) s += "source " + std::to_string(n) + " says the log is written before the page. ";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a tool's output and the requests that repeat it are stored once, and read back as written") {
+  ON_EACH_BACKEND(where);
+  auto j = where.open();
+  j->create_run(a_run("r"));
+  const auto before = j->bytes_of_run("r");
+  json messages = json::array({{{"role", "user"}, {"content", "Survey write-ahead logging."}}});
+  std::vector<json> requests;
+  for (int i = 0; i < 40; ++i) {
+    requests.push_back({{"tool", "llm.chat"}, {"args", {{"messages", messages}, {"max_tokens", 4096}}}});
+    j->append_event("r", "tool_started", requests.back(), 2 * i);
+    const json reply = {{"content", "I will read source " + std::to_string(i) + "."}};
+    j->append_step(ok_step("r", 2 * i, reply));
+    messages.push_back({{"role", "assistant"}, {"content", reply["content"]}});
+    j->append_step(ok_step("r", 2 * i + 1, tool_output(i)));
+    messages.push_back({{"role", "tool"}, {"content", tool_output(i)}});
+  }
+  // 40 outputs of 5 KB, journaled as steps and repeated in up to 39 requests each.
+  const auto bytes = j->bytes_of_run("r") - before;
+  CHECK(bytes < messages.dump().size() / 2);
+  std::vector<json> read;
+  for (const auto& e : j->events("r")) read.push_back(e.data);
+  CHECK(read == requests);
+  const auto steps = j->steps("r");
+  REQUIRE(steps.size() == 80);
+  CHECK(steps[3].result.output == tool_output(1));
+  CHECK(steps[2].result.output == json({{"content", "I will read source 1."}}));
+  // steps_from's budget counts what a step holds when read, not its row.
+  CHECK(j->steps_from("r", 1, 80, 6'000).size() == 2);
+  CHECK(j->steps_from("r", 1, 80, 4'000).size() == 1);
+  std::size_t events_read = 0;
+  for (std::int64_t after = 0;;) {
+    auto chunk = j->events_from("r", after, 64 * 1024);
+    if (chunk.empty()) break;
+    // From the 14th on, a request holds more than 64 KB once read: one a chunk.
+    if (events_read >= 14) CHECK(chunk.size() == 1);
+    for (const auto& e : chunk) CHECK(e.data == requests.at(events_read++));
+    after = chunk.back().id;
+  }
+  CHECK(events_read == requests.size());
+  // In a group commit (PostgreSQL pipelines it), claimed, with a payload the run holds already.
+  REQUIRE(j->claim_run("r", "", "me"));
+  const std::vector<write_fn> writes{[](journal& w) { w.append_step(ok_step("r", 80, tool_output(39))); },
+                                     [](journal& w) { w.append_step(ok_step("r", 81, tool_output(40))); }};
+  const auto errors = j->write_together(writes);
+  CHECK_FALSE(errors[0]);
+  CHECK_FALSE(errors[1]);
+  const auto grouped = where.open()->steps_from("r", 80, 82, UINT64_MAX);
+  REQUIRE(grouped.size() == 2);
+  CHECK(grouped[0].result.output == tool_output(39));
+  CHECK(grouped[1].result.output == tool_output(40));
+}
+
+TEST_CASE("a step output written before payloads reads as it was, a NUL-led string included") {
+  temp_dir dir;
+  const auto db = dir / "cairn.db";
+  open_journal(db)->create_run(a_run("r"));
+  const std::string forged = json(std::string(1, '\0') + "sha256:" + std::string(64, 'a')).dump();
+  {
+    SQLite::Database raw(db.string(), SQLite::OPEN_READWRITE);
+    raw.exec("INSERT INTO steps (run_id, seq, name, kind, status, output, attempt, duration_us, started_at_ms, "
+             "finished_at_ms) VALUES ('r', 0, 'old', 'step', 'ok', '" + forged + "', 1, 0, 0, 0)");
+  }
+  const auto steps = open_journal(db)->steps("r");
+  REQUIRE(steps.size() == 1);
+  CHECK(steps[0].result.output == std::string(1, '\0') + "sha256:" + std::string(64, 'a'));
 }
 
 TEST_CASE("a long string journaled in many events is stored once, and every event reads back as written") {
