@@ -30,6 +30,7 @@ constexpr std::string_view suspended_fields[] = {"count", "bytes_written", "cpu_
 constexpr std::string_view agent_fields[] = {"agent",  "version", "program_sha256", "script", "files",
                                              "bytes",  "partial?", "kept?",         "unkept?"};
 constexpr std::string_view agent_changed_fields[] = {"agent", "was", "now", "runs"};
+constexpr std::string_view fork_fields[] = {"run", "seq"};
 
 using enum event_writer;
 
@@ -62,6 +63,11 @@ constexpr event_declaration declarations[] = {
     {"agent_version", agent_fields, owner, false, false},
     {"agent_replaced", agent_fields, request, false, true},  // cairn resume --agent
     {"agent_changed", agent_changed_fields, owner, false, true},
+    // `cairn fork` (ledger::fork_run): on the fork, the run and step it came
+    // from (its first event); on that run, the fork and the step. Never at a
+    // step, so a fork of a fork copies neither.
+    {"forked_from", fork_fields, request, false, false},
+    {"forked", fork_fields, request, false, false},
 };
 
 json error_json(const protocol::error_info& e) { return {{"error", {{"message", e.message}, {"type", e.type}}}}; }
