@@ -82,6 +82,18 @@ struct host {
     });
   }
 
+  // Run "orig" of the agents with `input`, its signal "go" sent ahead; returns how it stopped.
+  storage::run_record run_orig(const json& input, const json& go) {
+    engine::run_request r;
+    r.id = "orig";
+    r.agent = add_agents();
+    r.input = input;
+    r.sandbox = "fake";
+    eng.submit(r);
+    eng.signal("orig", "go", go);
+    return eng.execute("orig");
+  }
+
   // What a refusal must leave alone: every run, its steps and its events.
   json snapshot() {
     json out = json::array();
@@ -105,16 +117,8 @@ TEST_CASE("a fork replays its prefix without running it again and goes on; a for
   const std::string backend = GENERATE("sqlite", "postgresql", "memory");
   INFO("backend " << backend);
   host h(backend);
-  const auto agent = h.add_agents();
-  engine::run_request r;
-  r.id = "orig";
-  r.agent = agent;
   // Stuck at seq 7, not ended: its child is not cancelled, and it finishes.
-  r.input = {{"stuck", true}};
-  r.sandbox = "fake";
-  h.eng.submit(r);
-  h.eng.signal("orig", "go", {{"n", 1}});
-  REQUIRE(h.eng.execute("orig").status == run_status::waiting);
+  REQUIRE(h.run_orig({{"stuck", true}}, {{"n", 1}}).status == run_status::waiting);
   REQUIRE(h.eng.execute("orig.2").status == run_status::completed);
   REQUIRE(h.journal->step_count("orig") == 7);
 
@@ -159,15 +163,7 @@ TEST_CASE("a fork that cannot be made is refused, and the journal stays as it wa
   const std::string backend = GENERATE("sqlite", "postgresql", "memory");
   INFO("backend " << backend);
   host h(backend);
-  const auto agent = h.add_agents();
-  engine::run_request r;
-  r.id = "orig";
-  r.agent = agent;
-  r.input = {{"fail", true}};
-  r.sandbox = "fake";
-  h.eng.submit(r);
-  h.eng.signal("orig", "go", json::object());
-  REQUIRE(h.eng.execute("orig").status == run_status::failed);
+  REQUIRE(h.run_orig({{"fail", true}}, json::object()).status == run_status::failed);
   const auto before = h.snapshot();
 
   const auto refused = [&](engine::fork_request request, engine::errc code, const std::string& says) {
