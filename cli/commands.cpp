@@ -259,6 +259,8 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
                      unreadable);
     };
     auto signals = readable([&] { return journal->signals(run_id); }, unreadable);
+    const auto origin = readable([&] { return engine::forked_from(*journal, run_id); }, unreadable);
+    std::vector<engine::fork_link> forks;  // found as its events are read
     const auto kept = readable([&] { return journal->run_state(run_id); }, unreadable);
     const auto journal_bytes = journal->bytes_of_run(run_id);
     if (as_json) {
@@ -271,21 +273,31 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
       steps([&](const storage::step_record& s) { std::cout << std::exchange(sep, ",\n  ") << text(to_json(s)); });
       std::cout << "],\n\"events\": [";
       sep = "\n  ";
-      events([&](const storage::event_record& e) { std::cout << std::exchange(sep, ",\n  ") << text(to_json(e)); });
+      events([&](const storage::event_record& e) {
+        if (auto fork = engine::fork_made(e)) forks.push_back(std::move(*fork));
+        std::cout << std::exchange(sep, ",\n  ") << text(to_json(e));
+      });
       json rest = {{"signals", json::array()}, {"children", json::array()}};
       for (const auto& sig : signals) rest["signals"].push_back(to_json(sig));
       for (const auto& c : journal->children(run_id)) rest["children"].push_back(c.id);
       if (!unreadable.empty()) rest["unreadable"] = unreadable;
-      std::cout << "],\n\"signals\": " << text(rest["signals"]) << ",\n\"children\": " << text(rest["children"]);
+      json links = json::array();
+      for (const auto& f : forks) links.push_back({{"run", f.run}, {"seq", f.seq}});
+      std::cout << "],\n\"signals\": " << text(rest["signals"]) << ",\n\"children\": " << text(rest["children"])
+                << ",\n\"forked_from\": " << text(origin ? json{{"run", origin->run}, {"seq", origin->seq}} : json())
+                << ",\n\"forks\": " << text(links);
       if (rest.contains("unreadable")) std::cout << ",\n\"unreadable\": " << text(rest["unreadable"]);
       std::cout << "\n}" << std::endl;
       return 0;
     }
-    std::cout << run_summary(*run) << policy_summary(run->policy) << state_summary(kept, journal_bytes, journal->step_count(run_id)) << "\n"
+    std::cout << run_summary(*run)
+              << (origin ? fmt::format("  forked from {} at step {}\n", terminal_text(origin->run), origin->seq) : "")
+              << policy_summary(run->policy) << state_summary(kept, journal_bytes, journal->step_count(run_id)) << "\n"
               << steps_header();
     steps([](const storage::step_record& s) { std::cout << step_row(s); });
     bool any_notable = false;
     events([&](const storage::event_record& e) {
+      if (auto fork = engine::fork_made(e)) forks.push_back(std::move(*fork));
       if (!notable(e)) return;
       if (!std::exchange(any_notable, true)) std::cout << "\nevents\n";
       std::cout << event_line(e) << "\n";
@@ -300,6 +312,12 @@ int show_command(const paths& p, const std::string& run_id, bool as_json) {
     for (const auto& c : children)
       std::cout << fmt::format("  {:<24} {:<10} {}\n", terminal_text(c.id), storage::to_string(c.status),
                                terminal_text(std::filesystem::path(c.agent).filename().string()));
+    if (!forks.empty()) std::cout << "\nforks\n";
+    for (const auto& f : forks) {
+      const auto fork = readable([&] { return journal->find_run(f.run); }, unreadable);
+      std::cout << fmt::format("  {:<24} at step {:<6} {}\n", terminal_text(f.run), f.seq,
+                               fork ? storage::to_string(fork->status) : "removed");
+    }
     if (!unreadable.empty()) std::cout << "\nnot shown\n";
     for (const auto& why : unreadable) std::cout << "  " << terminal_text(why) << "\n";
     return 0;

@@ -33,6 +33,16 @@ struct settle_args {
 int run_command(const paths& p, const run_args& args, bool as_json);
 // `agent`: `cairn resume RUN --agent PATH`, the run resumes on that agent ("" for its own version).
 int resume_command(const paths& p, const std::string& run_id, bool all, const std::string& agent, bool as_json);
+// `cairn fork RUN --at SEQ` (cli/fork_command.cpp).
+struct fork_args {
+  std::string run_id;
+  std::uint64_t seq = 0;
+  std::string id;
+  std::string agent;
+  std::optional<std::string> input;  // JSON; none: the run's own
+  bool detach = false;               // leave the fork pending instead of executing it here
+};
+int fork_command(const paths& p, const fork_args& args, bool as_json);
 // `cairn workers`: the workers sharing the journal, their leases and runs.
 int workers_command(const paths& p, bool as_json);
 // `cairn ls`: its filters, as given (checked by ls_command).

@@ -234,6 +234,28 @@ int main(int argc, char** argv) {
                                                   "(journaled; new code takes its ctx.patched branches)");
   resume_cmd->add_flag("--json", as_json, "print the final runs as JSON");
 
+  cairn::cli::fork_args fork;
+  auto* fork_cmd = app.add_subcommand(
+      "fork", "a new run from RUN's journal up to step SEQ and its workspace there, going on with a fixed agent or "
+              "another input: no step, tool or model call up to SEQ runs again; follow it to the end (RUN may "
+              "still be running: its steps are durable)");
+  fork_cmd->add_option("run", fork.run_id, "the run to fork")->required();
+  fork_cmd->add_option("--at", fork.seq, "the last step the fork keeps (cairn show RUN numbers them); a call in doubt "
+                                         "up to it must be settled first")
+      ->required()
+      ->type_name("SEQ");
+  fork_cmd->add_option("--id", fork.id, "the fork's run id (default: generated)");
+  fork_cmd->add_option("--agent", fork.agent, "the agent it goes on with; its replay of the steps up to SEQ must "
+                                              "match them (default: the program now at RUN's agent path)")
+      ->type_name("FILE");
+  fork_cmd->add_option("--input", fork.input, "its input, a JSON value (default: RUN's)");
+  fork_cmd->add_flag("--detach", fork.detach, "leave the fork pending for `cairn serve` (or `cairn resume`) and "
+                                              "print its id, as `cairn submit` does");
+  fork_cmd->add_flag("--json", as_json, "JSON output: the final run (with --detach: the fork, forked_from and "
+                                        "workspace_restored)");
+  fork_cmd->footer("The fork shares RUN's policy and sandbox, and the child runs RUN started up to SEQ: their "
+                   "steps are copied, and it may join them. `cairn show` links a fork and its run both ways.");
+
   cairn::cli::ls_args ls;
   auto* ls_cmd = app.add_subcommand("ls", "list runs, newest first");
   ls_cmd->add_option("--status", ls.status, "only runs with this status")
@@ -343,6 +365,7 @@ int main(int argc, char** argv) {
     }
     return cairn::cli::resume_command(paths, resume_id, resume_all, resume_agent, as_json);
   }
+  if (*fork_cmd) return cairn::cli::fork_command(paths, fork, as_json);
   if (*ls_cmd) return cairn::cli::ls_command(paths, ls, as_json);
   if (*rm_cmd) return cairn::cli::rm_command(paths, rm_ids, as_json);
   if (*gc_cmd) return cairn::cli::gc_command(paths, gc, as_json);

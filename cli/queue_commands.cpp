@@ -246,14 +246,7 @@ class serve_log : public engine::run_observer {
 // Whether a `cairn serve` (a worker with a current lease) serves the journal.
 bool served(storage::journal& journal) { return engine::worker_leases(journal).any_alive(); }
 
-std::string no_daemon_hint(storage::journal& journal, const paths& p, const std::string& run_id) {
-  if (served(journal)) return "";
-  return fmt::format("no `cairn serve` holds {}: unless a `cairn run` follows this run, start one or continue it "
-                     "with `cairn resume {}`",
-                     shown_db(p), run_id);
-}
-
-// The same after a batch: `cairn resume --all` takes every pending run.
+// no_daemon_hint after a batch: `cairn resume --all` takes every pending run.
 std::string no_daemon_hint_for_batch(storage::journal& journal, const paths& p) {
   if (served(journal)) return "";
   return fmt::format("no `cairn serve` holds {}: start one, or execute the queued runs in this process with "
@@ -262,6 +255,13 @@ std::string no_daemon_hint_for_batch(storage::journal& journal, const paths& p) 
 }
 
 }  // namespace
+
+std::string no_daemon_hint(storage::journal& journal, const paths& p, const std::string& run_id) {
+  if (served(journal)) return "";
+  return fmt::format("no `cairn serve` holds {}: unless a `cairn run` follows this run, start one or continue it "
+                     "with `cairn resume {}`",
+                     shown_db(p), run_id);
+}
 
 int submit_command(const paths& p, const run_args& args, bool as_json) {
   if (!args.from.empty()) return submit_batch_command(p, args, as_json);

@@ -74,6 +74,10 @@ int report_end(const paths& p, const storage::run_record& run, bool as_json);
 // The steps already journaled, before a resumed run goes on.
 void print_history(storage::journal& journal, const std::string& run_id, bool quiet);
 
+// After a run was queued: "" when a `cairn serve` holds the journal, else a
+// line saying how the run will be executed (queue_commands.cpp).
+std::string no_daemon_hint(storage::journal& journal, const paths& p, const std::string& run_id);
+
 // The run request of `cairn run` and `cairn submit`; nullopt (after saying
 // why) when the arguments are wrong.
 std::optional<engine::run_request> make_request(const run_args& args);

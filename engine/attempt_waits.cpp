@@ -29,6 +29,23 @@ std::string format_ms(std::int64_t ms) {
   return fmt::format("{:%Y-%m-%d %H:%M:%S} UTC", fmt::gmtime(static_cast<std::time_t>(ms / 1000)));
 }
 
+// Whether a `child` step of the run's own journal before `before` started
+// run `child_id`: a fork's journal holds the child steps of the run it came
+// from, whose children it shares (engine::fork).
+bool journaled_child(attempt_journal& journal, const std::string& child_id, std::uint64_t before) {
+  for (std::uint64_t next = 0; next < before;) {
+    const auto chunk = journal.history(next, before, 4 << 20);
+    if (chunk.empty()) return false;
+    for (const auto& step : chunk) {
+      if (step.kind == protocol::step_kind::child && step.ok && step.output.is_object() &&
+          step.output.value("run_id", "") == child_id)
+        return true;
+      next = step.seq + 1;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 task<void> attempt_driver::record_and_answer(protocol::step_result r,
@@ -207,8 +224,9 @@ attempt_driver::step attempt_driver::on(const protocol::join_msg& m) {
   r.name = m.run_id;
   r.kind = protocol::step_kind::join;
   auto child = journal_.find_run(m.run_id);
-  // Another run's outcome is not this agent's to wait for or read.
-  if (!child || child->parent_id != run_.id)
+  // Another run's outcome is not this agent's to wait for or read, unless
+  // its journal started that run (a fork's does).
+  if (!child || (child->parent_id != run_.id && !journaled_child(journal_, m.run_id, m.seq)))
     throw violation{fmt::format("a join of run '{}', which is not a child of run {}", m.run_id, run_.id)};
   auto joined = [&]() -> task<bool> {
     auto c = journal_.find_run(m.run_id);

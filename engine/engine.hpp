@@ -114,6 +114,26 @@ struct run_request {
   std::string owner;
 };
 
+// `cairn fork RUN --at SEQ`: a new run from another's journal up to a step.
+struct fork_request {
+  std::string from;       // the run forked
+  std::uint64_t seq = 0;  // its last step the fork keeps
+  std::string id;         // empty: a new id is generated; else it must pass run_id_problem()
+  std::filesystem::path agent;  // empty: the program now at the path of `from`'s agent
+  std::optional<json> input;    // none: the input of `from`
+  // Held by this process, to execute next (execute()), as `cairn run`'s
+  // run is; false: pending, for `cairn serve` or `cairn resume`.
+  bool hold = true;
+};
+
+// What fork() made.
+struct forked_run {
+  storage::run_record run;
+  // The fork's workspace holds `from`'s files at the step (its checkpoint);
+  // false: `from` kept no workspace checkpoint there, and it starts empty.
+  bool workspace_restored = false;
+};
+
 // What `cairn settle` records for a tool call in doubt.
 struct settlement {
   enum class how { result, error, retry };
@@ -171,6 +191,22 @@ class engine {
   // nests deeper than protocol::max_output_depth; busy while a live process
   // executes the run.
   storage::run_record settle(const std::string& run_id, std::uint64_t seq, const settlement& s);
+
+  // A new run whose journal is run `from`'s up to and including step `seq`
+  // (ledger::fork_run says what is copied) and whose workspace is `from`'s
+  // checkpoint at that step (workspace_checkpoints.hpp), written before the
+  // fork can be executed. Executed, it replays that prefix (no step, tool or
+  // model call of it runs again; the usual non-determinism checks hold the
+  // agent to it) and goes on. Its origin is journaled on both runs
+  // (forked_from, fork_made). A fork is not a child: it shares the
+  // children `from` started in the prefix through their journaled steps,
+  // and may join them. `from` may still be running: its prefix is durable.
+  // Refused (bad_request; not_found for no run `from`) with nothing
+  // written: an id that is invalid or exists, a step past `from`'s last, a
+  // tool call in doubt at or before `seq` (settle it first), an input or
+  // agent submit() would refuse. When the workspace cannot be restored the
+  // fork is left failed, saying why, and this throws.
+  forked_run fork(const fork_request& request);
 
   // Makes a failed run pending again with a fresh set of attempts (its steps
   // kept) and returns it; any other run is returned as it is. busy while a

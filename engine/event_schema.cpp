@@ -31,6 +31,7 @@ constexpr std::string_view agent_fields[] = {"agent",  "version", "program_sha25
                                              "bytes",  "partial?", "kept?",         "unkept?"};
 constexpr std::string_view agent_changed_fields[] = {"agent", "was", "now", "runs"};
 constexpr std::string_view checkpoint_fields[] = {"files", "removed", "bytes"};
+constexpr std::string_view fork_fields[] = {"run", "seq"};
 
 using enum event_writer;
 
@@ -66,6 +67,11 @@ constexpr event_declaration declarations[] = {
     // What a step changed in the workspace (workspace_checkpoints.hpp).
     {"workspace_checkpoint", checkpoint_fields, owner, true, false},
     {"workspace_baseline", checkpoint_fields, owner, false, false},
+    // `cairn fork` (ledger::fork_run): on the fork, the run and step it came
+    // from (its first event); on that run, the fork and the step. Never at a
+    // step, so a fork of a fork copies neither.
+    {"forked_from", fork_fields, request, false, false},
+    {"forked", fork_fields, request, false, false},
 };
 
 json error_json(const protocol::error_info& e) { return {{"error", {{"message", e.message}, {"type", e.type}}}}; }

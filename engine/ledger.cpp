@@ -8,6 +8,7 @@
 
 #include "runtime/crash_point.hpp"
 #include "engine/event_schema.hpp"
+#include "engine/run_journal.hpp"
 #include "engine/run_state.hpp"
 #include "engine/wakeups.hpp"
 #include "protocol/text.hpp"
@@ -390,6 +391,43 @@ std::vector<submitted_run> ledger::create_runs(std::span<const storage::new_run>
   return out;
 }
 
+std::optional<std::string> ledger::fork_run(
+    const storage::new_run& fork, const std::string& from, std::uint64_t seq,
+    const std::function<std::optional<std::string>(storage::journal&)>& refusal) {
+  // A history of any size is copied in bounded chunks (as a replay reads it).
+  constexpr std::uint64_t chunk_bytes = 4 << 20;
+  std::optional<std::string> refused;
+  write([&](storage::journal& j) {
+    if ((refused = refusal(j))) return;
+    if (!j.create_run(fork).second)
+      throw storage::storage_error(storage::errc::conflict, fmt::format("run {} exists", fork.id));
+    append(j, fork.id, event("forked_from", {{"run", from}, {"seq", seq}}));
+    run_state state;  // nothing happened yet at the fork's next step; its agent is identified at its first attempt
+    for (std::uint64_t next = 0; next <= seq;) {
+      auto chunk = j.steps_from(from, next, seq + 1, chunk_bytes);
+      if (chunk.empty()) throw std::logic_error(fmt::format("run {} lost step {} while it was forked", from, next));
+      for (auto& step : chunk) {
+        step.run_id = fork.id;
+        state.llm_tokens += tokens_of_step(step.result);
+        j.append_step(step);
+        next = step.result.seq + 1;
+      }
+    }
+    for (std::int64_t after = 0;;) {
+      auto chunk = j.events_from(from, after, chunk_bytes);
+      if (chunk.empty()) break;
+      for (const auto& e : chunk) {
+        after = e.id;
+        if (e.seq && *e.seq <= seq) j.append_event(fork.id, e.kind, e.data, e.seq);
+      }
+    }
+    j.put_run_state(fork.id, to_json(state));
+    append(j, from, event("forked", {{"run", fork.id}, {"seq", seq}}));
+  });
+  if (!refused) announce(path_, fork.id, storage::change::submitted);
+  return refused;
+}
+
 bool ledger::claim_run(const std::string& id, const std::string& expected_owner, const std::string& new_owner) {
   bool claimed = false;
   write([&](storage::journal& j) { claimed = j.claim_run(id, expected_owner, new_owner); });
@@ -539,6 +577,25 @@ std::uint64_t suspensions_since(storage::journal& journal, const std::string& ru
 std::string cancel_reason(storage::journal& journal, const std::string& run_id) {
   auto run = journal.find_run(run_id);
   return run && !run->cancel_reason.empty() ? run->cancel_reason : "the run was cancelled";
+}
+
+std::optional<fork_link> fork_made(const storage::event_record& e) {
+  if (e.kind != "forked") return std::nullopt;
+  return fork_link{e.data.value("run", ""), e.data.value("seq", std::uint64_t{0})};
+}
+
+std::optional<fork_link> forked_from(storage::journal& journal, const std::string& run_id) {
+  const auto first = journal.events_from(run_id, 0, 1);
+  if (first.empty() || first.front().kind != "forked_from") return std::nullopt;
+  const auto& data = first.front().data;
+  return fork_link{data.value("run", ""), data.value("seq", std::uint64_t{0})};
+}
+
+std::vector<fork_link> forks_of(storage::journal& journal, const std::string& run_id) {
+  std::vector<fork_link> forks;
+  for (const auto& e : journal.events(run_id))
+    if (auto fork = fork_made(e)) forks.push_back(std::move(*fork));
+  return forks;
 }
 
 std::optional<in_doubt_call> find_in_doubt(storage::journal& journal, const std::string& run_id) {

@@ -80,6 +80,17 @@ class ledger {
       std::string run_id, storage::new_run child,
       std::function<std::optional<std::string>(storage::journal&)> refusal);
 
+  // `cairn fork` (engine::fork): creates `fork` holding the journal of run
+  // `from` up to and including step `seq`: those steps (their payloads
+  // stored again, for the fork), the events at them in their order (tool
+  // calls started, timers, waits, workspace checkpoints), a kept state that
+  // counts their model tokens, and first of all a forked_from event; and
+  // adds a forked event to `from`. One transaction, unless `refusal` (called
+  // first in it, so nothing can change between check and write) gives a
+  // reason not to: then nothing is written and the reason is returned.
+  std::optional<std::string> fork_run(const storage::new_run& fork, const std::string& from, std::uint64_t seq,
+                                      const std::function<std::optional<std::string>(storage::journal&)>& refusal);
+
   // The event an effect adds to the journal, if it adds one (a step adds a
   // step row; a child, a run). For the run's journal budget.
   static std::optional<event_row> event_of(const effect& e);
@@ -194,6 +205,22 @@ std::optional<effects::wait_started> wait_at(storage::journal& journal, const st
 std::uint64_t suspensions_since(storage::journal& journal, const std::string& run_id, std::int64_t since_ms);
 // Why the run was cancelled, as `cairn cancel --reason` said.
 std::string cancel_reason(storage::journal& journal, const std::string& run_id);
+
+// One end of a fork: the run (the fork, or the run it came from) and the
+// step of the original where the fork's own journal goes on from.
+struct fork_link {
+  std::string run;
+  std::uint64_t seq = 0;
+  bool operator==(const fork_link&) const = default;
+};
+// The run and step `run_id` was forked from; nullopt for a run that is no
+// fork. Reads one event: a fork's first.
+std::optional<fork_link> forked_from(storage::journal& journal, const std::string& run_id);
+// The fork that event `e` of a run records; nullopt for any other event
+// (`cairn show` finds a run's forks as it reads its events).
+std::optional<fork_link> fork_made(const storage::event_record& e);
+// The forks made of `run_id`, oldest first.
+std::vector<fork_link> forks_of(storage::journal& journal, const std::string& run_id);
 
 // An at-most-once call that was started but whose outcome never reached the
 // journal: it may or may not have happened.
