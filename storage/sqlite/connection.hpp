@@ -32,13 +32,6 @@ struct sqlite_row {
 };
 
 inline void bind_one(SQLite::Statement& s, int i, std::string_view v) { s.bind(i, std::string(v)); }
-// A BLOB parameter: its bytes as they are.
-struct blob_param {
-  const std::string& data;
-};
-inline void bind_one(SQLite::Statement& s, int i, const blob_param& v) {
-  s.bind(i, v.data.data(), static_cast<int>(v.data.size()));
-}
 inline void bind_one(SQLite::Statement& s, int i, std::int64_t v) { s.bind(i, v); }
 inline void bind_one(SQLite::Statement& s, int i, int v) { s.bind(i, v); }
 // Bytes bound as a BLOB (a compressed payload is not text).

@@ -79,8 +79,9 @@ class sqlite_journal final : public journal {
   run_record delete_run(std::string_view id) override;
   journal_space space() override;
   journal_space reclaim_space(std::uint64_t max_bytes) override;
-  void put_blobs(std::string_view run_id, std::span<const blob> blobs, std::span<const std::string> used) override;
-  std::optional<blob> find_blob(std::string_view digest) override;
+  void put_blobs(std::string_view run_id, std::span<const storage::blob> blobs,
+                 std::span<const std::string> used) override;
+  std::optional<storage::blob> find_blob(std::string_view digest) override;
   void register_worker(const worker_record& worker) override;
   bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) override;
   void remove_worker(std::string_view worker_id) override;
@@ -721,26 +722,26 @@ journal_space sqlite_journal::reclaim_space(std::uint64_t max_bytes) {
 
 // --- Pieces of workspace files (schema 9) ---
 
-void sqlite_journal::put_blobs(std::string_view run_id, std::span<const blob> blobs,
+void sqlite_journal::put_blobs(std::string_view run_id, std::span<const storage::blob> blobs,
                                std::span<const std::string> used) {
   c_.guard(run_id, [&] {
     write_txn tx(*this);
     require_run(c_.statement("SELECT 1 FROM runs WHERE id = ?", run_id).executeStep() ? 1 : 0, run_id);
     for (const auto& b : blobs)
       c_.changed("INSERT OR IGNORE INTO blobs (digest, size, data) VALUES (?, ?, ?)", b.digest,
-                 static_cast<std::int64_t>(b.size), sqlite::blob_param{b.data});
+                 static_cast<std::int64_t>(b.size), sqlite::blob{b.data});
     for (const auto& digest : used)
       c_.changed("INSERT OR IGNORE INTO run_blobs (run_id, digest) VALUES (?, ?)", run_id, digest);
     tx.commit();
   });
 }
 
-std::optional<blob> sqlite_journal::find_blob(std::string_view digest) {
-  return c_.guard({}, [&]() -> std::optional<blob> {
+std::optional<storage::blob> sqlite_journal::find_blob(std::string_view digest) {
+  return c_.guard({}, [&]() -> std::optional<storage::blob> {
     auto s = c_.statement("SELECT size, data FROM blobs WHERE digest = ?", digest);
     if (!s.executeStep()) return std::nullopt;
     const auto data = s.getColumn(1);
-    return blob{std::string(digest), static_cast<std::uint64_t>(s.getColumn(0).getInt64()),
+    return storage::blob{std::string(digest), static_cast<std::uint64_t>(s.getColumn(0).getInt64()),
                 std::string(static_cast<const char*>(data.getBlob()), static_cast<std::size_t>(data.getBytes()))};
   });
 }

@@ -50,7 +50,7 @@ struct fixture {
 
   // The original run, failed at step 41, and its fork at 40 left pending.
   void fail_and_fork() {
-    auto orig = cli({"run", FORK_AGENT, "--id", "orig", "--sandbox", "none", "--policy", (dir / "policy.json").string(),
+    auto orig = cli({"run", FORK_AGENT, "--id", "orig", "--policy", (dir / "policy.json").string(),
                      "--input", R"({"fail_at":41})"});
     INFO(orig.out << orig.err);
     REQUIRE(orig.code == 1);
@@ -153,4 +153,33 @@ TEST_CASE("a fork's workspace is the original's checkpoint at the step, byte for
   const auto expected = fixture::files_of(f.dir / "home" / "workspaces" / "orig");
   REQUIRE(expected.count("steps.txt") == 1);
   CHECK(fixture::files_of(f.dir / "home" / "workspaces" / "fixed") == expected);
+
+  // At an earlier step: the files as they were then, not as they are now.
+  std::string then;
+  for (int i = 2; i <= 20; i += 3) then += "step " + std::to_string(i) + "\n";
+  auto shown = f.cli({"workspace", "orig", "--at", "20", "steps.txt"});
+  INFO(shown.err);
+  REQUIRE(shown.code == 0);
+  CHECK(shown.out == then);
+  auto early = f.cli({"fork", "orig", "--at", "20", "--id", "early", "--input", "{}", "--detach"});
+  INFO(early.out << early.err);
+  REQUIRE(early.code == 0);
+  CHECK(fixture::files_of(f.dir / "home" / "workspaces" / "early") == std::map<std::string, std::string>{{"steps.txt", then}});
+
+  // It goes on from there: every step's line once, those before 21 not written again.
+  auto done = f.cli({"resume", "early"});
+  INFO(done.out << done.err);
+  REQUIRE(done.code == 0);
+  std::string all;
+  for (int i = 2; i < 60; i += 3) all += "step " + std::to_string(i) + "\n";
+  CHECK(cairn::testing::slurp(f.dir / "home" / "workspaces" / "early" / "steps.txt") == all);
+  // And what changed between two of its steps.
+  auto diff = f.cli({"diff", "early", "20", "23", "--json"});
+  INFO(diff.err);
+  REQUIRE(diff.code == 0);
+  const auto changes = json::parse(diff.out)["changes"];
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0]["change"] == "M");
+  CHECK(changes[0]["path"] == "steps.txt");
+  CHECK(changes[0]["after"]["size"] == then.size() + std::string("step 23\n").size());
 }

@@ -123,7 +123,7 @@ TEST_CASE("a fork replays its prefix without running it again and goes on; a for
   REQUIRE(h.journal->step_count("orig") == 7);
 
   auto forked = h.eng.fork({.from = "orig", .seq = 6, .id = "fixed", .input = json{{"stuck", false}}});
-  CHECK_FALSE(forked.workspace_restored);  // no checkpoints are kept yet
+  CHECK(forked.workspace_restored);  // from the checkpoints of "orig" (its baseline at least)
   CHECK(forked.run.status == run_status::pending);
   CHECK(forked.run.owner == engine::current_owner().str());
   CHECK(forked.run.agent == h.journal->find_run("orig")->agent);
