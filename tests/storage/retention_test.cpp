@@ -87,6 +87,32 @@ TEST_CASE("delete_run removes an ended run and everything kept for it alone, and
   CHECK(other->steps("gone").empty());
 }
 
+TEST_CASE("workspace pieces are shared by the runs that use them, and go with the last of them") {
+  ON_EACH_BACKEND(where);
+  auto j = where.open();
+  a_full_run(*j, "a");
+  a_full_run(*j, "b");
+  const std::string bytes = testing::noise(3000, 2);  // a piece's stored bytes, binary
+  const blob shared{"sha256:" + std::string(64, '1'), 3000, "r" + bytes};
+  const blob own{"sha256:" + std::string(64, '2'), 3, "rabc"};
+  const std::vector<std::string> a_uses{shared.digest, own.digest};
+  const std::vector<blob> a_blobs{shared, own};
+  j->put_blobs("a", a_blobs, a_uses);
+  // b uses the shared piece without storing it again; storing a held one changes nothing.
+  j->put_blobs("b", std::span<const blob>(&shared, 1), std::vector<std::string>{shared.digest});
+  REQUIRE(j->find_blob(shared.digest));
+  CHECK(j->find_blob(shared.digest)->data == "r" + bytes);
+  CHECK(j->find_blob(shared.digest)->size == 3000);
+  CHECK_FALSE(j->find_blob("sha256:" + std::string(64, '3')));
+  CHECK(code_of([&] { j->put_blobs("nobody", a_blobs, a_uses); }) == errc::not_found);
+
+  j->delete_run("a");
+  CHECK(j->find_blob(shared.digest));  // b still uses it
+  CHECK_FALSE(j->find_blob(own.digest));
+  j->delete_run("b");
+  CHECK_FALSE(j->find_blob(shared.digest));
+}
+
 TEST_CASE("delete_run refuses an unknown run, one that has not ended and one a process holds; nothing goes") {
   ON_EACH_BACKEND(where);
   auto j = where.open();
