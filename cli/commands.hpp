@@ -43,6 +43,10 @@ struct fork_args {
   bool detach = false;               // leave the fork pending instead of executing it here
 };
 int fork_command(const paths& p, const fork_args& args, bool as_json);
+// `cairn export RUN [-o FILE]` and `cairn import FILE [--id NEW]`
+// (cli/archive_commands.cpp). `output` "": stdout; `file` "-": stdin.
+int export_command(const paths& p, const std::string& run_id, const std::string& output);
+int import_command(const paths& p, const std::string& file, const std::string& id, bool as_json);
 // `cairn workers`: the workers sharing the journal, their leases and runs.
 int workers_command(const paths& p, bool as_json);
 // `cairn ls`: its filters, as given (checked by ls_command).

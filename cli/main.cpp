@@ -256,6 +256,29 @@ int main(int argc, char** argv) {
   fork_cmd->footer("The fork shares RUN's policy and sandbox, and the child runs RUN started up to SEQ: their "
                    "steps are copied, and it may join them. `cairn show` links a fork and its run both ways.");
 
+  std::string export_id, export_output;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write run RUN (its row, steps, events, signals, kept state and the workspace pieces its checkpoints "
+                "name) as one zstd-compressed tar archive, to stdout or -o FILE, for `cairn import` on another machine "
+                "or journal");
+  export_cmd->add_option("run", export_id, "the run to export")->required();
+  export_cmd->add_option("-o,--output", export_output, "write the archive to FILE (default: stdout, never a terminal)")
+      ->type_name("FILE");
+  export_cmd->footer("A run still running may be exported: the archive holds what its journal durably holds. The child "
+                     "runs it started are not exported (its steps keep their results).");
+
+  std::string import_file, import_id;
+  auto* import_cmd = app.add_subcommand(
+      "import", "add the run of an archive `cairn export` wrote to this journal, all of it or nothing, with its "
+                "workspace at its last checkpoint; print its id");
+  import_cmd->add_option("file", import_file, "the archive, or - for stdin")->required()->type_name("FILE");
+  import_cmd->add_option("--id", import_id, "the run's id here (default: its id in the archive)");
+  import_cmd->add_flag("--json", as_json, "JSON output: the imported run, imported_from and workspace_restored");
+  import_cmd->footer("A completed, failed, cancelled, waiting or in-doubt run keeps its status; a run exported while "
+                     "running is imported pending, held by nobody (cairn resume goes on with it). Everything is "
+                     "checked before anything is written: a truncated, altered or hostile archive, or one of a newer "
+                     "format, is refused with exit code 2 and the journal is left as it was.");
+
   cairn::cli::ls_args ls;
   auto* ls_cmd = app.add_subcommand("ls", "list runs, newest first");
   ls_cmd->add_option("--status", ls.status, "only runs with this status")
@@ -366,6 +389,8 @@ int main(int argc, char** argv) {
     return cairn::cli::resume_command(paths, resume_id, resume_all, resume_agent, as_json);
   }
   if (*fork_cmd) return cairn::cli::fork_command(paths, fork, as_json);
+  if (*export_cmd) return cairn::cli::export_command(paths, export_id, export_output);
+  if (*import_cmd) return cairn::cli::import_command(paths, import_file, import_id, as_json);
   if (*ls_cmd) return cairn::cli::ls_command(paths, ls, as_json);
   if (*rm_cmd) return cairn::cli::rm_command(paths, rm_ids, as_json);
   if (*gc_cmd) return cairn::cli::gc_command(paths, gc, as_json);

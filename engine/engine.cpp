@@ -338,6 +338,15 @@ ledger::workspace_assignment engine::workspace_for(const storage::run_record& ru
   return {workspace.string(), shared ? "" : current_owner().hostname};
 }
 
+void engine::give_workspace_now(storage::new_run& run) {
+  if (!run.workspace.empty()) return;
+  storage::run_record named;
+  named.id = run.id;
+  auto [folder, host] = workspace_for(named);
+  run.workspace = std::move(folder);
+  run.workspace_host = std::move(host);
+}
+
 task<void> engine::assign_workspace(const storage::run_record& run) {
   auto [folder, host] = workspace_for(run);
   co_await ledger_->assign_workspace_async(run.id, std::move(folder), std::move(host));

@@ -134,6 +134,14 @@ struct forked_run {
   bool workspace_restored = false;
 };
 
+// What import_run() made.
+struct imported_run {
+  storage::run_record run;
+  std::string from_run;               // its id in the archive
+  storage::run_status exported_as{};  // its status when exported
+  bool workspace_restored = false;    // its workspace holds its last checkpoint's files
+};
+
 // What `cairn settle` records for a tool call in doubt.
 struct settlement {
   enum class how { result, error, retry };
@@ -208,6 +216,20 @@ class engine {
   // fork is left failed, saying why, and this throws.
   forked_run fork(const fork_request& request);
 
+  // `cairn import`: the run of the archive read from `fd` (`cairn export`,
+  // run_archive.hpp), checked whole before anything is written, then
+  // written in one transaction (ledger::import_run) under its own id or
+  // `id`, with its workspace folder (HOME/workspaces/ID, or the shared
+  // root's) holding its latest checkpoint's files, made just before. An
+  // ended, waiting or in-doubt run keeps its status; one exported pending
+  // or running is pending with no owner (cairn resume or serve goes on
+  // with it). It is no child here (its parent was not exported), and child
+  // runs it started are not imported: its steps that joined them keep their
+  // results. Refused (bad_request), with nothing written: an archive that
+  // is truncated, altered, hostile or of a newer format (read_run_archive),
+  // an invalid id or one that exists, a workspace folder already there.
+  imported_run import_run(int fd, const std::string& id);
+
   // Makes a failed run pending again with a fresh set of attempts (its steps
   // kept) and returns it; any other run is returned as it is. busy while a
   // live process executes it.
@@ -256,6 +278,10 @@ class engine {
   storage::run_record idle_run(const std::string& run_id);
   // The row submit() inserts for `request`; throws what submit() refuses.
   storage::new_run new_run_of(run_request request);
+  // For a run whose files this host writes before it is executed (a fork's,
+  // an import's): its workspace folder now, when new_run_of left it to the
+  // worker that first executes it (a shared journal).
+  void give_workspace_now(storage::new_run& run);
   // drive_run() but for a run whose stored data cannot be read (storage_error(unreadable)).
   task<storage::run_record> execute_run(const std::string& run_id, run_observer& watch, bool revive_failed);
   // Backends are made once per engine: making one checks the bwrap version

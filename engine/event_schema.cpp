@@ -32,6 +32,7 @@ constexpr std::string_view agent_fields[] = {"agent",  "version", "program_sha25
 constexpr std::string_view agent_changed_fields[] = {"agent", "was", "now", "runs"};
 constexpr std::string_view checkpoint_fields[] = {"files", "removed", "bytes"};
 constexpr std::string_view fork_fields[] = {"run", "seq"};
+constexpr std::string_view import_fields[] = {"from_run", "exported_at_ms", "cairn_version", "backend"};
 
 using enum event_writer;
 
@@ -72,6 +73,9 @@ constexpr event_declaration declarations[] = {
     // step, so a fork of a fork copies neither.
     {"forked_from", fork_fields, request, false, false},
     {"forked", fork_fields, request, false, false},
+    // `cairn import` (ledger::import_run): the run it was exported as, when,
+    // by which cairn from which backend; the imported run's first event.
+    {"imported", import_fields, request, false, true},
 };
 
 json error_json(const protocol::error_info& e) { return {{"error", {{"message", e.message}, {"type", e.type}}}}; }

@@ -30,6 +30,8 @@
 #include "engine/effects.hpp"
 #include "engine/event_schema.hpp"
 #include "engine/io.hpp"
+#include "engine/run_archive.hpp"
+#include "engine/workspace_checkpoints.hpp"
 #include "storage/journal.hpp"
 
 namespace cairn::engine {
@@ -90,6 +92,19 @@ class ledger {
   // reason not to: then nothing is written and the reason is returned.
   std::optional<std::string> fork_run(const storage::new_run& fork, const std::string& from, std::uint64_t seq,
                                       const std::function<std::optional<std::string>(storage::journal&)>& refusal);
+
+  // `cairn import` (engine::import_run): creates `run` holding the journal
+  // of the archived run `from` (run_archive.hpp): an imported event first
+  // (where it came from), its signals (new ids; the events naming them
+  // follow), steps, events and kept state as they were, the pieces of
+  // `digests` (read from `pieces` one at a time), its attempts, and its
+  // status: an ended, waiting or in-doubt run's as it was; a pending or
+  // running one's pending, with no owner. One transaction, unless `refusal`
+  // (called first in it) gives a reason not to: then nothing is written
+  // and the reason is returned.
+  std::optional<std::string> import_run(const storage::new_run& run, const archived_run& from,
+                                        std::span<const std::string> digests, const piece_source& pieces,
+                                        const std::function<std::optional<std::string>(storage::journal&)>& refusal);
 
   // The event an effect adds to the journal, if it adds one (a step adds a
   // step row; a child, a run). For the run's journal budget.

@@ -38,13 +38,7 @@ forked_run engine::fork(const fork_request& request) {
   if (request.hold || restore) r.owner = current_owner().str();
   auto run = new_run_of(std::move(r));
   run.policy = from->policy;
-  if (run.workspace.empty()) {  // a shared journal: this host writes its files, so it gives the folder now
-    storage::run_record named;
-    named.id = run.id;
-    auto [folder, host] = workspace_for(named);
-    run.workspace = std::move(folder);
-    run.workspace_host = std::move(host);
-  }
+  give_workspace_now(run);
 
   const std::string& origin = from->id;
   const std::uint64_t seq = request.seq;

@@ -95,8 +95,12 @@ bool is_checkpoint_until(const storage::event_record& e, std::optional<std::uint
 }  // namespace
 
 workspace_state checkpoint_state(storage::journal& journal, std::string_view run_id, std::optional<std::uint64_t> seq) {
+  return checkpoint_state(journal.events(run_id), run_id, seq);
+}
+
+workspace_state checkpoint_state(std::span<const storage::event_record> events, std::string_view run_id,
+                                 std::optional<std::uint64_t> seq) {
   workspace_state state;
-  const auto events = journal.events(run_id);
   const auto fold = [&](const storage::event_record& e) {
     try {
       apply_checkpoint(state, e.data);
@@ -154,25 +158,34 @@ storage::blob pack(std::string digest, std::string_view bytes) {
   throw engine_error(errc::not_found, fmt::format("the workspace piece {} in the journal {}", digest, why));
 }
 
-// The bytes of `digest`, read from the journal and checked against it.
-std::string unpack(storage::journal& journal, const std::string& digest) {
-  auto b = journal.find_blob(digest);
-  if (!b) bad_piece(digest, "is missing");
-  if (b->size > piece_bytes) bad_piece(digest, "is larger than a piece may be");
+}  // namespace
+
+std::string unpack_piece(const storage::blob& b) {
+  const std::string& digest = b.digest;
+  if (b.size > piece_bytes) bad_piece(digest, "is larger than a piece may be");
   std::string out;
-  if (!b->data.empty() && b->data[0] == 'r') {
-    out = b->data.substr(1);
-  } else if (!b->data.empty() && b->data[0] == 'z') {
-    const auto frame = ZSTD_getFrameContentSize(b->data.data() + 1, b->data.size() - 1);
-    if (frame != b->size) bad_piece(digest, "does not say its size");
-    out.resize(b->size);
-    const auto n = ZSTD_decompress(out.data(), out.size(), b->data.data() + 1, b->data.size() - 1);
-    if (ZSTD_isError(n) || n != b->size) bad_piece(digest, "cannot be decompressed");
+  if (!b.data.empty() && b.data[0] == 'r') {
+    out = b.data.substr(1);
+  } else if (!b.data.empty() && b.data[0] == 'z') {
+    const auto frame = ZSTD_getFrameContentSize(b.data.data() + 1, b.data.size() - 1);
+    if (frame != b.size) bad_piece(digest, "does not say its size");
+    out.resize(b.size);
+    const auto n = ZSTD_decompress(out.data(), out.size(), b.data.data() + 1, b.data.size() - 1);
+    if (ZSTD_isError(n) || n != b.size) bad_piece(digest, "cannot be decompressed");
   } else {
     bad_piece(digest, "is of no known encoding");
   }
-  if (out.size() != b->size || sha256_digest(out.data(), out.size()) != digest) bad_piece(digest, "does not match its digest");
+  if (out.size() != b.size || sha256_digest(out.data(), out.size()) != digest) bad_piece(digest, "does not match its digest");
   return out;
+}
+
+namespace {
+
+// The bytes of `digest`, found by `find` and checked against it.
+std::string unpack(const piece_source& find, const std::string& digest) {
+  auto b = find(digest);
+  if (!b) bad_piece(digest, "is missing");
+  return unpack_piece(*b);
 }
 
 json entry_json(const checkpoint_entry& e) {
@@ -308,7 +321,7 @@ void remove_entry(int root, const std::string& path) {
 // Writes `e` at `path` under `root` (its folder there already), its pieces
 // read from the journal, owned like the root when this is root. A file or
 // link is made beside and renamed into place.
-void put_entry(storage::journal& journal, int root, const std::string& path, const checkpoint_entry& e,
+void put_entry(const piece_source& find, int root, const std::string& path, const checkpoint_entry& e,
                const struct stat& owner) {
   static std::atomic<unsigned> made{0};
   const auto [parent, name] = split_path(path);
@@ -331,7 +344,7 @@ void put_entry(storage::journal& journal, int root, const std::string& path, con
     runtime::unique_fd fd(::openat(dir.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd) cannot_write(path, "create");
     for (const auto& digest : e.pieces) {
-      const std::string bytes = unpack(journal, digest);
+      const std::string bytes = unpack(find, digest);
       for (std::size_t at = 0; at < bytes.size();) {
         const ssize_t n = ::write(fd.get(), bytes.data() + at, bytes.size() - at);
         if (n < 0 && errno == EINTR) continue;
@@ -359,7 +372,7 @@ void put_entry(storage::journal& journal, int root, const std::string& path, con
 
 // Makes what is under `root` (`now`, metadata) what `want` holds; returns
 // how many entries it removed or wrote.
-std::size_t put_back(storage::journal& journal, int root, const workspace_state& want, const workspace_state& now) {
+std::size_t put_back(const piece_source& find, int root, const workspace_state& want, const workspace_state& now) {
   struct stat owner {};
   if (::fstat(root, &owner) < 0) cannot_write(".", "stat");
   std::size_t changed = 0;
@@ -378,7 +391,7 @@ std::size_t put_back(storage::journal& journal, int root, const workspace_state&
     auto n = now.find(path);
     const bool kept = n != now.end() && n->second.type == e.type;
     if (kept && (e.type == 'd' ? n->second.mode == e.mode : same_metadata(n->second, e))) continue;
-    put_entry(journal, root, path, e, owner);
+    put_entry(find, root, path, e, owner);
     ++changed;
   }
   return changed;
@@ -411,14 +424,22 @@ bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id
   return true;  // no end at all: its host died
 }
 
+piece_source pieces_of(storage::journal& journal) {
+  return [&journal](const std::string& digest) { return journal.find_blob(digest); };
+}
+
 void materialize(storage::journal& journal, const workspace_state& state, const fs::path& folder) {
+  materialize(pieces_of(journal), state, folder);
+}
+
+void materialize(const piece_source& find, const workspace_state& state, const fs::path& folder) {
   runtime::unique_fd root = runtime::open_folder_no_follow(folder, 0700);
   workspace_state now;
   scan(root.get(), "", now);
   if (!now.empty())
     throw engine_error(errc::bad_request, fmt::format("{} is not empty: a checkpoint's files go into an empty folder",
                                                    folder.string()));
-  put_back(journal, root.get(), state, now);
+  put_back(find, root.get(), state, now);
 }
 
 void fork_workspace(storage::journal& journal, std::string_view from, std::uint64_t seq, std::string_view to,
@@ -443,7 +464,7 @@ void read_checkpoint_file(storage::journal& journal, const checkpoint_entry& e, 
   std::uint64_t given = 0;
   for (const auto& digest : e.pieces) {
     if (given >= max_bytes) return;
-    const std::string bytes = unpack(journal, digest);
+    const std::string bytes = unpack(pieces_of(journal), digest);
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), max_bytes - given));
     take(bytes.data(), n);
     given += n;
@@ -521,7 +542,7 @@ workspace_checkpointer::workspace_checkpointer(storage::journal& journal, const 
   workspace_state now;
   scan(impl_->root(), "", now);
   if (roll_back) {
-    rolled_back_ = put_back(journal, impl_->root(), impl_->state, now);
+    rolled_back_ = put_back(pieces_of(journal), impl_->root(), impl_->state, now);
   } else {
     impl_->pending = impl_->differing(now);
   }

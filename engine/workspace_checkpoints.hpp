@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +64,9 @@ using workspace_state = std::map<std::string, checkpoint_entry>;
 // checkpoint event it cannot read.
 workspace_state checkpoint_state(storage::journal& journal, std::string_view run_id,
                                  std::optional<std::uint64_t> seq = std::nullopt);
+// The same, folded from `events` (the run's, oldest first; `run_id` names it in errors).
+workspace_state checkpoint_state(std::span<const storage::event_record> events, std::string_view run_id,
+                                 std::optional<std::uint64_t> seq = std::nullopt);
 
 // Applies one checkpoint event's data to `state` (what checkpoint_state folds).
 // Throws std::exception for data it cannot read.
@@ -81,10 +85,21 @@ bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id
 // Whether `run_id` has a checkpoint at or before `seq`.
 bool has_checkpoint(storage::journal& journal, std::string_view run_id, std::uint64_t seq);
 
+// Where pieces are read from by digest: nullopt for one it does not hold.
+using piece_source = std::function<std::optional<storage::blob>(const std::string& digest)>;
+// The journal's pieces (find_blob).
+piece_source pieces_of(storage::journal& journal);
+
+// A piece's bytes, decoded from its stored encoding ("z" and a zstd frame,
+// or "r" and the bytes) and checked against its size and digest. Throws
+// engine_error(not_found) for one that does not match, naming its digest.
+std::string unpack_piece(const storage::blob& b);
+
 // Writes the files of `state` into `folder` (made when missing; it must hold
-// nothing), their pieces read from the journal, never following a link.
-// Throws engine_error(not_found) when a piece is missing from the journal.
+// nothing), their pieces read from the journal (or `find`), never following
+// a link. Throws engine_error(not_found) when a piece is missing.
 void materialize(storage::journal& journal, const workspace_state& state, const std::filesystem::path& folder);
+void materialize(const piece_source& find, const workspace_state& state, const std::filesystem::path& folder);
 
 // The bytes of the file `e` (the first `max_bytes`), handed to `take` a
 // piece at a time, read from the journal and checked against their digests.

@@ -7,7 +7,7 @@ packages=(
   build-essential clang-15 cmake pkg-config help2man
   libsqlite3-dev libsqlitecpp-dev nlohmann-json3-dev libboost1.81-dev libboost-url1.81-dev
   catch2 bubblewrap libseccomp-dev libcli11-dev libfmt-dev
-  libssl-dev libzstd-dev ca-certificates e2fsprogs fuse2fs fuse3
+  libssl-dev libzstd-dev libarchive-dev ca-certificates e2fsprogs fuse2fs fuse3
   procps util-linux sqlite3
   # make deb (CPack reads shared library dependencies with dpkg-shlibdeps) and its test in a clean root
   dpkg-dev mmdebstrap

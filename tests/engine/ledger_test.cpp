@@ -147,12 +147,13 @@ TEST_CASE("the schema refuses an event it does not declare, or data other than d
 TEST_CASE("every declared kind is declared once, and `cairn show` lists what it marks notable") {
   std::set<std::string_view> seen;
   for (const auto& d : event_declarations()) CHECK(seen.insert(d.kind).second);
-  CHECK(seen.size() == 28);
+  CHECK(seen.size() == 29);
   CHECK(declared_event("run_failed")->notable);
   CHECK_FALSE(declared_event("attempt_started")->notable);
   CHECK(declared_event("cancel_requested")->writer == event_writer::request);
   CHECK(declared_event("agent_replaced")->writer == event_writer::request);  // cairn resume --agent
   CHECK(declared_event("forked")->writer == event_writer::request);          // cairn fork, on the run forked
+  CHECK(declared_event("imported")->writer == event_writer::request);        // cairn import
   CHECK_FALSE(declared_event("written_by_a_newer_cairn"));
 }
 
