@@ -356,7 +356,8 @@ class tar_reader {
   explicit tar_reader(int fd) : a_(archive_read_new()) {
     if (!a_ || archive_read_support_filter_zstd(a_) != ARCHIVE_OK || archive_read_support_format_tar(a_) != ARCHIVE_OK)
       throw std::runtime_error("import: cannot start reading");
-    if (archive_read_open_fd(a_, fd, io_block) != ARCHIVE_OK) fail("not a cairn export (a zstd-compressed tar)");
+    if (archive_read_open_fd(a_, fd, io_block) != ARCHIVE_OK)
+      fail("the archive cannot be read: it is truncated, damaged or no cairn export (a zstd-compressed tar)");
   }
   ~tar_reader() { archive_read_free(a_); }
   tar_reader(const tar_reader&) = delete;
