@@ -195,8 +195,10 @@ std::set<std::string> named_pieces(const std::vector<storage::event_record>& eve
 class tar_writer {
  public:
   explicit tar_writer(int fd, std::int64_t mtime_s) : a_(archive_write_new()), mtime_s_(mtime_s) {
+    // No padding after the last block: libarchive pads what goes to stdout
+    // with zeros, which zstd (and tar --zstd) then refuse as trailing garbage.
     if (!a_ || archive_write_add_filter_zstd(a_) != ARCHIVE_OK || archive_write_set_format_pax_restricted(a_) != ARCHIVE_OK ||
-        archive_write_open_fd(a_, fd) != ARCHIVE_OK)
+        archive_write_set_bytes_in_last_block(a_, 1) != ARCHIVE_OK || archive_write_open_fd(a_, fd) != ARCHIVE_OK)
       fail("cannot start the archive");
   }
   ~tar_writer() { archive_write_free(a_); }
