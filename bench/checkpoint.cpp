@@ -73,7 +73,7 @@ shape_result measure(const fs::path& dir, int files, std::size_t file_bytes, int
   l.claim_run("r", "", "bench");
   shape_result out;
   const auto t0 = clock_type::now();
-  engine::workspace_checkpointer c(*reads, ws, {}, false, 1ull << 40, 0);
+  engine::workspace_checkpointer c(engine::pieces_of(*reads), ws, {}, false, 1ull << 40, 0);
   auto baseline = c.take();
   l.apply("r", {engine::effects::workspace_baseline{std::move(*baseline)}});
   out.baseline_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     auto reads = storage::open_journal(dir / "cairn.db");
     l.create_run({.id = "r", .agent = "/a", .sandbox = "none", .workspace = (dir / "ws").string()});
     l.claim_run("r", "", "bench");
-    engine::workspace_checkpointer c(*reads, dir / "ws", {}, false, 1ull << 40, 0);
+    engine::workspace_checkpointer c(engine::pieces_of(*reads), dir / "ws", {}, false, 1ull << 40, 0);
     for (int i = 0; i < 100; ++i) {
       put(dir / "ws" / "model.bin", noise(rng, 1 << 20));
       l.apply("r", {engine::effects::step_committed{a_step("r", static_cast<std::uint64_t>(i)), std::nullopt, 0,

@@ -134,6 +134,11 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
     counted live(live_attempts);
     co_return co_await converse_to_end(start);
   }();
+  // Its descriptors are on the workspace's mount: they go before the
+  // sandbox does, or the unmount waits for them and then leaves the image
+  // held by a detached mount that the next attempt, here or on another
+  // worker, finds locked.
+  checkpoints_.reset();
   // The attempt that ends its run releases the workspace from its own
   // sandbox, whose image is still mounted: end_run then finds it released.
   // Only while this process still holds the run (a run taken over has
@@ -158,17 +163,26 @@ task<void> attempt_driver::watch_workspace() {
   std::string warning;
   std::size_t rolled_back = 0;
   std::optional<workspace_checkpoint> baseline;
+  // Read here: the journal's connection is this thread's alone.
+  auto history = checkpoint_history_of(run_.id, store->events(run_.id));
+  // Without a checkpoint yet (the run's first attempt, or one begun by a
+  // cairn that kept none) nothing says what the workspace held before: its
+  // files are kept, and recorded as the baseline.
+  const bool any = history.any, crashed = history.any && history.previous_crashed;
+  // A roll-back reads its pieces through a connection of its own, on the thread that does it.
+  const auto journal_path = store->path();
+  const auto journal_options = store->options();
   co_await offload(
       [&] {
         try {
-          // Without a checkpoint yet (the run's first attempt, or one begun
-          // by a cairn that kept none) nothing says what the workspace held
-          // before: its files are kept, and recorded as the baseline.
-          const bool any = has_checkpoint(*store, run_.id, std::numeric_limits<std::uint64_t>::max());
-          const bool crashed = any && previous_attempt_crashed(*store, run_.id);
-          checkpoints_ = std::make_unique<workspace_checkpointer>(
-              *store, run_.workspace, checkpoint_state(*store, run_.id), crashed, policy_.journal.checkpoint_bytes,
-              checkpoint_bytes(*store, run_.id));
+          std::unique_ptr<storage::journal> own;
+          const piece_source pieces = [&](const std::string& digest) {
+            if (!own) own = storage::open_journal(journal_path, journal_options);
+            return own->find_blob(digest);
+          };
+          checkpoints_ = std::make_unique<workspace_checkpointer>(pieces, run_.workspace, std::move(history.state),
+                                                                  crashed, policy_.journal.checkpoint_bytes,
+                                                                  history.bytes);
           rolled_back = checkpoints_->rolled_back();
           if (!any) {
             baseline = checkpoints_->take();
@@ -183,15 +197,22 @@ task<void> attempt_driver::watch_workspace() {
         }
       },
       pool::starts);
-  if (baseline) co_await apply_effect(effects::workspace_baseline{std::move(*baseline)});
+  if (baseline) {
+    try {
+      co_await apply_effect(effects::workspace_baseline{std::move(*baseline)});
+    } catch (const budget_exceeded& e) {
+      checkpoints_.reset();
+      warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.message);
+    }
+  }
+  if (rolled_back > 0)
+    warning = fmt::format("{} entries of the workspace were put back as the last committed step left them (the "
+                          "attempt before ended mid-step)",
+                          rolled_back);
   if (!warning.empty()) {
     co_await apply_effect(effects::sandbox_warning{warning});
     observer_.on_warning(warning);
   }
-  if (rolled_back > 0)
-    observer_.on_warning(fmt::format("run {}: {} entries of its workspace were put back as its last committed step "
-                                     "left them (the attempt before ended mid-step)",
-                                     run_.id, rolled_back));
 }
 
 task<attempt_result> attempt_driver::converse_to_end(const protocol::start_msg& start) {

@@ -52,7 +52,11 @@ run_journal::run_journal(ledger& writes, storage::journal& reads, const std::fil
 task<void> run_journal::apply(effect e) {
   if (auto* step = std::get_if<effects::step_committed>(&e)) {
     budget_.charge_step(step->record.result);
+    // Its checkpoint's list of files is journal bytes too (its pieces are limits.checkpoint_mb's).
+    if (step->checkpoint) budget_.charge_event(checkpoint_event, step->checkpoint->data);
     step->tokens = tokens_of_step(step->record.result);
+  } else if (auto* baseline = std::get_if<effects::workspace_baseline>(&e)) {
+    budget_.charge_event(baseline_event, baseline->checkpoint.data);
   } else if (charged(e))
     if (auto row = ledger::event_of(e)) budget_.charge_event(row->kind, row->data);
   co_await writes_.apply_async(run_id_, std::move(e));

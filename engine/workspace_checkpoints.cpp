@@ -126,6 +126,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::size_t piece_bytes = 1 << 20;
+constexpr std::size_t max_checkpoint_entries = 200'000;
 constexpr int zstd_level = 1;  // fast: a checkpoint is on its step's way to the ack
 
 std::string sha256_digest(const char* data, std::size_t n) {
@@ -407,8 +408,9 @@ std::uint64_t checkpoint_bytes(storage::journal& journal, std::string_view run_i
   return total;
 }
 
-bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id) {
-  const auto events = journal.events(run_id);
+namespace {
+
+bool crashed_before_last(const std::vector<storage::event_record>& events) {
   // The events from the attempt before the current one up to the current one.
   std::vector<std::size_t> starts;
   for (std::size_t i = 0; i < events.size(); ++i)
@@ -422,6 +424,31 @@ bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id
       return false;
   }
   return true;  // no end at all: its host died
+}
+
+}  // namespace
+
+bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id) {
+  return crashed_before_last(journal.events(run_id));
+}
+
+checkpoint_history checkpoint_history_of(std::string_view run_id, const std::vector<storage::event_record>& events) {
+  checkpoint_history h;
+  const auto fold = [&](const storage::event_record& e) {
+    try {
+      apply_checkpoint(h.state, e.data);
+    } catch (const std::exception& ex) {
+      throw unreadable(run_id, e, ex.what());
+    }
+    h.any = true;
+    if (e.data.is_object()) h.bytes += e.data.value("bytes", std::uint64_t{0});
+  };
+  for (const auto& e : events)
+    if (is_baseline(e)) fold(e);
+  for (const auto& e : events)
+    if (is_checkpoint_until(e, std::nullopt)) fold(e);
+  h.previous_crashed = crashed_before_last(events);
+  return h;
 }
 
 piece_source pieces_of(storage::journal& journal) {
@@ -509,15 +536,14 @@ workspace_state checkpoint_at(storage::journal& journal, std::string_view run_id
 }
 
 struct workspace_checkpointer::impl {
-  storage::journal& journal;
   runtime::workspace_changes changes;
   workspace_state state;
   std::set<std::string> known;    // digests the run's checkpoints name
   std::set<std::string> pending;  // what the walk as the attempt began found changed
   std::uint64_t budget = 0, spent = 0;
 
-  impl(storage::journal& j, const fs::path& folder, workspace_state s, std::uint64_t b, std::uint64_t used)
-      : journal(j), changes(folder), state(std::move(s)), budget(b), spent(used) {
+  impl(const fs::path& folder, workspace_state s, std::uint64_t b, std::uint64_t used)
+      : changes(folder), state(std::move(s)), budget(b), spent(used) {
     for (const auto& [path, e] : state) known.insert(e.pieces.begin(), e.pieces.end());
   }
 
@@ -534,15 +560,15 @@ struct workspace_checkpointer::impl {
   }
 };
 
-workspace_checkpointer::workspace_checkpointer(storage::journal& journal, const fs::path& folder,
+workspace_checkpointer::workspace_checkpointer(const piece_source& pieces, const fs::path& folder,
                                                workspace_state state, bool roll_back, std::uint64_t budget_bytes,
                                                std::uint64_t spent_bytes)
-    : impl_(std::make_unique<impl>(journal, folder, std::move(state), budget_bytes, spent_bytes)) {
+    : impl_(std::make_unique<impl>(folder, std::move(state), budget_bytes, spent_bytes)) {
   // Watched first, then walked: a change made meanwhile is seen by one or the other.
   workspace_state now;
   scan(impl_->root(), "", now);
   if (roll_back) {
-    rolled_back_ = put_back(pieces_of(journal), impl_->root(), impl_->state, now);
+    rolled_back_ = put_back(pieces, impl_->root(), impl_->state, now);
   } else {
     impl_->pending = impl_->differing(now);
   }
@@ -572,6 +598,12 @@ std::optional<workspace_checkpoint> workspace_checkpointer::take() {
     for (auto it = m.state.lower_bound(prefix); it != m.state.end() && it->first.starts_with(prefix); ++it)
       paths.insert(it->first);
   }
+  // Each entry is held, and journaled, at once: a step that touched more is refused, not read.
+  if (paths.size() > max_checkpoint_entries)
+    throw budget_exceeded{"checkpoint_mb", fmt::format("the step changed {} or more entries of the workspace, more "
+                                                       "than one checkpoint holds ({}); keep fewer files, or set "
+                                                       "limits.checkpoint_mb to 0 to keep no checkpoints",
+                                                       paths.size(), max_checkpoint_entries)};
   json files = json::object();
   std::set<std::string> removed;
   workspace_checkpoint out;

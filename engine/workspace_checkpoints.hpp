@@ -85,6 +85,19 @@ bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id
 // Whether `run_id` has a checkpoint at or before `seq`.
 bool has_checkpoint(storage::journal& journal, std::string_view run_id, std::uint64_t seq);
 
+// What an attempt needs of the run's checkpoints, out of its events (read
+// once, by the thread that owns the journal connection): the files as the
+// last checkpoint left them, whether there is any checkpoint (a baseline
+// counts), whether the attempt before the current one crashed
+// (previous_attempt_crashed), and what the checkpoints stored.
+struct checkpoint_history {
+  workspace_state state;
+  bool any = false;
+  bool previous_crashed = false;
+  std::uint64_t bytes = 0;
+};
+checkpoint_history checkpoint_history_of(std::string_view run_id, const std::vector<storage::event_record>& events);
+
 // Where pieces are read from by digest: nullopt for one it does not hold.
 using piece_source = std::function<std::optional<storage::blob>(const std::string& digest)>;
 // The journal's pieces (find_blob).
@@ -137,7 +150,9 @@ void fork_workspace(storage::journal& journal, std::string_view from, std::uint6
 // it. Throws runtime::sandbox_error when the workspace cannot be watched.
 class workspace_checkpointer {
  public:
-  workspace_checkpointer(storage::journal& journal, const std::filesystem::path& folder, workspace_state state,
+  // `pieces`: where a roll-back reads the pieces it writes (called on the
+  // constructing thread only).
+  workspace_checkpointer(const piece_source& pieces, const std::filesystem::path& folder, workspace_state state,
                          bool roll_back, std::uint64_t budget_bytes, std::uint64_t spent_bytes);
   ~workspace_checkpointer();
   workspace_checkpointer(const workspace_checkpointer&) = delete;

@@ -145,8 +145,15 @@ TEST_CASE("a sandbox that crashes mid-run is retried from the journal without re
   CHECK(runs[0] == 1);
   CHECK(runs[1] == 1);
   CHECK(runs[2] == 1);
-  CHECK(runs[3] == 2);  // its first execution aborted before the result was sent
+  // Its first execution aborted before the result was sent: what it wrote
+  // was rolled back to step 2's checkpoint, and the log holds the execution
+  // whose result was journaled, attempt 2's.
+  CHECK(runs[3] == 1);
   CHECK(runs[4] == 1);
+  std::ifstream in(h.dir / "ws" / "crash" / "exec.log");
+  std::string line;
+  for (int i = 0; i <= 3; ++i) std::getline(in, line);
+  CHECK_THAT(line, Catch::StartsWith("3 ") && Catch::EndsWith("attempt 2"));
 }
 
 TEST_CASE("a sandbox that crashes every time fails the run after max attempts, naming the crash") {

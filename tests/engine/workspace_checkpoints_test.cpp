@@ -89,7 +89,7 @@ struct journaled_run {
   }
   std::unique_ptr<workspace_checkpointer> watch(const fs::path& folder, bool roll_back = false,
                                                 std::uint64_t budget = 1ull << 30) {
-    return std::make_unique<workspace_checkpointer>(*reads, folder, checkpoint_state(*reads, id), roll_back, budget,
+    return std::make_unique<workspace_checkpointer>(pieces_of(*reads), folder, checkpoint_state(*reads, id), roll_back, budget,
                                                     checkpoint_bytes(*reads, id));
   }
   // The files the journal's checkpoints hold after step `seq`, written out.
