@@ -12,7 +12,6 @@
 #include "cli/commands.hpp"
 #include "cli/support.hpp"
 #include "engine/run_archive.hpp"
-#include "runtime/unique_fd.hpp"
 
 namespace cairn::cli {
 
@@ -21,6 +20,19 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+// A descriptor this command opened, closed when it goes out of scope.
+struct opened_file {
+  int fd = -1;
+  opened_file() = default;
+  explicit opened_file(int f) : fd(f) {}
+  opened_file(const opened_file&) = delete;
+  opened_file& operator=(const opened_file&) = delete;
+  ~opened_file() {
+    if (fd >= 0) ::close(fd);
+  }
+  explicit operator bool() const { return fd >= 0; }
+};
 
 }  // namespace
 
@@ -35,9 +47,8 @@ int export_command(const paths& p, const std::string& run_id, const std::string&
     auto journal = storage::open_journal(p.db, {.read_only = true});
     // Written beside FILE and renamed onto it once whole: a failed export leaves no half archive.
     const std::string temp = output.empty() ? "" : fmt::format("{}.partial.{}", output, ::getpid());
-    runtime::unique_fd file;
+    opened_file file(temp.empty() ? -1 : ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
     if (!temp.empty()) {
-      file = runtime::unique_fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
       if (!file) {
         std::cerr << fmt::format("cairn: cannot write {}: {}\n", temp, std::strerror(errno));
         return 3;
@@ -45,8 +56,8 @@ int export_command(const paths& p, const std::string& run_id, const std::string&
     }
     engine::export_summary done;
     try {
-      done = engine::write_run_archive(*journal, run_id, file ? file.get() : STDOUT_FILENO);
-      if (file && ::fsync(file.get()) != 0) throw std::runtime_error(fmt::format("cannot sync {}: {}", temp, std::strerror(errno)));
+      done = engine::write_run_archive(*journal, run_id, file ? file.fd : STDOUT_FILENO);
+      if (file && ::fsync(file.fd) != 0) throw std::runtime_error(fmt::format("cannot sync {}: {}", temp, std::strerror(errno)));
     } catch (...) {
       if (!temp.empty()) ::unlink(temp.c_str());
       throw;
@@ -66,9 +77,8 @@ int export_command(const paths& p, const std::string& run_id, const std::string&
 int import_command(const paths& p, const std::string& file, const std::string& id, bool as_json) {
   return guarded([&] {
     const auto start = std::chrono::steady_clock::now();
-    runtime::unique_fd opened;
+    opened_file opened(file == "-" ? -1 : ::open(file.c_str(), O_RDONLY | O_CLOEXEC));
     if (file != "-") {
-      opened = runtime::unique_fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
       if (!opened) {
         std::cerr << fmt::format("cairn: cannot read {}: {}\n", file, std::strerror(errno));
         return 2;
@@ -76,7 +86,7 @@ int import_command(const paths& p, const std::string& file, const std::string& i
     }
     auto journal = storage::open_journal(p.db);
     engine::engine eng(*journal, options_for(p));
-    const auto imported = eng.import_run(opened ? opened.get() : STDIN_FILENO, id);
+    const auto imported = eng.import_run(opened ? opened.fd : STDIN_FILENO, id);
     if (as_json) {
       auto out = to_json(imported.run);
       out["imported_from"] = imported.from_run;

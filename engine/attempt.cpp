@@ -1,6 +1,5 @@
 #include "engine/attempt.hpp"
 
-#include <limits>
 #include <sched.h>
 
 #include <atomic>
@@ -158,57 +157,17 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
 // watched, and after a crash what the attempt before wrote past its last
 // step is put back as that step left it.
 task<void> attempt_driver::watch_workspace() {
-  storage::journal* store = journal_.checkpoint_store();
-  if (!store || policy_.journal.checkpoint_bytes == 0 || run_.workspace.empty()) co_return;
-  std::string warning;
-  std::size_t rolled_back = 0;
-  std::optional<workspace_checkpoint> baseline;
-  // Read here: the journal's connection is this thread's alone.
-  auto history = checkpoint_history_of(run_.id, store->events(run_.id));
-  // Without a checkpoint yet (the run's first attempt, or one begun by a
-  // cairn that kept none) nothing says what the workspace held before: its
-  // files are kept, and recorded as the baseline.
-  const bool any = history.any, crashed = history.any && history.previous_crashed;
-  // A roll-back reads its pieces through a connection of its own, on the thread that does it.
-  const auto journal_path = store->path();
-  const auto journal_options = store->options();
-  co_await offload(
-      [&] {
-        try {
-          std::unique_ptr<storage::journal> own;
-          const piece_source pieces = [&](const std::string& digest) {
-            if (!own) own = storage::open_journal(journal_path, journal_options);
-            return own->find_blob(digest);
-          };
-          checkpoints_ = std::make_unique<workspace_checkpointer>(pieces, run_.workspace, std::move(history.state),
-                                                                  crashed, policy_.journal.checkpoint_bytes,
-                                                                  history.bytes);
-          rolled_back = checkpoints_->rolled_back();
-          if (!any) {
-            baseline = checkpoints_->take();
-            if (!baseline) baseline = workspace_checkpoint{{{"files", json::object()}, {"removed", json::array()}, {"bytes", 0}}, {}, {}};
-          }
-        } catch (const runtime::sandbox_error& e) {
-          checkpoints_.reset();
-          warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.what());
-        } catch (const budget_exceeded& e) {
-          checkpoints_.reset();
-          warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.message);
-        }
-      },
-      pool::starts);
-  if (baseline) {
+  auto watch = co_await journal_.watch_workspace(run_, policy_);
+  checkpoints_ = std::move(watch.keeper);
+  std::string warning = std::move(watch.warning);
+  if (watch.baseline) {
     try {
-      co_await apply_effect(effects::workspace_baseline{std::move(*baseline)});
+      co_await apply_effect(effects::workspace_baseline{std::move(*watch.baseline)});
     } catch (const budget_exceeded& e) {
       checkpoints_.reset();
       warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.message);
     }
   }
-  if (rolled_back > 0)
-    warning = fmt::format("{} entries of the workspace were put back as the last committed step left them (the "
-                          "attempt before ended mid-step)",
-                          rolled_back);
   if (!warning.empty()) {
     co_await apply_effect(effects::sandbox_warning{warning});
     observer_.on_warning(warning);

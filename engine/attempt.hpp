@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,23 @@ class run_observer {
                           std::chrono::microseconds /*took*/) {}
   // The run was suspended until `wait` is over.
   virtual void on_wait(const storage::run_record&, const storage::wait_spec&) {}
+};
+
+// What an attempt keeps of its workspace as its steps commit (the engine's
+// workspace_checkpoints.hpp): taken on a pool thread, one step at a time.
+class workspace_keeper {
+ public:
+  virtual ~workspace_keeper() = default;
+  // What changed since the last checkpoint, for the step about to commit;
+  // nullopt when nothing did. Throws budget_exceeded past limits.checkpoint_mb.
+  virtual std::optional<workspace_checkpoint> take() = 0;
+};
+
+// An attempt's workspace as it begins, before its agent is told to start.
+struct workspace_watch {
+  std::unique_ptr<workspace_keeper> keeper;      // none: no checkpoints this attempt
+  std::optional<workspace_checkpoint> baseline;  // to journal first: the files as the run's first attempt found them
+  std::string warning;  // why none are kept, or what a roll-back put back
 };
 
 // The driver's side of the journal: what it reads of its run, and where its
@@ -78,9 +96,10 @@ class attempt_journal {
   virtual std::optional<storage::run_record> find_run(const std::string& id) = 0;
   // Tokens the run's journaled llm.chat calls counted.
   virtual std::uint64_t llm_tokens_spent() = 0;
-  // Where the run's workspace checkpoints are read (workspace_checkpoints.hpp);
-  // nullptr: the run keeps none here (a journal of a test's own).
-  virtual storage::journal* checkpoint_store() { return nullptr; }
+  // Watches the run's workspace for its checkpoints (after a crash, puts
+  // back what the attempt before wrote past its last step first). The
+  // default keeps none (a journal of a test's own).
+  virtual task<workspace_watch> watch_workspace(const storage::run_record&, const policy&) { co_return workspace_watch{}; }
 };
 
 // The engine's settings an attempt needs (engine_options holds them).

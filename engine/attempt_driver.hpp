@@ -16,7 +16,6 @@
 #include "engine/io.hpp"
 #include "engine/step_retry.hpp"
 #include "engine/tool_broker.hpp"
-#include "engine/workspace_checkpoints.hpp"
 
 namespace cairn::engine {
 
@@ -169,7 +168,7 @@ class attempt_driver {
   std::optional<protocol::begin_msg> in_step_;
   // The workspace's checkpoints (workspace_checkpoints.hpp); none when the
   // policy keeps none or the journal has no place for them.
-  std::unique_ptr<workspace_checkpointer> checkpoints_;
+  std::unique_ptr<workspace_keeper> checkpoints_;
   clock::time_point step_started_;
   // Cancellation: sent to the agent, and when the grace period ends.
   bool cancel_sent_ = false, timed_out_ = false;

@@ -12,7 +12,20 @@
 #include "protocol/messages.hpp"
 #include "runtime/agent_version.hpp"
 #include "storage/journal.hpp"
-#include "engine/workspace_checkpoints.hpp"
+
+namespace cairn::engine {
+
+// What a step's commit stores of the workspace (workspace_checkpoints.hpp):
+// the event's data ({"files": {PATH: ENTRY}, "removed": [PATH], "bytes":
+// the compressed size of the pieces it stored new}), those pieces, and
+// every digest the event names.
+struct workspace_checkpoint {
+  nlohmann::json data;
+  std::vector<storage::blob> blobs;
+  std::vector<std::string> used;
+};
+
+}  // namespace cairn::engine
 
 namespace cairn::engine::effects {
 

@@ -6,6 +6,8 @@
 #include "engine/run_paths.hpp"
 #include "engine/run_state.hpp"
 #include "engine/tools/llm_chat.hpp"
+#include "engine/workspace_checkpoints.hpp"
+#include "runtime/sandbox.hpp"
 
 namespace cairn::engine {
 namespace {
@@ -60,6 +62,63 @@ task<void> run_journal::apply(effect e) {
   } else if (charged(e))
     if (auto row = ledger::event_of(e)) budget_.charge_event(row->kind, row->data);
   co_await writes_.apply_async(run_id_, std::move(e));
+}
+
+namespace {
+
+class checkpoint_keeper final : public workspace_keeper {
+ public:
+  explicit checkpoint_keeper(std::unique_ptr<workspace_checkpointer> c) : c_(std::move(c)) {}
+  std::optional<workspace_checkpoint> take() override { return c_->take(); }
+
+ private:
+  std::unique_ptr<workspace_checkpointer> c_;
+};
+
+}  // namespace
+
+task<workspace_watch> run_journal::watch_workspace(const storage::run_record& run, const policy& p) {
+  workspace_watch watch;
+  if (p.journal.checkpoint_bytes == 0 || run.workspace.empty()) co_return watch;
+  // Read here: the journal's connection is this thread's alone.
+  auto history = checkpoint_history_of(run.id, reads_.events(run.id));
+  // Without a checkpoint yet (the run's first attempt, or one begun by a
+  // cairn that kept none) nothing says what the workspace held before: its
+  // files are kept, and recorded as the baseline.
+  const bool any = history.any, crashed = history.any && history.previous_crashed;
+  // A roll-back reads its pieces through a connection of its own, on the thread that does it.
+  const auto journal_path = reads_.path();
+  const auto journal_options = reads_.options();
+  std::size_t rolled_back = 0;
+  co_await offload(
+      [&] {
+        try {
+          std::unique_ptr<storage::journal> own;
+          const piece_source pieces = [&](const std::string& digest) {
+            if (!own) own = storage::open_journal(journal_path, journal_options);
+            return own->find_blob(digest);
+          };
+          auto c = std::make_unique<workspace_checkpointer>(pieces, run.workspace, std::move(history.state), crashed,
+                                                            p.journal.checkpoint_bytes, history.bytes);
+          rolled_back = c->rolled_back();
+          if (!any) {
+            watch.baseline = c->take();
+            if (!watch.baseline)
+              watch.baseline = workspace_checkpoint{{{"files", json::object()}, {"removed", json::array()}, {"bytes", 0}}, {}, {}};
+          }
+          watch.keeper = std::make_unique<checkpoint_keeper>(std::move(c));
+        } catch (const runtime::sandbox_error& e) {
+          watch.warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.what());
+        } catch (const budget_exceeded& e) {
+          watch.warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.message);
+        }
+      },
+      pool::starts);
+  if (watch.keeper && rolled_back > 0)
+    watch.warning = fmt::format("{} entries of the workspace were put back as the last committed step left them "
+                                "(the attempt before ended mid-step)",
+                                rolled_back);
+  co_return watch;
 }
 
 task<std::optional<std::string>> run_journal::start_child(storage::new_run child, const policy& p) {

@@ -32,7 +32,7 @@ class run_journal : public attempt_journal {
   std::optional<storage::signal_record> pending_signal(const std::string& name) override;
   std::optional<storage::run_record> find_run(const std::string& id) override;
   std::uint64_t llm_tokens_spent() override;
-  storage::journal* checkpoint_store() override { return &reads_; }
+  task<workspace_watch> watch_workspace(const storage::run_record& run, const policy& p) override;
 
  private:
   ledger& writes_;

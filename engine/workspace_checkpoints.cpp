@@ -428,10 +428,6 @@ bool crashed_before_last(const std::vector<storage::event_record>& events) {
 
 }  // namespace
 
-bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id) {
-  return crashed_before_last(journal.events(run_id));
-}
-
 checkpoint_history checkpoint_history_of(std::string_view run_id, const std::vector<storage::event_record>& events) {
   checkpoint_history h;
   const auto fold = [&](const storage::event_record& e) {

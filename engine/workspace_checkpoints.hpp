@@ -22,21 +22,12 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/effects.hpp"
 #include "storage/journal.hpp"
 
 namespace cairn::engine {
 
 using json = nlohmann::json;
-
-// What a step's commit stores of the workspace (effects::step_committed):
-// the event's data ({"files": {PATH: ENTRY}, "removed": [PATH], "bytes":
-// the compressed size of the pieces it stored new}), those pieces, and
-// every digest the event names.
-struct workspace_checkpoint {
-  json data;
-  std::vector<storage::blob> blobs;
-  std::vector<std::string> used;
-};
 
 // The kind of the event a checkpoint is recorded as, and of the one that
 // records the workspace as the run's first checkpointing attempt found it
@@ -76,20 +67,16 @@ void apply_checkpoint(workspace_state& state, const json& data);
 // what limits.checkpoint_mb bounds.
 std::uint64_t checkpoint_bytes(storage::journal& journal, std::string_view run_id);
 
-// Whether the attempt before the run's current one ended without handing
-// the run back (its sandbox or its host died, or the host ended it): then
-// what it wrote after its last step is half done, and rolls back. False
-// for a first attempt.
-bool previous_attempt_crashed(storage::journal& journal, std::string_view run_id);
-
 // Whether `run_id` has a checkpoint at or before `seq`.
 bool has_checkpoint(storage::journal& journal, std::string_view run_id, std::uint64_t seq);
 
 // What an attempt needs of the run's checkpoints, out of its events (read
 // once, by the thread that owns the journal connection): the files as the
 // last checkpoint left them, whether there is any checkpoint (a baseline
-// counts), whether the attempt before the current one crashed
-// (previous_attempt_crashed), and what the checkpoints stored.
+// counts), whether the attempt before the current one ended without
+// handing the run back (its sandbox or its host died, or the host ended
+// it: what it wrote after its last step is half done, and rolls back), and
+// what the checkpoints stored.
 struct checkpoint_history {
   workspace_state state;
   bool any = false;
