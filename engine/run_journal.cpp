@@ -81,7 +81,7 @@ task<workspace_watch> run_journal::watch_workspace(const storage::run_record& ru
   workspace_watch watch;
   if (p.journal.checkpoint_bytes == 0 || run.workspace.empty()) co_return watch;
   // Read here: the journal's connection is this thread's alone.
-  auto history = checkpoint_history_of(run.id, reads_.events(run.id));
+  auto history = checkpoint_history_of(run.id, reads_.events_of_kinds(run.id, checkpoint_history_kinds));
   // Without a checkpoint yet (the run's first attempt, or one begun by a
   // cairn that kept none) nothing says what the workspace held before: its
   // files are kept, and recorded as the baseline.

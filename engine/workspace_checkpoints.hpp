@@ -83,7 +83,11 @@ struct checkpoint_history {
   bool previous_crashed = false;
   std::uint64_t bytes = 0;
 };
+// `events`: at least those of checkpoint_history_kinds.
 checkpoint_history checkpoint_history_of(std::string_view run_id, const std::vector<storage::event_record>& events);
+inline constexpr std::string_view checkpoint_history_kinds[] = {
+    checkpoint_event, baseline_event, "attempt_started", "attempt_crashed", "run_waiting", "run_released",
+    "run_completed",  "run_failed",   "run_cancelled",   "run_in_doubt",    "run_reset"};
 
 // Where pieces are read from by digest: nullopt for one it does not hold.
 using piece_source = std::function<std::optional<storage::blob>(const std::string& digest)>;

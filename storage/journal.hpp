@@ -388,6 +388,10 @@ class journal {
   virtual void append_event(std::string_view run_id, std::string_view kind, const json& data,
                     std::optional<std::uint64_t> seq = std::nullopt) = 0;
   virtual std::vector<event_record> events(std::string_view run_id) = 0;
+  // The run's events of these kinds, in order: what an attempt reads as it
+  // begins, found by index (events_by_kind) however long the history.
+  virtual std::vector<event_record> events_of_kinds(std::string_view run_id,
+                                                    std::span<const std::string_view> kinds) = 0;
   // The run's events after the one whose id is `after_id` (0: from the
   // first), oldest first, as many as fit in max_bytes (their kind and data
   // as stored, payload bodies included), but at least one if there is one:

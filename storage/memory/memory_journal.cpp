@@ -461,6 +461,16 @@ class memory_journal final : public journal {
     return it == db_->events.end() ? std::vector<event_record>{} : it->second;
   }
 
+  std::vector<event_record> events_of_kinds(std::string_view run_id,
+                                           std::span<const std::string_view> kinds) override {
+    std::lock_guard lock(db_->mutex);
+    std::vector<event_record> out;
+    if (auto it = db_->events.find(std::string(run_id)); it != db_->events.end())
+      for (const auto& e : it->second)
+        if (std::find(kinds.begin(), kinds.end(), e.kind) != kinds.end()) out.push_back(e);
+    return out;
+  }
+
   std::vector<event_record> events_from(std::string_view run_id, std::int64_t after_id,
                                         std::uint64_t max_bytes) override {
     std::lock_guard lock(db_->mutex);

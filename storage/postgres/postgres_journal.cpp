@@ -65,6 +65,7 @@ class postgres_journal final : public journal {
   std::vector<step_record> steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq, std::uint64_t max_bytes) override;
   void append_event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::uint64_t> seq) override;
   std::vector<event_record> events(std::string_view run_id) override;
+  std::vector<event_record> events_of_kinds(std::string_view run_id, std::span<const std::string_view> kinds) override;
   std::vector<event_record> events_from(std::string_view run_id, std::int64_t after_id, std::uint64_t max_bytes) override;
   std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq) override;
   std::uint64_t step_count(std::string_view run_id) override;
@@ -1089,6 +1090,19 @@ std::vector<event_record> postgres_journal::events(std::string_view run_id) {
   auto& j = *impl_;
   return j.guard(run_id, [&] {
     auto r = j.exec(j.query(fmt::format("SELECT {} FROM events WHERE run_id = $1 ORDER BY id", event_columns)), run_id);
+    return j.read_events(r, run_id);
+  });
+}
+
+std::vector<event_record> postgres_journal::events_of_kinds(std::string_view run_id,
+                                                           std::span<const std::string_view> kinds) {
+  auto& j = *impl_;
+  return j.guard(run_id, [&] {
+    const std::string names = dump(json(std::vector<std::string>(kinds.begin(), kinds.end())));
+    auto r = j.exec(j.query(fmt::format("SELECT {} FROM events WHERE run_id = $1 AND kind IN (SELECT "
+                                        "jsonb_array_elements_text($2::jsonb)) ORDER BY id",
+                                        event_columns)),
+                    run_id, names);
     return j.read_events(r, run_id);
   });
 }

@@ -240,6 +240,8 @@ CREATE TABLE run_blobs (
   PRIMARY KEY (run_id, digest)
 );
 CREATE INDEX run_blobs_by_digest ON run_blobs (digest);
+-- What an attempt reads as it begins (journal.hpp events_of_kinds).
+CREATE INDEX events_by_kind ON events (run_id, kind, id);
 )sql";
 
 constexpr migration all_migrations[] = {{6, schema_v6}, {7, schema_v7}, {8, schema_v8}, {9, schema_v9},

@@ -249,6 +249,8 @@ CREATE TABLE run_blobs (
   PRIMARY KEY (run_id, digest)
 ) WITHOUT ROWID;
 CREATE INDEX run_blobs_by_digest ON run_blobs (digest);
+-- What an attempt reads as it begins (journal.hpp events_of_kinds).
+CREATE INDEX events_by_kind ON events (run_id, kind, id);
 )sql",
 };
 constexpr int latest = static_cast<int>(std::size(migrations));

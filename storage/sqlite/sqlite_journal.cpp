@@ -69,6 +69,7 @@ class sqlite_journal final : public journal {
   std::vector<step_record> steps_from(std::string_view run_id, std::uint64_t from_seq, std::uint64_t end_seq, std::uint64_t max_bytes) override;
   void append_event(std::string_view run_id, std::string_view kind, const json& data, std::optional<std::uint64_t> seq) override;
   std::vector<event_record> events(std::string_view run_id) override;
+  std::vector<event_record> events_of_kinds(std::string_view run_id, std::span<const std::string_view> kinds) override;
   std::vector<event_record> events_from(std::string_view run_id, std::int64_t after_id, std::uint64_t max_bytes) override;
   std::vector<event_record> events_at(std::string_view run_id, std::uint64_t seq) override;
   std::uint64_t step_count(std::string_view run_id) override;
@@ -599,6 +600,17 @@ void sqlite_journal::append_event(std::string_view run_id, std::string_view kind
 std::vector<event_record> sqlite_journal::events(std::string_view run_id) {
   return c_.guard(run_id, [&] {
     auto s = c_.statement((event_select + "WHERE run_id = ? ORDER BY id").c_str(), run_id);
+    return read_events(s, run_id, payloads_of(run_id));
+  });
+}
+
+std::vector<event_record> sqlite_journal::events_of_kinds(std::string_view run_id,
+                                                         std::span<const std::string_view> kinds) {
+  return c_.guard(run_id, [&] {
+    const std::string names = dump(json(std::vector<std::string>(kinds.begin(), kinds.end())));
+    auto s = c_.statement(
+        (event_select + "WHERE run_id = ? AND kind IN (SELECT value FROM json_each(?)) ORDER BY id").c_str(), run_id,
+        names);
     return read_events(s, run_id, payloads_of(run_id));
   });
 }

@@ -25,7 +25,7 @@ namespace {
 // deletion: what the tests below that make an older journal out of a
 // current one undo first.
 const std::string undo_schema_8 =
-    "DROP INDEX run_blobs_by_digest; DROP TABLE run_blobs; DROP TABLE blobs; DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete; CREATE TRIGGER steps_no_delete BEFORE DELETE ON "
+    "DROP INDEX events_by_kind; DROP INDEX run_blobs_by_digest; DROP TABLE run_blobs; DROP TABLE blobs; DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete; CREATE TRIGGER steps_no_delete BEFORE DELETE ON "
     "steps BEGIN SELECT RAISE(ABORT, 'steps are write-once: a journaled step cannot be deleted'); END; ";
 
 // The on-disk format of schema version 1, as cairn 0.1 wrote it.

@@ -162,7 +162,7 @@ TEST_CASE("postgres: a version 7 journal is migrated in place: its runs' bytes a
   // Version 7 is version 10 without version 10's blobs and run_blobs, then without version 9's (runs_by_created, the trigger that lets an ended run's steps
   // go), then without run_states, its triggers and functions, and runs.cancel_reason.
   raw_connection(url).exec(
-      "DROP TABLE run_blobs; DROP TABLE blobs; DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete ON steps; DROP FUNCTION "
+      "DROP INDEX events_by_kind; DROP TABLE run_blobs; DROP TABLE blobs; DROP INDEX runs_by_created; DROP TRIGGER steps_no_delete ON steps; DROP FUNCTION "
       "cairn_steps_go_with_their_ended_run(); DROP TRIGGER steps_no_update ON steps; CREATE TRIGGER steps_no_update "
       "BEFORE UPDATE OR DELETE ON steps FOR EACH ROW EXECUTE FUNCTION cairn_steps_are_write_once(); "
       "DROP TRIGGER runs_state ON runs; DROP TRIGGER steps_bytes ON steps; DROP TRIGGER events_bytes ON events; "
