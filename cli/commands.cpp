@@ -71,6 +71,8 @@ int resume_command(const paths& p, const std::string& run_id, bool all, const st
       // A failed run gets a fresh set of attempts; one in doubt is told what to settle.
       auto run = eng.reopen(run_id);
       if (run.status == storage::run_status::in_doubt) return report_end(p, eng.execute(run_id), as_json);
+      // Its files, if a crash kept them in its image as it ended, go to its folder.
+      if (auto kept = eng.release_ended_run(run_id)) std::cerr << "warning: " << terminal_text(*kept) << std::endl;
       print_history(*journal, run_id, as_json);
       if (run.status == storage::run_status::waiting && !as_json)
         std::cout << fmt::format("run {} {}", run_id, describe_wait(run)) << std::endl;
@@ -78,6 +80,10 @@ int resume_command(const paths& p, const std::string& run_id, bool all, const st
       if (const int signal = stop_signal()) return report_stopped(end, signal, as_json);
       return report_end(p, end, as_json);
     }
+    if (const auto released = eng.release_ended_runs(); released && !as_json)
+      std::cout << fmt::format("released the files of {} ended run{} from their images", released,
+                               released == 1 ? "" : "s")
+                << std::endl;
     auto orphans = eng.orphaned_runs();
     if (orphans.empty() && !as_json) std::cout << "nothing to resume: no run was left unfinished" << std::endl;
     int worst = 0;

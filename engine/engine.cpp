@@ -1,10 +1,12 @@
 #include "engine/engine.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <fmt/format.h>
 
@@ -104,6 +106,14 @@ engine::engine(storage::journal& journal, engine_options options)
       options_(std::move(options)),
       ledger_(options_.ledger ? options_.ledger : std::make_shared<ledger>(journal.path(), journal.options())) {}
 
+engine::~engine() { finish_releases(); }
+
+std::vector<std::string> engine::finish_releases(bool wait) {
+  std::unique_lock lock(releasing_->mutex);
+  if (wait) releasing_->done.wait(lock, [&] { return releasing_->going == 0; });
+  return std::exchange(releasing_->warnings, {});
+}
+
 std::pair<storage::run_record, bool> engine::submit(const run_request& request) {
   return ledger_->create_run(new_run_of(request));
 }
@@ -139,7 +149,11 @@ storage::new_run engine::new_run_of(run_request request) {
 }
 
 storage::run_record engine::execute(const std::string& run_id, run_observer* observer, bool revive_failed) {
-  return run_here(execute_async(run_id, observer, revive_failed));
+  auto end = run_here(execute_async(run_id, observer, revive_failed));
+  // A caller that blocks finds the files in their folder when it returns.
+  std::unique_lock lock(releasing_->mutex);
+  releasing_->done.wait(lock, [&] { return releasing_->going == 0; });
+  return end;
 }
 
 task<storage::run_record> engine::execute_async(std::string run_id, run_observer* observer, bool revive_failed) {
@@ -248,7 +262,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         refusal = choice.refusal;
       }
       if (!refusal.empty()) {
-        result = {attempt_result::kind::failed, nullptr, {refusal, "agent_changed"}, {}};
+        result = {attempt_result::kind::failed, nullptr, {refusal, "agent_changed"}, {}, {}};
       } else {
         options.agent = program;
         options.private_paths = private_paths_for(program, std::move(options.private_paths));
@@ -259,7 +273,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
       }
     } catch (const runtime::sandbox_error& e) {
       if (e.code() == runtime::sandbox_errc::workspace_busy) busy = e.what();
-      else result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
+      else result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}, {}};
     }
     if (busy) {
       // Another live process (a worker paused past its lease) still has the
@@ -323,11 +337,14 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
       }
       case kind::completed:
-        co_return co_await end_run(run_id, storage::run_status::completed, result.output, {}, watch);
+        co_return co_await end_run(run_id, storage::run_status::completed, result.output, {}, watch, true,
+                                   std::move(result.ending_sandbox));
       case kind::cancelled:
-        co_return co_await end_run(run_id, storage::run_status::cancelled, nullptr, result.error, watch);
+        co_return co_await end_run(run_id, storage::run_status::cancelled, nullptr, result.error, watch, true,
+                                   std::move(result.ending_sandbox));
       case kind::failed:
-        co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
+        co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch, true,
+                                   std::move(result.ending_sandbox));
     }
   }
 }
@@ -390,20 +407,71 @@ task<std::optional<storage::run_record>> engine::end_before_attempt(const storag
 }
 
 task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, json output,
-                                          protocol::error_info error, run_observer& watch, bool release_files) {
+                                          protocol::error_info error, run_observer& watch, bool release_files,
+                                          std::shared_ptr<runtime::sandbox> ending) {
   runtime::crash_point("before_finish");
-  // Files first: once the journal says the run ended, nothing releases its
-  // workspace again. A crash in between only replays the run.
   auto run = *journal_.find_run(run_id);
   co_await ledger_->confirm_held_async(run_id);  // the workspace of a run taken over is the new owner's
+  // A run ended without its sandbox (before an attempt, or after its last
+  // crashed) has its files released first: no image is mounted to read them
+  // from once the end is journaled.
   auto& sandboxes = backend(run.sandbox);
-  if (release_files) co_await offload([&] { release_workspace(sandboxes, run, watch); }, pool::teardown);
+  if (release_files && !ending) co_await offload([&] { release_workspace(sandboxes, run, watch); }, pool::teardown);
   std::optional<protocol::error_info> why;
   if (status != storage::run_status::completed) why = std::move(error);
   co_await ledger_->apply_async(run_id, effects::run_ended{status, std::move(output), std::move(why)});
   run = *journal_.find_run(run_id);
+  if (ending) {
+    runtime::crash_point("run_ended");
+    co_await release_after_end(std::move(ending), run);
+  }
   co_await cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
   co_return run;
+}
+
+task<void> engine::release_after_end(std::shared_ptr<runtime::sandbox> ending, const storage::run_record& run) {
+  auto& slot = backends_[run.sandbox];
+  if (!slot) slot = options_.backends(run.sandbox);
+  // The backend's share keeps it for a release that outlives this run's loop.
+  auto release = [ending = std::move(ending), sandboxes = slot, workspace = run.workspace, image = image_of(run),
+                  id = run.id]() mutable -> std::optional<std::string> {
+    std::optional<std::string> failure;
+    try {
+      ending->destroy_ending_run();
+    } catch (const runtime::sandbox_error& e) {
+      failure = e.what();
+    }
+    ending.reset();
+    if (!failure) return std::nullopt;
+    try {
+      sandboxes->release_workspace(workspace, image);  // what the mount could not give, from the image
+      return std::nullopt;
+    } catch (const std::exception& e) {
+      return fmt::format("run {}: its files stay in its quota image {} (`cairn resume {}` releases them): {}", id,
+                         image.string(), id, e.what());
+    }
+  };
+  auto state = releasing_;
+  bool here = blocking_inline();
+  {
+    std::lock_guard lock(state->mutex);
+    here = here || state->going >= max_background_releases;
+    if (!here) ++state->going;
+  }
+  if (here) {
+    if (auto warning = co_await offload(std::move(release), pool::teardown)) {
+      std::lock_guard lock(state->mutex);
+      state->warnings.push_back(std::move(*warning));
+    }
+    co_return;
+  }
+  asio::post(blocking_executor(pool::teardown), [release = std::move(release), state]() mutable {
+    auto warning = release();
+    std::lock_guard lock(state->mutex);
+    if (warning) state->warnings.push_back(std::move(*warning));
+    --state->going;
+    state->done.notify_all();
+  });
 }
 
 void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run,
@@ -669,17 +737,32 @@ std::size_t engine::release_ended_runs() {
   for (const auto& folder : folders) {
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
-      const auto name = entry.path().filename();
-      if (name.extension() != ".img" || run_id_problem(name.stem().string())) continue;
-      auto run = journal_.find_run(name.stem().string());
-      if (!run || !is_finished(run->status) ||
-          image_of(*run) != entry.path() || !files_are_ours(*run))
-        continue;
+      // ID.img, or the record ID.img.released of a copy a crash kept from
+      // taking the folder's place (the image renamed away already).
+      auto name = entry.path().filename().string();
+      if (name.ends_with(".img.released")) name.resize(name.size() - std::strlen(".released"));
+      if (!name.ends_with(".img")) continue;
+      const auto id = name.substr(0, name.size() - std::strlen(".img"));
+      if (run_id_problem(id)) continue;
+      auto run = journal_.find_run(id);
+      if (!run || !is_finished(run->status) || image_of(*run) != folder / name || !files_are_ours(*run)) continue;
       release_workspace(backend(run->sandbox), *run, quiet);
       released += !std::filesystem::exists(entry.path());
     }
   }
   return released;
+}
+
+std::optional<std::string> engine::release_ended_run(const std::string& run_id) {
+  const auto run = journal_.find_run(run_id);
+  // Cheap when there is nothing to do: no image, no copy a crash cut short.
+  if (!run || !is_finished(run->status) || !files_are_ours(*run)) return std::nullopt;
+  try {
+    backend(run->sandbox).release_workspace(run->workspace, image_of(*run));
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return fmt::format("run {}: its files stay in its quota image {}: {}", run->id, image_of(*run).string(), e.what());
+  }
 }
 
 std::optional<std::string> engine::unreachable(const storage::run_record& run) {

@@ -607,6 +607,11 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
   return result;
 }
 
+bool image_held(const fs::path& image) {
+  unique_fd probe(::open(image.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  return probe && ::flock(probe.get(), LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+}
+
 std::size_t sweep_orphaned_workspace_mounts() {
   std::unique_lock lock(sweep_mutex);
   std::size_t swept = 0;
@@ -666,6 +671,14 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
       upkeeps.erase(workspace);  // the run is over
     }
   } over{workspace};
+  if (!held.lease) {
+    // Another process that ended the run may be releasing it still (its
+    // mount holds the image's lock until the copy has taken the folder's
+    // place): its copy is left alone, and so is the image.
+    unique_fd probe(::open(image.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    // A sweep of stale mounts holds it for a moment only.
+    if (probe && !lock_within(probe.get(), std::chrono::milliseconds(250))) locked_elsewhere(workspace, image);
+  }
   fs::remove_all(staging, ec);  // a copy cut short
   if (is_whole_copy_of(whole, image)) {
     if (held.lease) std::exchange(held.lease, nullptr)->release_locked();

@@ -170,6 +170,11 @@ std::optional<std::filesystem::path> cut_short_release(const std::filesystem::pa
 std::vector<std::filesystem::path> run_file_paths(const std::filesystem::path& workspace,
                                                   const std::filesystem::path& image);
 
+// Whether a live process holds `image` (a sandbox's mount of it, or the
+// release of its ended run's files going on): then its files are not to be
+// removed. Cheap; never waits.
+bool image_held(const std::filesystem::path& image);
+
 // Moves the image `from` (where an earlier layout kept it) to `to`, when
 // there is one and `to` does not exist yet; the lock of a live mount is
 // waited for as a mount waits. Why it could not (another filesystem, held
