@@ -5,6 +5,7 @@
 #include "engine/engine.hpp"
 #include "engine/owner.hpp"
 #include "engine/run_id.hpp"
+#include "engine/run_fork.hpp"
 #include "engine/run_paths.hpp"
 #include "engine/workspace_checkpoints.hpp"
 
@@ -31,50 +32,61 @@ forked_run engine::fork(const fork_request& request) {
   r.sandbox = from->sandbox;
   r.max_attempts = from->max_attempts;
   r.policy = parse_policy(from->policy);
-  // Workspace checkpoints at or before seq never change: whether there is
-  // one is known before anything is written.
-  const bool restore = has_checkpoint(journal_, from->id, request.seq);
-  // Held while its workspace is filled, so that no host executes it half made.
-  if (request.hold || restore) r.owner = current_owner().str();
   auto run = new_run_of(std::move(r));
   run.policy = from->policy;
   give_workspace_now(run);
+  const auto written =
+      write_fork(*ledger_, journal_, run, from->id, request.seq, request.hold, current_owner().str(),
+                 [&](const std::optional<workspace_state>& files) {
+                   if (files) return materialize(journal_, *files, run.workspace);
+                   // Empty, but there: a run with steps and no workspace folder is one
+                   // whose files are elsewhere, which no host executes (engine::unreachable).
+                   make_home_folders(home());
+                   std::filesystem::create_directory(run.workspace);
+                 });
+  if (written.refused) throw engine_error(errc::bad_request, *written.refused);
+  return {*journal_.find_run(run.id), written.restored};
+}
 
-  const std::string& origin = from->id;
-  const std::uint64_t seq = request.seq;
+fork_written write_fork(ledger& writes, storage::journal& journal, storage::new_run fork, const std::string& from,
+                        std::uint64_t seq, bool hold, const std::string& owner,
+                        const std::function<void(const std::optional<workspace_state>&)>& fill) {
+  // Workspace checkpoints at or before seq never change: whether there is
+  // one is known before anything is written.
+  const bool restore = has_checkpoint(journal, from, seq);
+  // Held while its workspace is filled, so that no host executes it half made.
+  if (hold || restore) fork.owner = owner;
   const auto refusal = [&](storage::journal& j) -> std::optional<std::string> {
-    if (j.find_run(run.id)) return fmt::format("run {} exists already; give the fork another --id", run.id);
-    const std::uint64_t steps = j.step_count(origin);
+    if (j.find_run(fork.id)) return fmt::format("run {} exists already; give the fork another --id", fork.id);
+    const std::uint64_t steps = j.step_count(from);
     if (seq < steps) return std::nullopt;
-    if (auto doubt = find_in_doubt(j, origin); doubt && doubt->seq <= seq)
+    if (auto doubt = find_in_doubt(j, from); doubt && doubt->seq <= seq)
       return fmt::format("step {} of run {} is a call of tool '{}' in doubt: settle it first: cairn settle {} {} "
                          "(--result JSON, --error MESSAGE or --retry), then fork",
-                         doubt->seq, origin, doubt->tool, origin, doubt->seq);
-    if (steps == 0) return fmt::format("run {} has no steps yet: there is nothing to fork", origin);
-    return fmt::format("run {} has no step {}: its journal ends at step {} (cairn show {})", origin, seq, steps - 1,
-                       origin);
+                         doubt->seq, from, doubt->tool, from, doubt->seq);
+    if (steps == 0) return fmt::format("run {} has no steps yet: there is nothing to fork", from);
+    return fmt::format("run {} has no step {}: its journal ends at step {} (cairn show {})", from, seq, steps - 1,
+                       from);
   };
-  if (auto refused = ledger_->fork_run(run, origin, seq, refusal)) throw engine_error(errc::bad_request, *refused);
+  if (auto refused = writes.fork_run(fork, from, seq, refusal)) return {std::move(refused), false};
 
-  if (restore) {
-    try {
-      fork_workspace(journal_, origin, seq, run.id, run.workspace);
-    } catch (const std::exception& e) {
-      // Its journal is written; executed on a workspace that is not the
-      // checkpoint's, it would go on from files the prefix never left.
-      const std::string why = fmt::format("the workspace of run {} at step {} could not be restored: {}", origin, seq,
-                                          e.what());
-      ledger_->apply(run.id, {effects::run_ended{storage::run_status::failed, nullptr, protocol::error_info{why, "fork"}}});
-      throw std::runtime_error(fmt::format("fork {} failed: {}; remove it with `cairn rm {}`", run.id, why, run.id));
-    }
-    if (!request.hold) ledger_->apply(run.id, {effects::released{"its workspace was restored; left for a worker"}});
-  } else {
-    // Empty, but there: a run with steps and no workspace folder is one
-    // whose files are elsewhere, which no host executes (engine::unreachable).
-    make_home_folders(home());
-    std::filesystem::create_directory(run.workspace);
+  if (!restore) {
+    fill(std::nullopt);
+    return {std::nullopt, false};
   }
-  return {*journal_.find_run(run.id), restore};
+  try {
+    fill(fork_checkpoints(journal, from, seq, fork.id));
+  } catch (const std::exception& e) {
+    // Its journal is written; executed on a workspace that is not the
+    // checkpoint's, it would go on from files the prefix never left.
+    const std::string why =
+        fmt::format("the workspace of run {} at step {} could not be restored: {}", from, seq, e.what());
+    writes.apply(fork.id, {effects::run_ended{storage::run_status::failed, nullptr, protocol::error_info{why, "fork"}}});
+    throw std::runtime_error(fmt::format("fork {} failed: {}; remove it with `cairn rm {}`", fork.id, why, fork.id));
+  }
+  if (!hold) writes.apply(fork.id, {effects::released{"its workspace was restored; left for a worker"}});
+  return {std::nullopt, true};
+
 }
 
 }  // namespace cairn::engine

@@ -75,6 +75,14 @@ class checkpoint_keeper final : public workspace_keeper {
   std::unique_ptr<workspace_checkpointer> c_;
 };
 
+// The run's folder, watched.
+opened_workspace open_folder(workspace_opening o) {
+  auto c = std::make_unique<workspace_checkpointer>(o.pieces, o.run.workspace, std::move(o.state), o.roll_back,
+                                                    o.budget_bytes, o.spent_bytes);
+  const auto rolled_back = c->rolled_back();
+  return {std::make_unique<checkpoint_keeper>(std::move(c)), rolled_back};
+}
+
 }  // namespace
 
 task<workspace_watch> run_journal::watch_workspace(const storage::run_record& run, const policy& p) {
@@ -85,7 +93,11 @@ task<workspace_watch> run_journal::watch_workspace(const storage::run_record& ru
   // Without a checkpoint yet (the run's first attempt, or one begun by a
   // cairn that kept none) nothing says what the workspace held before: its
   // files are kept, and recorded as the baseline.
+#ifdef CAIRN_TEST_UNSAFE_NO_ROLL_BACK  // cairn_unsafe_no_roll_back, with which the simulator must fail
+  const bool any = history.any, crashed = false;
+#else
   const bool any = history.any, crashed = history.any && history.previous_crashed;
+#endif
   // A roll-back reads its pieces through a connection of its own, on the thread that does it.
   const auto journal_path = reads_.path();
   const auto journal_options = reads_.options();
@@ -98,15 +110,16 @@ task<workspace_watch> run_journal::watch_workspace(const storage::run_record& ru
             if (!own) own = storage::open_journal(journal_path, journal_options);
             return own->find_blob(digest);
           };
-          auto c = std::make_unique<workspace_checkpointer>(pieces, run.workspace, std::move(history.state), crashed,
-                                                            p.journal.checkpoint_bytes, history.bytes);
-          rolled_back = c->rolled_back();
+          workspace_opening opening{run, pieces, std::move(history.state), crashed, p.journal.checkpoint_bytes,
+                                    history.bytes};
+          auto opened = opener_ ? opener_(std::move(opening)) : open_folder(std::move(opening));
+          rolled_back = opened.rolled_back;
           if (!any) {
-            watch.baseline = c->take();
+            watch.baseline = opened.keeper->take();
             if (!watch.baseline)
               watch.baseline = workspace_checkpoint{{{"files", json::object()}, {"removed", json::array()}, {"bytes", 0}}, {}, {}};
           }
-          watch.keeper = std::make_unique<checkpoint_keeper>(std::move(c));
+          watch.keeper = std::move(opened.keeper);
         } catch (const runtime::sandbox_error& e) {
           watch.warning = fmt::format("this attempt keeps no workspace checkpoints: {}", e.what());
         } catch (const budget_exceeded& e) {

@@ -144,7 +144,11 @@ storage::blob pack(std::string digest, std::string_view bytes) {
   storage::blob b{std::move(digest), bytes.size(), {}};
   std::string z(1 + ZSTD_compressBound(bytes.size()), '\0');
   z[0] = 'z';
-  const std::size_t n = ZSTD_compress(z.data() + 1, z.size() - 1, bytes.data(), bytes.size(), zstd_level);
+  // One context per thread: ZSTD_compress makes and frees one per call,
+  // which costs more than compressing a small piece.
+  thread_local const std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> context(ZSTD_createCCtx(), ZSTD_freeCCtx);
+  const std::size_t n =
+      ZSTD_compressCCtx(context.get(), z.data() + 1, z.size() - 1, bytes.data(), bytes.size(), zstd_level);
   if (!ZSTD_isError(n) && n < bytes.size()) {
     z.resize(1 + n);
     b.data = std::move(z);
@@ -258,16 +262,12 @@ void scan(int root, const std::string& path, workspace_state& into) {
 
 // A file's pieces, read without following a link and never blocking on
 // what is no regular file; nullopt when it cannot be read as one now.
-struct read_file {
-  checkpoint_entry entry;
-  std::vector<std::pair<std::string, std::string>> pieces;  // digest, bytes
-};
-std::optional<read_file> read_pieces(int root, const std::string& path) {
+std::optional<found_entry> read_pieces(int root, const std::string& path) {
   runtime::unique_fd fd = runtime::open_beneath(root, path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
   if (!fd) return std::nullopt;
   struct stat st {};
   if (::fstat(fd.get(), &st) < 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  read_file out;
+  found_entry out;
   out.entry.type = 'f';
   out.entry.mode = st.st_mode & 07777;
   out.entry.mtime_ns = mtime_ns_of(st);
@@ -465,8 +465,8 @@ void materialize(const piece_source& find, const workspace_state& state, const f
   put_back(find, root.get(), state, now);
 }
 
-void fork_workspace(storage::journal& journal, std::string_view from, std::uint64_t seq, std::string_view to,
-                    const fs::path& folder) {
+workspace_state fork_checkpoints(storage::journal& journal, std::string_view from, std::uint64_t seq,
+                                 std::string_view to) {
   std::set<std::string> used;
   for (const auto& e : journal.events(from)) {
     if (is_baseline(e)) journal.append_event(to, baseline_event, e.data, std::nullopt);  // the fork copied steps' events only
@@ -479,15 +479,20 @@ void fork_workspace(storage::journal& journal, std::string_view from, std::uint6
   }
   const std::vector<std::string> digests(used.begin(), used.end());
   journal.put_blobs(to, {}, digests);
-  materialize(journal, checkpoint_state(journal, from, seq), folder);
+  return checkpoint_state(journal, from, seq);
 }
 
 void read_checkpoint_file(storage::journal& journal, const checkpoint_entry& e, std::uint64_t max_bytes,
                           const std::function<void(const char*, std::size_t)>& take) {
+  read_checkpoint_file(pieces_of(journal), e, max_bytes, take);
+}
+
+void read_checkpoint_file(const piece_source& find, const checkpoint_entry& e, std::uint64_t max_bytes,
+                          const std::function<void(const char*, std::size_t)>& take) {
   std::uint64_t given = 0;
   for (const auto& digest : e.pieces) {
     if (given >= max_bytes) return;
-    const std::string bytes = unpack(pieces_of(journal), digest);
+    const std::string bytes = unpack(find, digest);
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), max_bytes - given));
     take(bytes.data(), n);
     given += n;
@@ -531,26 +536,89 @@ workspace_state checkpoint_at(storage::journal& journal, std::string_view run_id
   return checkpoint_state(journal, run_id, seq);
 }
 
+found_entry found_file(std::string_view bytes, std::uint32_t mode, std::int64_t mtime_ns) {
+  found_entry out;
+  out.entry.type = 'f';
+  out.entry.mode = mode & 07777;
+  out.entry.mtime_ns = mtime_ns;
+  out.entry.size = bytes.size();
+  for (std::size_t at = 0; at < bytes.size(); at += piece_bytes) {
+    const auto piece = bytes.substr(at, piece_bytes);
+    out.entry.pieces.push_back(sha256_digest(piece.data(), piece.size()));
+    out.pieces.emplace_back(out.entry.pieces.back(), std::string(piece));
+  }
+  return out;
+}
+
+checkpoint_chain::checkpoint_chain(workspace_state state, std::uint64_t budget_bytes, std::uint64_t spent_bytes)
+    : state_(std::move(state)), budget_(budget_bytes), spent_(spent_bytes) {
+  for (const auto& [path, e] : state_) known_.insert(e.pieces.begin(), e.pieces.end());
+}
+
+std::optional<workspace_checkpoint> checkpoint_chain::next(
+    const std::map<std::string, std::optional<found_entry>>& found) {
+  json files = json::object();
+  std::set<std::string> removed;
+  workspace_checkpoint out;
+  std::uint64_t bytes = 0;
+  std::set<std::string> used;
+  for (const auto& [path, now] : found) {
+    if (!valid_path(path)) continue;
+    const auto before = state_.find(path);
+    if (!now) {
+      if (before != state_.end()) removed.insert(path);
+      continue;
+    }
+    for (const auto& [digest, piece] : now->pieces) {
+      used.insert(digest);
+      if (known_.contains(digest)) continue;
+      auto b = pack(digest, piece);
+      bytes += b.data.size();
+      out.blobs.push_back(std::move(b));
+      known_.insert(digest);
+    }
+    if (before != state_.end() && before->second == now->entry) continue;
+    files[path] = entry_json(now->entry);
+  }
+  // A path under one removed is removed with it.
+  std::string last;
+  json gone = json::array();
+  for (const auto& path : removed) {
+    if (!last.empty() && path.starts_with(last + "/")) continue;
+    gone.push_back(path);
+    last = path;
+  }
+  if (files.empty() && gone.empty()) return std::nullopt;
+  if (budget_ > 0 && spent_ + bytes > budget_)
+    throw budget_exceeded{"checkpoint_mb",
+                          fmt::format("the run's workspace checkpoints would grow past {} MiB (limits.checkpoint_mb "
+                                      "in the policy): it has stored {} MiB of its files' changes and this step "
+                                      "adds {} MiB; raise the limit, or set it to 0 to keep no checkpoints",
+                                      budget_ >> 20, spent_ >> 20, (bytes + (1 << 20) - 1) >> 20)};
+  spent_ += bytes;
+  out.data = {{"files", std::move(files)}, {"removed", std::move(gone)}, {"bytes", bytes}};
+  out.used.assign(used.begin(), used.end());
+  apply_checkpoint(state_, out.data);
+  return out;
+}
+
 struct workspace_checkpointer::impl {
   runtime::workspace_changes changes;
-  workspace_state state;
-  std::set<std::string> known;    // digests the run's checkpoints name
+  checkpoint_chain chain;
   std::set<std::string> pending;  // what the walk as the attempt began found changed
-  std::uint64_t budget = 0, spent = 0;
 
   impl(const fs::path& folder, workspace_state s, std::uint64_t b, std::uint64_t used)
-      : changes(folder), state(std::move(s)), budget(b), spent(used) {
-    for (const auto& [path, e] : state) known.insert(e.pieces.begin(), e.pieces.end());
-  }
+      : changes(folder), chain(std::move(s), b, used) {}
 
   int root() const { return changes.root_fd(); }
+  const workspace_state& state() const { return chain.state(); }
 
   // Every path whose metadata differs from the state's, or that one has and the other not.
   std::set<std::string> differing(const workspace_state& now) const {
     std::set<std::string> out;
     for (const auto& [path, e] : now)
-      if (auto s = state.find(path); s == state.end() || !same_metadata(s->second, e)) out.insert(path);
-    for (const auto& [path, e] : state)
+      if (auto s = state().find(path); s == state().end() || !same_metadata(s->second, e)) out.insert(path);
+    for (const auto& [path, e] : state())
       if (!now.contains(path)) out.insert(path);
     return out;
   }
@@ -564,7 +632,7 @@ workspace_checkpointer::workspace_checkpointer(const piece_source& pieces, const
   workspace_state now;
   scan(impl_->root(), "", now);
   if (roll_back) {
-    rolled_back_ = put_back(pieces, impl_->root(), impl_->state, now);
+    rolled_back_ = put_back(pieces, impl_->root(), impl_->state(), now);
   } else {
     impl_->pending = impl_->differing(now);
   }
@@ -591,7 +659,7 @@ std::optional<workspace_checkpoint> workspace_checkpointer::take() {
     scan(m.root(), path, under);
     for (const auto& [p, entry] : under) paths.insert(p);
     const std::string prefix = path + "/";
-    for (auto it = m.state.lower_bound(prefix); it != m.state.end() && it->first.starts_with(prefix); ++it)
+    for (auto it = m.state().lower_bound(prefix); it != m.state().end() && it->first.starts_with(prefix); ++it)
       paths.insert(it->first);
   }
   // Each entry is held, and journaled, at once: a step that touched more is refused, not read.
@@ -600,55 +668,18 @@ std::optional<workspace_checkpoint> workspace_checkpointer::take() {
                                                        "than one checkpoint holds ({}); keep fewer files, or set "
                                                        "limits.checkpoint_mb to 0 to keep no checkpoints",
                                                        paths.size(), max_checkpoint_entries)};
-  json files = json::object();
-  std::set<std::string> removed;
-  workspace_checkpoint out;
-  std::uint64_t bytes = 0;
-  std::set<std::string> used;
+  std::map<std::string, std::optional<found_entry>> found;
   for (const auto& path : paths) {
-    if (!valid_path(path)) continue;
-    const auto before = m.state.find(path);
     auto now = look(m.root(), path);
     if (!now) {
-      if (before != m.state.end()) removed.insert(path);
-      continue;
-    }
-    if (now->type == 'f') {
-      auto read = read_pieces(m.root(), path);
-      if (!read) continue;  // unreadable now (gone again, or locked away): kept as it was
-      now = read->entry;
-      for (auto& [digest, piece] : read->pieces) {
-        used.insert(digest);
-        if (m.known.contains(digest)) continue;
-        auto b = pack(digest, piece);
-        bytes += b.data.size();
-        out.blobs.push_back(std::move(b));
-        m.known.insert(digest);
-      }
-    }
-    if (before != m.state.end() && before->second == *now) continue;
-    files[path] = entry_json(*now);
+      found[path] = std::nullopt;
+    } else if (now->type != 'f') {
+      found[path] = found_entry{std::move(*now), {}};
+    } else if (auto read = read_pieces(m.root(), path)) {
+      found[path] = std::move(*read);
+    }  // else unreadable now (gone again, or locked away): kept as it was
   }
-  // A path under one removed is removed with it.
-  std::string last;
-  json gone = json::array();
-  for (const auto& path : removed) {
-    if (!last.empty() && path.starts_with(last + "/")) continue;
-    gone.push_back(path);
-    last = path;
-  }
-  if (files.empty() && gone.empty()) return std::nullopt;
-  if (m.budget > 0 && m.spent + bytes > m.budget)
-    throw budget_exceeded{"checkpoint_mb",
-                          fmt::format("the run's workspace checkpoints would grow past {} MiB (limits.checkpoint_mb "
-                                      "in the policy): it has stored {} MiB of its files' changes and this step "
-                                      "adds {} MiB; raise the limit, or set it to 0 to keep no checkpoints",
-                                      m.budget >> 20, m.spent >> 20, (bytes + (1 << 20) - 1) >> 20)};
-  m.spent += bytes;
-  out.data = {{"files", std::move(files)}, {"removed", std::move(gone)}, {"bytes", bytes}};
-  out.used.assign(used.begin(), used.end());
-  apply_checkpoint(m.state, out.data);
-  return out;
+  return m.chain.next(found);
 }
 
 }  // namespace cairn::engine

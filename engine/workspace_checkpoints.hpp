@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -109,6 +110,8 @@ void materialize(const piece_source& find, const workspace_state& state, const s
 // piece at a time, read from the journal and checked against their digests.
 void read_checkpoint_file(storage::journal& journal, const checkpoint_entry& e, std::uint64_t max_bytes,
                           const std::function<void(const char*, std::size_t)>& take);
+void read_checkpoint_file(const piece_source& find, const checkpoint_entry& e, std::uint64_t max_bytes,
+                          const std::function<void(const char*, std::size_t)>& take);
 
 // What changed from `a` to `b`: '+' an entry only `b` has, '-' one only `a`
 // has, 'M' one both have but not alike (its bytes, type, mode or target;
@@ -126,12 +129,44 @@ std::vector<workspace_change> diff_states(const workspace_state& a, const worksp
 workspace_state checkpoint_at(storage::journal& journal, std::string_view run_id, std::uint64_t seq);
 
 // For a fork: run `to` references every piece the checkpoints of run `from`
-// up to and including `seq` name, so removing `from` keeps them, and its
-// workspace `folder` (empty or missing) is filled with the files of `from`
-// at `seq`. The fork's own copies of those checkpoint events (copied with
-// the rest of the journal's prefix) then fold to the same files.
-void fork_workspace(storage::journal& journal, std::string_view from, std::uint64_t seq, std::string_view to,
-                    const std::filesystem::path& folder);
+// up to and including `seq` name, so removing `from` keeps them, and gets
+// the baseline of `from`. The fork's own copies of those checkpoint events
+// (copied with the rest of the journal's prefix) then fold to the same
+// files: the files of `from` at `seq`, returned.
+workspace_state fork_checkpoints(storage::journal& journal, std::string_view from, std::uint64_t seq,
+                                 std::string_view to);
+
+// An entry of the workspace as found now, for the next checkpoint: a
+// file's pieces (at most 1 MiB each) with their bytes, in order.
+struct found_entry {
+  checkpoint_entry entry;
+  std::vector<std::pair<std::string, std::string>> pieces;  // digest, bytes
+};
+// A file of `bytes`, as found now.
+found_entry found_file(std::string_view bytes, std::uint32_t mode, std::int64_t mtime_ns);
+
+// A run's checkpoints as one attempt takes them, whatever finds what
+// changed (workspace_checkpointer's watch of a folder; the simulator's
+// fake): the files the last one left, the pieces the run's checkpoints
+// hold, what they stored against limits.checkpoint_mb.
+class checkpoint_chain {
+ public:
+  checkpoint_chain(workspace_state state, std::uint64_t budget_bytes, std::uint64_t spent_bytes);
+
+  // The checkpoint that takes the state to what `found` says of the paths
+  // it names (nullopt: nothing is there now), storing the pieces the run
+  // holds not yet; nullopt when nothing changed. The state moves on (a
+  // commit that fails ends the attempt). Throws budget_exceeded when the
+  // new pieces would take the run past `budget_bytes` (0: no limit).
+  std::optional<workspace_checkpoint> next(const std::map<std::string, std::optional<found_entry>>& found);
+
+  const workspace_state& state() const { return state_; }
+
+ private:
+  workspace_state state_;
+  std::set<std::string> known_;  // digests the run's checkpoints name
+  std::uint64_t budget_ = 0, spent_ = 0;
+};
 
 // An attempt's checkpoints. Made as the attempt begins, before the agent
 // is told to start: watches the workspace `folder` (mounted where the

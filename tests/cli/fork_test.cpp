@@ -3,7 +3,7 @@
 // model request and no tool call before 41 is made again, and the fork
 // completes; its fork too; `cairn show` links them both ways; refusals
 // change nothing. The workspace case ([checkpoints]) needs the workspace
-// checkpoints that fork_workspace restores.
+// checkpoints that engine::fork restores.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 #include "tests/sim/sim.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -34,9 +35,12 @@
 #include "engine/ledger.hpp"
 #include "engine/liveness.hpp"
 #include "engine/scheduler.hpp"
+#include "engine/run_fork.hpp"
 #include "engine/run_journal.hpp"
+#include "engine/workspace_checkpoints.hpp"
 #include "storage/memory/memory_journal.hpp"
 #include "tests/sim/sim_agent.hpp"
+#include "tests/sim/sim_workspace.hpp"
 
 namespace cairn::sim {
 namespace {
@@ -62,6 +66,9 @@ struct driver {
   int phase = 0;
   json tool_output;
   int attempt = 0;
+  std::unique_ptr<engine::workspace_keeper> keeper;  // the attempt's checkpoints, as the driver holds them
+  fake_keeper* fake = nullptr;                      // the same
+  bool wrote = false;                               // the agent wrote its files for the step at seq
 };
 
 // What wakes an attempt of the real driver: its run's wake-ups in this
@@ -103,6 +110,7 @@ struct attempt_slot {
   std::optional<engine::timer> nudge;
   bool nudging = false;  // nudge is set
   boost::asio::steady_timer* commit_gate = nullptr;  // an effect waits for the worker's next event
+  fake_keeper* keeper = nullptr;  // the attempt's checkpoints (its driver holds them)
   ~attempt_slot() {
     // The coroutines first: they hold the rest.
     nudge.reset();
@@ -186,11 +194,12 @@ class world final : public agent_watcher {
  public:
   explicit world(const options& o) : o_(o), rng_(o.seed), real_(o.driver == "real") {
     virtual_now = epoch_ms;
+    // The engine's blocking work (a workspace's roll-back, with either driver) on this thread.
+    engine::run_blocking_inline(true);
     if (real_) {
       // The engine's clock moves with the simulation's (advance_clock); the
       // journal's wall time is the simulation's.
       clock_.emplace();
-      engine::run_blocking_inline(true);
       engine::grant_test_tools([this] { return make_tools(); });
     }
     storage::set_now_ms_for_testing(read_virtual_now);
@@ -205,9 +214,9 @@ class world final : public agent_watcher {
     observer_.reset();
     db_.reset();
     storage::set_now_ms_for_testing(nullptr);
+    engine::run_blocking_inline(false);
     if (real_) {
       engine::grant_test_tools(nullptr);
-      engine::run_blocking_inline(false);
       clock_.reset();
     }
   }
@@ -226,6 +235,7 @@ class world final : public agent_watcher {
         // cannot have changed is not read again.
         if (std::exchange(written_, false)) check();
       }
+      check_checkpoints(true);
       check_ends();
     } catch (const violation& v) {
       out.ok = false;
@@ -298,6 +308,7 @@ class world final : public agent_watcher {
     // own; the real driver's agents neither die nor hear cancels yet).
     if (!real_ && !quiet && r < 124) return cancel_one();
     if (!real_ && !quiet && r < 134) return agent_dies();
+    if (!quiet && r >= 134 && r < 138) return fork_one();
     if (r < 320) return advance_clock();
     if (real_ && r < 520) return agent_moves();
     std::vector<worker*> active;
@@ -377,6 +388,7 @@ class world final : public agent_watcher {
     db_->lose_power();
     reopen_clients();
     check_acknowledged_signals();
+    check_checkpoints_kept();
   }
 
   void toggle_faults() {
@@ -495,7 +507,10 @@ class world final : public agent_watcher {
     confirm_holder(*w, d->run);
     d->seq = d->port->step_count();
     d->phase = 0;
+    d->wrote = false;
     trace(fmt::format("{} begins attempt {} of {} at step {}", w->tag, d->attempt, d->run, d->seq));
+    d->keeper.reset();
+    watch_workspace(*w, *d);
   }
 
   // ---- a worker's loop ----
@@ -607,8 +622,23 @@ class world final : public agent_watcher {
       trace(fmt::format("{} begins attempt {} of {} at step {}", w.tag, held.attempt, run.id, held.seq));
       confirm_holder(w, run.id);
     } catch (const storage::storage_error& e) {
-      dropped(w, held, e);
+      return dropped(w, held, e);
     }
+    watch_workspace(w, held);
+  }
+
+  // As the driver begins an attempt (attempt_driver::watch_workspace): the
+  // workspace's keeper, through the port, and the baseline it hands first.
+  void watch_workspace(worker& w, driver& d) {
+    d.port->open_workspaces_with(opener(d.fake));
+    engine::policy p;
+    p.journal = d.limits;
+    auto run = w.reads->find_run(d.run);
+    auto watch = engine::run_here(d.port->watch_workspace(*run, p));
+    check_pending();
+    d.keeper = std::move(watch.keeper);
+    if (watch.baseline && apply(w, d, effects::workspace_baseline{std::move(*watch.baseline)}))
+      baseline_files_[d.run] = d.fake->taken();
   }
 
   // ---- the real attempt driver (--driver real) ----
@@ -629,6 +659,10 @@ class world final : public agent_watcher {
       slot_.commit_gate = &gate;
       boost::system::error_code opened;
       co_await gate.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, opened));
+      const auto* step = std::get_if<effects::step_committed>(&e);
+      const std::optional<std::uint64_t> seq = step ? std::optional(step->record.result.seq) : std::nullopt;
+      const bool baseline = std::holds_alternative<effects::workspace_baseline>(e);
+      sim_.touched_.insert(run_);
       try {
         co_await inner_.apply(std::move(e));
       } catch (const storage::storage_error& refused) {
@@ -642,6 +676,12 @@ class world final : public agent_watcher {
                               it == sim_.holder_.end() ? "nobody" : it->second));
       }
       sim_.written_ = true;
+      if (seq && slot_.keeper) sim_.committed(run_, *seq, slot_.keeper->taken());
+      if (baseline && slot_.keeper) sim_.baseline_files_[run_] = slot_.keeper->taken();
+    }
+    engine::task<engine::workspace_watch> watch_workspace(const storage::run_record& run,
+                                                          const engine::policy& p) override {
+      return inner_.watch_workspace(run, p);
     }
     engine::task<std::optional<std::string>> start_child(storage::new_run child, const engine::policy& p) override {
       return inner_.start_child(std::move(child), p);
@@ -680,6 +720,7 @@ class world final : public agent_watcher {
       return amo_ ? engine::idempotency::at_most_once : engine::idempotency::idempotent;
     }
     json call(const engine::tool_call& c) override {
+      sim_.check_not_prefix(c.run_id, c.seq, "its tool is called");
       // The tool's effect on the world: it happened, whatever the journal says next.
       const int n = ++sim_.tool_calls_[{c.run_id, c.seq}];
       sim_.trace(fmt::format("the {} tool of {} step {} is called ({} time)", amo_ ? "at-most-once" : "idempotent",
@@ -719,6 +760,8 @@ class world final : public agent_watcher {
     auto it = holder_.find(run);
     if (acked_.count({run, seq}) && it != holder_.end() && it->second == worker_tag)
       fail(fmt::format("step {} of {} was acknowledged, yet the agent of {} executes it again", seq, run, worker_tag));
+    check_not_prefix(run, seq, "the agent of " + worker_tag + " executes it");
+    agent_writes(run, worker_tag, seq);
   }
 
   void answered(const std::string& run, const std::string& worker_tag, std::uint64_t seq, const json& output) override {
@@ -749,6 +792,7 @@ class world final : public agent_watcher {
     a->run = id;
     a->record = *w.reads->find_run(id);
     a->journal = std::make_unique<engine::run_journal>(*w.writes, *w.reads, home_, a->run, a->policy.journal);
+    a->journal->open_workspaces_with(opener(a->keeper));
     a->port = std::make_unique<held_port>(*this, w, *a);
     a->wakeups = std::make_unique<sim_wakeups>(a->run, [this, run = a->run, tag = w.tag] {
       if (quiet_ || below(2) != 0) return false;
@@ -830,6 +874,7 @@ class world final : public agent_watcher {
           s.count = 1;
           co_await a.port->apply(std::move(s));
           holder_.erase(a.run);
+          handed_back_.insert(a.run);
           trace(fmt::format("{} suspends {}", w.tag, a.run));
           co_return;
         }
@@ -875,6 +920,12 @@ class world final : public agent_watcher {
     if (d.seq == script.size())
       return finish(w, d, effects::run_ended{storage::run_status::completed, json{{"steps", d.seq}}, std::nullopt});
     const op& o = script[d.seq];
+    if (!d.wrote) {
+      d.wrote = true;
+      agent_writes(d.run, w.tag, d.seq);
+      // A plain step's files, then (another event) its commit: a crash between leaves them half written.
+      if (o.kind == op::step) return;
+    }
     switch (o.kind) {
       case op::step: {
         // A stale attempt (its run taken over while its worker was paused)
@@ -882,6 +933,7 @@ class world final : public agent_watcher {
         // that holds the run replays what was acknowledged.
         if (acked_.count({d.run, d.seq}) && holds(w, d.run))
           throw violation{fmt::format("step {} of {} was acknowledged, yet {} executes it again", d.seq, d.run, w.tag)};
+        check_not_prefix(d.run, d.seq, w.tag + " executes it");
         commit(w, d, record(d, "step", protocol::step_kind::step, json{{"run", d.run}, {"seq", d.seq}}));
         return;
       }
@@ -893,6 +945,7 @@ class world final : public agent_watcher {
                                         json{{"seq", d.seq}}};
           if (apply(w, d, started)) d.phase = 1;
         } else if (d.phase == 1) {
+          check_not_prefix(d.run, d.seq, "its tool is called");
           // The tool's effect on the world: it happened, whatever the journal says next.
           const int n = ++tool_calls_[{d.run, d.seq}];
           trace(fmt::format("{} calls the {} tool of {} step {} ({} time)", w.tag, amo ? "at-most-once" : "idempotent",
@@ -1007,7 +1060,11 @@ class world final : public agent_watcher {
   void commit(worker& w, driver& d, storage::step_record r, std::optional<effects::delivered_signal> signal = {}) {
     const auto seq = d.seq;
     const auto output = r.result.output;
-    if (!apply(w, d, effects::step_committed{std::move(r), signal})) return;
+    // attempt_driver::commit: what the step changed goes with it.
+    std::optional<engine::workspace_checkpoint> checkpoint;
+    if (d.keeper) checkpoint = d.keeper->take();
+    if (!apply(w, d, effects::step_committed{std::move(r), signal, 0, std::move(checkpoint)})) return;
+    if (d.fake) committed(d.run, seq, d.fake->taken());
     // The agent is answered: from now on the step is the user's.
     acked_[{d.run, seq}] = output;
     if (signal) {
@@ -1017,6 +1074,7 @@ class world final : public agent_watcher {
     trace(fmt::format("{} commits {} step {}", w.tag, d.run, seq));
     ++d.seq;
     d.phase = 0;
+    d.wrote = false;
   }
 
   void suspend(worker& w, driver& d, storage::wait_spec wait) {
@@ -1026,6 +1084,7 @@ class world final : public agent_watcher {
     const auto run = d.run;
     if (!apply(w, d, std::move(s))) return;
     holder_.erase(run);
+    handed_back_.insert(run);
     trace(fmt::format("{} suspends {}", w.tag, run));
     w.drivers.erase(run);
   }
@@ -1053,6 +1112,7 @@ class world final : public agent_watcher {
   // written (the driver is gone then).
   bool apply(worker& w, driver& d, engine::effect e) {
     written_ = true;
+    touched_.insert(d.run);
     try {
       engine::run_here(d.port->apply(std::move(e)));
     } catch (const storage::storage_error& e) {
@@ -1087,6 +1147,252 @@ class world final : public agent_watcher {
     w.drivers.erase(run);
   }
 
+  // ---- workspaces: checkpoints and forks ----
+
+  // What run_journal::watch_workspace opens an attempt's workspace with:
+  // a fake_keeper over the run's files. After a crash (the sim's own view:
+  // the attempt before did not hand the run back) the files must be the
+  // last committed step's, whatever the engine decided to roll back.
+  engine::workspace_opener opener(fake_keeper*& keeper) {
+    return [this, &keeper](engine::workspace_opening o) {
+      const auto& run = o.run.id;
+      folder_of_[run] = o.run.workspace;
+      auto& now = workspaces_[o.run.workspace];
+      // The engine's roll-back reads pieces through a connection of its own,
+      // which o.pieces opens by the journal's path; the in-memory journal's
+      // has none to open, and the simulation's database gives one.
+      auto own = db_->open();
+      auto k = std::make_unique<fake_keeper>(now, engine::pieces_of(*own), std::move(o.state), o.roll_back,
+                                             o.budget_bytes, o.spent_bytes);
+      keeper = k.get();
+      if (k->rolled_back() > 0) trace(fmt::format("{} files of {} are rolled back", k->rolled_back(), run));
+      const bool after_crash = !attempted_.insert(run).second && !handed_back_.count(run);
+      handed_back_.erase(run);
+      if (after_crash) check_rolled_back(run, now);
+      const auto rolled_back = k->rolled_back();
+      return engine::opened_workspace{std::move(k), rolled_back};
+    };
+  }
+
+  void check_rolled_back(const std::string& run, const files& now) {
+    const auto steps = observer_->step_count(run);
+    const files* want = nullptr;
+    if (steps > 0) {
+      if (auto it = committed_.find({run, steps - 1}); it != committed_.end()) want = &it->second.held;
+    } else if (auto it = baseline_files_.find(run); it != baseline_files_.end()) {
+      static constexpr std::string_view baseline[] = {engine::baseline_event};
+      if (!observer_->events_of_kinds(run, baseline).empty()) want = &it->second;
+    }
+    if (want && *want != now)
+      fail(fmt::format("an attempt of {} after a crash begins on {} files, not the {} that step {} committed", run,
+                       now.size(), want->size(), steps == 0 ? std::string("baseline") : std::to_string(steps - 1)));
+  }
+
+  // The agent of `run`, at the step `seq` it executes, writes or deletes
+  // files: at once, long before its step commits.
+  void agent_writes(const std::string& run, const std::string& who, std::uint64_t seq) {
+    auto folder = folder_of_.find(run);
+    if (folder == folder_of_.end()) return;
+    auto& now = workspaces_[folder->second];
+    std::string did;
+    for (auto n = 1 + below(2); n > 0; --n) {
+      const auto path = fmt::format("f{}", below(5));
+      if (now.count(path) && below(4) == 0) {
+        now.erase(path);
+        did += " -" + path;
+      } else {
+        // Some bytes two files or runs share: one piece, stored once.
+        now[path] = below(3) == 0 ? fmt::format("shared {}", below(3))
+                                  : fmt::format("{} step {} by {}: {}", run, seq, who, below(1'000'000));
+        did += " +" + path;
+      }
+    }
+    trace(fmt::format("the agent of {} writes{}", run, did));
+  }
+
+  void committed(const std::string& run, std::uint64_t seq, const files& f) {
+    committed_[{run, seq}] = {f, state_of(f)};
+  }
+
+  // A fork's prefix is replayed, never executed.
+  void check_not_prefix(const std::string& run, std::uint64_t seq, const std::string& what) {
+    auto it = prefix_.find(run);
+    if (it != prefix_.end() && seq <= it->second)
+      fail(fmt::format("step {} of the fork {} is of its prefix, yet {}", seq, run, what));
+  }
+
+  // Every committed step's files are what the journal's checkpoints up to
+  // it fold to (as engine::checkpoint_state folds them for `cairn workspace
+  // --at`: the baseline, then each checkpoint in order; here once for all
+  // of a run's steps). Of the runs an event wrote to (touched_), or all.
+  void check_checkpoints(bool all = false) {
+    static constexpr std::string_view kinds[] = {engine::checkpoint_event, engine::baseline_event};
+    for (auto it = committed_.begin(); it != committed_.end();) {
+      const auto run = it->first.first;
+      if (!all && !touched_.count(run)) {
+        it = committed_.lower_bound({run + '\0', 0});
+        continue;
+      }
+      const auto events = observer_->events_of_kinds(run, kinds);
+      engine::workspace_state folded;
+      for (const auto& e : events)
+        if (e.kind == engine::baseline_event) engine::apply_checkpoint(folded, e.data);
+      auto next = events.begin();
+      for (; it != committed_.end() && it->first.first == run; ++it) {
+        const auto seq = it->first.second;
+        for (; next != events.end() && (!next->seq || *next->seq <= seq); ++next)
+          if (next->kind == engine::checkpoint_event) engine::apply_checkpoint(folded, next->data);
+        if (folded != it->second.state)
+          throw violation{fmt::format("the checkpoints of {} up to step {} are not the files it committed ({})", run,
+                                      seq, fmt::join(describe(it->second.held), " "))};
+      }
+    }
+    touched_.clear();
+  }
+
+  static std::vector<std::string> describe(const files& f) {
+    std::vector<std::string> out;
+    for (const auto& [path, bytes] : f) out.push_back(path + "=" + bytes);
+    return out;
+  }
+
+  // After a power cut: no checkpoint without its pieces, no committed step
+  // without its checkpoint.
+  void check_checkpoints_kept() {
+    static constexpr std::string_view kinds[] = {engine::checkpoint_event, engine::baseline_event};
+    std::set<std::string> runs;
+    for (const auto& [key, c] : committed_) runs.insert(key.first);
+    for (const auto& run : runs) {
+      for (const auto& e : observer_->events_of_kinds(run, kinds))
+        for (const auto& [path, entry] : e.data.value("files", json::object()).items())
+          for (const auto& digest : entry.value("p", json::array()))
+            if (!observer_->find_blob(digest.get<std::string>()))
+              throw violation{fmt::format("the checkpoint of {} at step {} names {} of {}, which the journal lost",
+                                          run, e.seq.value_or(0), digest.get<std::string>(), path)};
+    }
+    check_checkpoints(true);
+  }
+
+  // `cairn fork` of a run (engine::write_fork, the journal's side of
+  // engine::fork), into the simulation's workspaces. With journal faults
+  // off: a fork half made by a failing write is `cairn fork`'s to report.
+  void fork_one() {
+    if (faulty_) return advance_clock();
+    written_ = true;
+    // A run with a child step is not forked: its fork's join would wait for a child of its own.
+    std::vector<std::string> candidates;
+    for (const auto& [id, script] : scripts_)
+      if (id.find('.') == std::string::npos &&
+          std::none_of(script.begin(), script.end(), [](const op& o) { return o.kind == op::child; }))
+        candidates.push_back(id);
+    if (candidates.empty()) return advance_clock();
+    const auto origin = candidates[below(candidates.size())];
+    const auto from = observer_->find_run(origin);
+    const auto steps = observer_->step_count(origin);
+    const auto r = below(8);
+    if (steps == 0 || r == 0) return fork_refused(origin, steps + below(2), fmt::format("f{}", forks_ + 1));
+    if (r == 1) return fork_refused(origin, below(steps), candidates[below(candidates.size())]);
+    const auto seq = below(steps);
+    const auto id = fmt::format("f{}", ++forks_);
+    storage::new_run run;
+    run.id = id;
+    run.agent = from->agent;
+    run.input = from->input;
+    run.sandbox = from->sandbox;
+    run.policy = from->policy;
+    run.workspace = "/sim/" + id;
+    run.max_attempts = from->max_attempts;
+    auto journal = db_->open();
+    engine::fork_written written;
+    try {
+      written = engine::write_fork(*signaller_, *journal, run, origin, seq, false, "sim-fork:boot:1:1",
+                                   [&](const std::optional<engine::workspace_state>& state) {
+                                     auto& now = workspaces_[run.workspace];
+                                     if (state) now = files_of(engine::pieces_of(*journal), *state);
+                                   });
+    } catch (const std::exception& e) {
+      throw violation{fmt::format("fork {} of {} at step {} failed: {}", id, origin, seq, e.what())};
+    }
+    if (written.refused)
+      throw violation{fmt::format("fork {} of {} at step {} of {} was refused: {}", id, origin, seq, steps,
+                                  *written.refused)};
+    trace(fmt::format("fork {} of {} at step {}{}", id, origin, seq, written.restored ? ", its files restored" : ""));
+    scripts_[id] = scripts_.at(origin);
+    prefix_[id] = seq;
+    for (auto it = committed_.lower_bound({origin, 0}); it != committed_.end() && it->first.first == origin &&
+                                                        it->first.second <= seq;
+         ++it)
+      committed_[{id, it->first.second}] = it->second;
+    for (auto it = acked_.lower_bound({origin, 0}); it != acked_.end() && it->first.first == origin &&
+                                                    it->first.second <= seq;
+         ++it)
+      acked_[{id, it->first.second}] = it->second;
+    if (auto b = baseline_files_.find(origin); b != baseline_files_.end()) baseline_files_[id] = b->second;
+    touched_.insert(origin);
+    touched_.insert(id);
+    check_fork(origin, id, seq);
+  }
+
+  // The fork's journal is its origin's up to seq, its files the origin's checkpoint there, byte for byte.
+  void check_fork(const std::string& origin, const std::string& fork, std::uint64_t seq) {
+    const auto mine = observer_->steps(fork);
+    const auto theirs = observer_->steps(origin);
+    if (mine.size() != seq + 1) throw violation{fmt::format("fork {} of {} at {} has {} steps", fork, origin, seq, mine.size())};
+    for (std::size_t i = 0; i <= seq; ++i)
+      if (protocol::to_json(mine[i].result) != protocol::to_json(theirs[i].result))
+        throw violation{fmt::format("step {} of fork {} is not step {} of {}", i, fork, i, origin)};
+    std::vector<storage::event_record> kept, copied;
+    for (const auto& e : observer_->events(origin))
+      if (e.seq && *e.seq <= seq) kept.push_back(e);
+    for (const auto& e : observer_->events(fork))
+      if (e.seq) copied.push_back(e);
+    const bool same = std::equal(kept.begin(), kept.end(), copied.begin(), copied.end(), [](const auto& a, const auto& b) {
+      return a.kind == b.kind && a.seq == b.seq && a.data == b.data;
+    });
+    if (!same) throw violation{fmt::format("the events of fork {} are not those of {} up to step {}", fork, origin, seq)};
+    const auto& now = workspaces_[folder_of_fork(fork)];
+    const auto at = files_of(engine::pieces_of(*observer_), engine::checkpoint_state(*observer_, origin, seq));
+    if (now != at)
+      throw violation{fmt::format("fork {} holds {} files, not the {} of the checkpoint of {} at step {}", fork,
+                                  now.size(), at.size(), origin, seq)};
+    if (auto it = committed_.find({origin, seq}); it != committed_.end() && it->second.held != now)
+      throw violation{fmt::format("fork {} holds files that step {} of {} did not commit", fork, seq, origin)};
+  }
+
+  static std::string folder_of_fork(const std::string& fork) { return "/sim/" + fork; }
+
+  // A fork past the end of `origin`, or into a run that exists, is refused and changes nothing.
+  void fork_refused(const std::string& origin, std::uint64_t seq, const std::string& id) {
+    const auto existed = observer_->find_run(id);
+    const auto events_before = observer_->events(origin).size();
+    const auto steps_of_id = existed ? observer_->step_count(id) : 0;
+    storage::new_run run;
+    run.id = id;
+    run.agent = "/sim/agent";
+    run.sandbox = "none";
+    run.workspace = folder_of_fork(id);
+    auto journal = db_->open();
+    bool filled = false;
+    engine::fork_written written;
+    try {
+      written = engine::write_fork(*signaller_, *journal, run, origin, seq, false, "sim-fork:boot:1:1",
+                                   [&](const auto&) { filled = true; });
+    } catch (const std::exception& e) {
+      throw violation{fmt::format("fork {} of {} at step {} threw: {}", id, origin, seq, e.what())};
+    }
+    const bool past_end = seq >= observer_->step_count(origin);
+    if (!written.refused && (existed || past_end))
+      throw violation{fmt::format("fork {} of {} at step {} was made: {}", id, origin, seq,
+                                  existed ? "the id exists" : "past the end")};
+    if (!written.refused) throw violation{fmt::format("fork {} of {} at {}: the simulation meant a refusal", id, origin, seq)};
+    trace(fmt::format("fork {} of {} at step {} refused: {}", id, origin, seq, *written.refused));
+    const auto after = observer_->find_run(id);
+    if (filled || observer_->events(origin).size() != events_before || bool(after) != bool(existed) ||
+        (existed && (after->status != existed->status || after->owner != existed->owner ||
+                     observer_->step_count(id) != steps_of_id)))
+      throw violation{fmt::format("the refused fork {} of {} at step {} changed the journal", id, origin, seq)};
+  }
+
   // ---- what users rely on ----
 
   // After every event: every acknowledged step is in the journal as it was
@@ -1106,6 +1412,8 @@ class world final : public agent_watcher {
                                       found->result.output.dump())};
       }
     }
+    check_checkpoints();
+    check_pending();
   }
 
   void check_acknowledged_signals() {
@@ -1223,6 +1531,21 @@ class world final : public agent_watcher {
   std::map<std::string, std::set<std::int64_t>> acked_signals_;
   std::set<std::string> cancelled_;  // runs whose cancel was acknowledged before they ended
   std::map<std::string, std::string> holder_;  // run -> the worker whose claim is the latest
+  // The workspaces, by folder; each run's folder; what a step's files were as it committed (the keeper's
+  // take: what the agent had written), and the baseline's.
+  struct committed_files {
+    files held;
+    engine::workspace_state state;  // as a checkpoint records them
+  };
+  std::map<std::string, files> workspaces_;
+  std::map<std::string, std::string> folder_of_;
+  std::map<std::pair<std::string, std::uint64_t>, committed_files> committed_;
+  std::map<std::string, files> baseline_files_;
+  std::set<std::string> attempted_;    // runs an attempt began on
+  std::set<std::string> handed_back_;  // runs whose last attempt suspended them
+  std::map<std::string, std::uint64_t> prefix_;  // a fork's last step of its origin's
+  std::set<std::string> touched_;  // runs the event wrote to (whose checkpoints check() folds)
+  int forks_ = 0;
   bool quiet_ = false, faulty_ = false;
   bool written_ = false;  // the event may have changed the journal (it wrote, or the power went)
   std::uint64_t events_ = 0;

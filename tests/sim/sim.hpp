@@ -10,12 +10,24 @@
 // With --driver real the engine's attempt driver stands in for that model
 // (options::driver); the scheduler is not in it yet.
 //
+// Each run has a workspace in memory (sim_workspace.hpp) that its agent
+// writes as it executes a step, long before the step commits; the attempt
+// keeps it through the engine's checkpoint code (run_journal's
+// watch_workspace, checkpoint_chain, the ledger), which also rolls it back
+// after a crash. Runs are forked at random steps through `cairn fork`'s
+// journal code (engine::write_fork), forks of forks too.
+//
 // Faults, at any effect boundary: a worker crashes (restarts from the
 // journal), pauses past its lease, comes back under the same id while its
 // old self is paused (a zombie), the machine loses power (everything not
 // synced is gone), the journal fails writes (busy, I/O, disk full). After
 // every event it checks what users rely on (see invariant in sim.cpp) and,
-// once faults stop, that every run ends.
+// once faults stop, that every run ends. Of workspaces: every committed
+// step's files are what the journal's checkpoints fold to; an attempt after
+// a crash begins on the last committed step's files; a power cut leaves no
+// checkpoint without its pieces; a fork's journal and files are its
+// origin's up to its step, none of which it executes again, and a fork
+// past the end or into an existing run is refused and writes nothing.
 #pragma once
 
 #include <cstdint>
