@@ -94,15 +94,45 @@ removed_files remove_run_files(const run_file_places& places, const storage::run
   return out;
 }
 
+std::chrono::microseconds pause_after(const retention_pacing& pacing, std::chrono::microseconds took,
+                                      bool others_wrote) {
+  const std::chrono::microseconds floor = pacing.pause;
+  if (!others_wrote || pacing.share <= 0 || pacing.share >= 1) return floor;
+  const auto fair = std::chrono::microseconds(
+      static_cast<std::int64_t>(static_cast<double>(took.count()) * (1 - pacing.share) / pacing.share));
+  return std::max(floor, fair);
+}
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+// Runs `work` (a transaction, a slice), then waits as pause_after says.
+template <class F>
+auto paced(storage::journal& journal, const retention_pacing& pacing, F&& work) {
+  const auto t0 = steady::now();
+  auto result = work();
+  const auto took = std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - t0);
+  std::this_thread::sleep_for(pause_after(pacing, took, journal.others_wrote()));
+  return result;
+}
+
+}  // namespace
+
 removal_report remove_runs(storage::journal& journal, const run_file_places& places, const std::vector<std::string>& ids,
                            const retention_pacing& pacing, const std::function<bool()>& stop) {
   removal_report report;
   report.before = journal.space();
   const std::size_t per_transaction = std::max<std::size_t>(1, pacing.runs_per_transaction);
+  // Deleted, their deletion not synced yet: their files wait for it (a
+  // power cut may still forget it, and the run would stay without them).
+  std::vector<storage::run_record> unsynced;
+  auto last_sync = steady::now();
   for (std::size_t first = 0; first < ids.size(); first += per_transaction) {
-    if (stop && stop()) break;
-    if (first > 0) std::this_thread::sleep_for(pacing.pause);
+    if (unsynced.empty() && stop && stop()) break;
     const std::size_t n = std::min(per_transaction, ids.size() - first);
+    const bool last = first + n == ids.size();
+    const bool sync = last || steady::now() - last_sync >= pacing.sync_every;
     std::vector<std::uint64_t> bytes(n);
     std::vector<storage::run_record> rows(n);
     std::vector<std::function<void(storage::journal&)>> writes;
@@ -121,7 +151,8 @@ removal_report remove_runs(storage::journal& journal, const run_file_places& pla
       bytes[i] = journal.bytes_of_run(ids[first + i]);
       writes.push_back([&rows, &ids, i, first](storage::journal& j) { rows[i] = j.delete_run(ids[first + i]); });
     }
-    const auto errors = journal.write_together(writes);
+    // A synced commit syncs the unsynced ones before it too (journal.hpp write_together).
+    const auto errors = paced(journal, pacing, [&] { return journal.write_together(writes, !sync); });
     for (std::size_t i = 0; i < n; ++i) {
       if (errors[i]) {
         try {
@@ -135,17 +166,27 @@ removal_report remove_runs(storage::journal& journal, const run_file_places& pla
       }
       report.removed.push_back(ids[first + i]);
       report.journal_bytes += bytes[i];
-      auto files = remove_run_files(places, rows[i]);
+      unsynced.push_back(std::move(rows[i]));
+    }
+    // A transaction that deleted nothing wrote nothing and synced nothing:
+    // the next one syncs (it is as late). Unless it was the last: its files
+    // go now, and a power cut in the moment before the journal's next
+    // synced commit may leave such a run without its files.
+    const bool deleted = std::any_of(errors.begin(), errors.end(), [](const auto& e) { return !e; });
+    if (!sync || (!deleted && !last)) continue;
+    last_sync = steady::now();
+    for (const auto& row : unsynced) {
+      auto files = remove_run_files(places, row);
       report.file_bytes += files.bytes;
       for (auto& line : files.kept) report.notes.push_back(std::move(line));
     }
+    unsynced.clear();
   }
   // At least once: PostgreSQL counts nothing free, and vacuums there.
   for (std::uint64_t was = UINT64_MAX; !(stop && stop());) {
-    const auto left = journal.reclaim_space(pacing.reclaim_slice_bytes);
+    const auto left = paced(journal, pacing, [&] { return journal.reclaim_space(pacing.reclaim_slice_bytes); });
     if (left.free_bytes == 0 || left.free_bytes >= was) break;
     was = left.free_bytes;
-    std::this_thread::sleep_for(pacing.pause);
   }
   report.after = journal.space();
   return report;

@@ -6,8 +6,10 @@
 //
 // A pass deletes a few runs per transaction (a group commit of delete_run
 // each) and pauses between transactions, so a daemon's steps keep flowing:
-// a writer never waits for more than one small transaction of it. Space
-// comes back in bounded slices too (journal::reclaim_space).
+// a writer never waits for more than one small transaction of it, and while
+// others write, the pass holds the journal for at most a share of the time
+// (pause_after). Space comes back in bounded slices, paced the same way
+// (journal::reclaim_space).
 #pragma once
 
 #include <chrono>
@@ -35,9 +37,26 @@ struct retention_rule {
 // How a pass paces itself.
 struct retention_pacing {
   std::size_t runs_per_transaction = 8;
-  std::chrono::milliseconds pause{2};             // between two transactions
-  std::uint64_t reclaim_slice_bytes = 4 << 20;    // given back per reclaim_space call
+  // Between two transactions at least: longer than the 2 ms a writer
+  // waiting for the lock sleeps at most (sqlite/connection.hpp busy_wait),
+  // so that it finds the journal free.
+  std::chrono::milliseconds pause{2};
+  // Of the time, what a pass holds the journal for while others write to it.
+  double share = 0.1;
+  // A pass's transactions skip their sync (write_together's sync_later) but
+  // for one at least this often and its last; a run's files go once its
+  // deletion is synced.
+  std::chrono::milliseconds sync_every{100};
+  std::uint64_t reclaim_slice_bytes = 4 << 20;  // given back per reclaim_space call
 };
+
+// How long a pass waits after a transaction (or a slice of reclaim_space)
+// that took `took`: `pacing.pause` when no other connection wrote to the
+// journal meanwhile (journal::others_wrote), else long enough that the pass
+// holds the journal at most `pacing.share` of the time, and `pacing.pause`
+// at least.
+std::chrono::microseconds pause_after(const retention_pacing& pacing, std::chrono::microseconds took,
+                                      bool others_wrote);
 
 // Where a run's files are, on this host.
 struct run_file_places {
@@ -67,11 +86,12 @@ struct removal_report {
 // at a time (never all of them in memory at once as records).
 std::vector<selected_run> select_runs(storage::journal& journal, const retention_rule& rule, std::int64_t now_ms);
 
-// Removes the runs `ids` (each one's journal rows, then its files), a few
-// per transaction; a run the journal refuses (storage_error not_found or
-// unfinished) is reported in `refused` and the others go on. Then gives
-// the space back in slices. `stop`, when given, is asked between
-// transactions: true ends the pass early (a daemon shutting down).
+// Removes the runs `ids` (each one's journal rows, then, once their
+// deletion is synced, its files), a few per transaction; a run the journal
+// refuses (storage_error not_found or unfinished) is reported in `refused`
+// and the others go on. Then gives the space back in slices. `stop`, when
+// given, is asked after each synced transaction: true ends the pass early
+// (a daemon shutting down).
 removal_report remove_runs(storage::journal& journal, const run_file_places& places, const std::vector<std::string>& ids,
                            const retention_pacing& pacing = {}, const std::function<bool()>& stop = {});
 

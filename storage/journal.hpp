@@ -446,6 +446,12 @@ class journal {
   // (autovacuum); there it runs a plain VACUUM of the journal's tables, so
   // the space is reusable at once, and writers are not blocked.
   virtual journal_space reclaim_space(std::uint64_t max_bytes) = 0;
+  // Whether another connection committed to the journal since this object
+  // last asked (the first time: since it opened): what tells a retention
+  // pass that writers share the journal with it. SQLite: PRAGMA
+  // data_version. PostgreSQL cannot tell without a query on every commit,
+  // and answers true, as the memory journal does.
+  virtual bool others_wrote() = 0;
 
   // Pieces of workspace files, stored by content and shared by every run
   // (engine/workspace_checkpoints.hpp; SQLite schema 9, PostgreSQL 10).

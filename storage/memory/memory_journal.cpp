@@ -591,6 +591,7 @@ class memory_journal final : public journal {
   // Nothing on disk: a database of memory has no file to shrink.
   journal_space space() override { return {}; }
   journal_space reclaim_space(std::uint64_t) override { return {}; }
+  bool others_wrote() override { return true; }
 
   void put_blobs(std::string_view run_id, std::span<const blob> blobs, std::span<const std::string> used) override {
     write_txn tx(*this);

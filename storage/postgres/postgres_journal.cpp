@@ -76,6 +76,7 @@ class postgres_journal final : public journal {
   run_record delete_run(std::string_view id) override;
   journal_space space() override;
   journal_space reclaim_space(std::uint64_t max_bytes) override;
+  bool others_wrote() override { return true; }
   void put_blobs(std::string_view run_id, std::span<const blob> blobs, std::span<const std::string> used) override;
   std::optional<blob> find_blob(std::string_view digest) override;
   void register_worker(const worker_record& worker) override;

@@ -33,7 +33,8 @@ std::vector<event_record> read_events(SQLite::Statement& s, std::string_view run
 
 class sqlite_journal final : public journal {
  public:
-  sqlite_journal(const fs::path& path, const journal_options& options) : c_(path, options) {}
+  sqlite_journal(const fs::path& path, const journal_options& options)
+      : c_(path, options), data_version_(read_data_version()) {}
 
   const std::filesystem::path& path() const override { return c_.path(); }
   const journal_options& options() const override { return c_.options(); }
@@ -80,6 +81,7 @@ class sqlite_journal final : public journal {
   run_record delete_run(std::string_view id) override;
   journal_space space() override;
   journal_space reclaim_space(std::uint64_t max_bytes) override;
+  bool others_wrote() override;
   void put_blobs(std::string_view run_id, std::span<const storage::blob> blobs,
                  std::span<const std::string> used) override;
   std::optional<storage::blob> find_blob(std::string_view digest) override;
@@ -192,8 +194,14 @@ class sqlite_journal final : public journal {
     }
   }
 
+  // Changes when another connection commits (this one's commits leave it).
+  std::int64_t read_data_version() {
+    return c_.guard({}, [&] { return c_.db().execAndGet("PRAGMA data_version").getInt64(); });
+  }
+
   connection c_;
   holds held;  // the runs this object claimed
+  std::int64_t data_version_;  // as others_wrote last read it
 };
 
 }  // namespace
@@ -730,6 +738,11 @@ journal_space sqlite_journal::reclaim_space(std::uint64_t max_bytes) {
   if (left.free_bytes == 0)
     sqlite3_wal_checkpoint_v2(c_.db().getHandle(), nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
   return left;
+}
+
+bool sqlite_journal::others_wrote() {
+  const auto now = read_data_version();
+  return std::exchange(data_version_, now) != now;
 }
 
 // --- Pieces of workspace files (schema 9) ---

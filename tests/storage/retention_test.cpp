@@ -239,3 +239,25 @@ TEST_CASE("space and reclaim_space answer on every backend") {
   CHECK(left.free_bytes == 0);
   if (where_backend != "memory") CHECK(j->space().bytes > 0);
 }
+
+TEST_CASE("others_wrote: SQLite tells another connection's commits from its own") {
+  testing::temp_dir dir;
+  const auto db = dir / "cairn.db";
+  auto gc = open_journal(db);
+  auto other = open_journal(db);
+  CHECK_FALSE(gc->others_wrote());  // nothing since it opened
+  a_full_run(*gc, "mine");
+  gc->delete_run("mine");
+  CHECK_FALSE(gc->others_wrote());  // its own commits do not count
+  other->create_run(a_run("theirs"));
+  CHECK(gc->others_wrote());
+  CHECK_FALSE(gc->others_wrote());  // since it last asked
+  CHECK(other->others_wrote());     // gc's commits, for the other
+}
+
+TEST_CASE("others_wrote answers true where the backend cannot tell") {
+  ON_EACH_BACKEND(where);
+  if (where_backend == "sqlite") return;
+  auto j = where.open();
+  CHECK(j->others_wrote());
+}
