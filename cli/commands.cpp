@@ -150,19 +150,27 @@ int ls_command(const paths& p, const ls_args& args, bool as_json) {
   });
 }
 
-int workers_command(const paths& p, bool as_json) {
+int workers_command(const paths& p, bool all, bool as_json) {
   return guarded([&] {
     auto journal = storage::open_journal(p.db, {.read_only = true});
-    const auto workers = journal->workers();
+    auto workers = journal->workers();
     const auto now = storage::now_ms();
+    // Killed workers long gone, holding nothing: the next worker to register deletes them.
+    const auto dead = all ? 0 : std::erase_if(workers, [&](const auto& w) { return forgettable(w, now); });
     if (as_json) {
       json out = json::array();
       for (const auto& w : workers) out.push_back(to_json(w, now));
       std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
-    } else if (workers.empty()) {
+    } else if (workers.empty() && dead == 0) {
       std::cout << fmt::format("no worker has registered in {}: start `cairn serve`", shown_db(p)) << std::endl;
     } else {
-      std::cout << workers_table(workers, now);
+      if (!workers.empty()) std::cout << workers_table(workers, now);
+      if (dead > 0)
+        std::cout << fmt::format("{} dead worker{} not shown: {} lease expired over {} minutes ago and {} no run "
+                                 "(`cairn workers --all` lists them; the next worker to start forgets them)",
+                                 dead, dead == 1 ? "" : "s", dead == 1 ? "its" : "their",
+                                 storage::journal::forgotten_worker_ms / 60'000, dead == 1 ? "it holds" : "they hold")
+                  << std::endl;
     }
     return 0;
   });

@@ -48,7 +48,8 @@ int fork_command(const paths& p, const fork_args& args, bool as_json);
 int export_command(const paths& p, const std::string& run_id, const std::string& output);
 int import_command(const paths& p, const std::string& file, const std::string& id, bool as_json);
 // `cairn workers`: the workers sharing the journal, their leases and runs.
-int workers_command(const paths& p, bool as_json);
+// `all`: also the dead workers a registering worker forgets (forgettable()).
+int workers_command(const paths& p, bool all, bool as_json);
 // `cairn ls`: its filters, as given (checked by ls_command).
 struct ls_args {
   std::string status, agent, since, before;

@@ -305,6 +305,10 @@ std::string lease_left(const storage::worker_record& w, std::int64_t now_ms) {
 
 }  // namespace
 
+bool forgettable(const storage::worker_record& w, std::int64_t now_ms) {
+  return w.runs == 0 && w.lease_expires_at_ms < now_ms - storage::journal::forgotten_worker_ms;
+}
+
 std::string workers_table(const std::vector<storage::worker_record>& workers, std::int64_t now_ms) {
   std::string out = fmt::format("{:<28} {:<20} {:>5}  {:<20} {:>6}  {}\n", "WORKER", "HOST", "RUNS", "LEASE",
                                 "FENCED", "STARTED");

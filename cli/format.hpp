@@ -57,6 +57,9 @@ json to_json(const storage::run_record& run);
 // A worker (`cairn workers`): its lease as seen at `now_ms`.
 json to_json(const storage::worker_record& worker, std::int64_t now_ms);
 std::string workers_table(const std::vector<storage::worker_record>& workers, std::int64_t now_ms);
+// A worker whose lease expired over journal::forgotten_worker_ms ago and that
+// holds no run: killed, and forgotten by the next worker that registers.
+bool forgettable(const storage::worker_record& w, std::int64_t now_ms);
 json to_json(const storage::step_record& step);
 json to_json(const storage::event_record& event);
 json to_json(const storage::signal_record& signal);

@@ -292,6 +292,9 @@ int main(int argc, char** argv) {
 
   auto* workers_cmd = app.add_subcommand("workers", "the `cairn serve` workers sharing the journal: their host, the "
                                                    "runs each holds, their lease and refused writes");
+  bool workers_all = false;
+  workers_cmd->add_flag("--all", workers_all,
+                        "also the dead workers whose leases expired over 5 minutes ago and that hold no run");
   workers_cmd->add_flag("--json", as_json, "JSON output");
 
   std::string show_id;
@@ -394,7 +397,7 @@ int main(int argc, char** argv) {
   if (*ls_cmd) return cairn::cli::ls_command(paths, ls, as_json);
   if (*rm_cmd) return cairn::cli::rm_command(paths, rm_ids, as_json);
   if (*gc_cmd) return cairn::cli::gc_command(paths, gc, as_json);
-  if (*workers_cmd) return cairn::cli::workers_command(paths, as_json);
+  if (*workers_cmd) return cairn::cli::workers_command(paths, workers_all, as_json);
   if (*logs_cmd) return cairn::cli::logs_command(paths, logs, as_json);
   if (*show_cmd) return cairn::cli::show_command(paths, show_id, as_json);
   if (*workspace_cmd && workspace_at >= 0)

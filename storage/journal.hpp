@@ -468,13 +468,14 @@ class journal {
   // its row (a restarted worker of the same id), and deletes the rows of
   // workers whose lease expired more than forgotten_worker_ms ago and that
   // hold no run (killed workers: a fleet that comes and goes would pile
-  // them up, and every scheduler reads them all). renew_lease sets a new
+  // them up, and every scheduler reads them all; `cairn workers` shows
+  // them no more). renew_lease sets a new
   // expiry and the fenced-writes count; false when the row is gone or its
   // lease had already expired at now_ms() (the worker must assume its runs
   // were taken: it re-registers, and the fence refuses its stale writes).
   // remove_worker deletes the row (a worker shutting down, after handing its
   // runs back). workers() lists every row, oldest first, expired ones too.
-  static constexpr std::int64_t forgotten_worker_ms = 3'600'000;
+  static constexpr std::int64_t forgotten_worker_ms = 300'000;  // 5 minutes
   virtual void register_worker(const worker_record& worker) = 0;
   virtual bool renew_lease(std::string_view worker_id, std::int64_t lease_expires_at_ms, std::int64_t fenced_writes) = 0;
   virtual void remove_worker(std::string_view worker_id) = 0;

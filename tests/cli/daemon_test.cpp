@@ -156,9 +156,9 @@ class cairn_home {
     REQUIRE(r.code == 0);
   }
 
-  std::unique_ptr<storage::journal> journal() const {
+  std::unique_ptr<storage::journal> journal(bool writable = false) const {
     return storage::open_journal(db_.empty() ? db().string() : db_,
-                                              storage::journal_options{.read_only = true});
+                                 storage::journal_options{.read_only = !writable});
   }
 
   std::vector<std::string> exec_log(const std::string& run) const {
@@ -1563,6 +1563,29 @@ TEST_CASE("cairn workers lists the live workers and one whose lease expired") {
     expired += w["lease_expired"].get<bool>();
   }
   CHECK(expired == 1);
+
+  // One killed long ago, holding nothing: counted, not listed, unless --all.
+  storage::worker_record long_gone;
+  long_gone.id = "longgone:4242:1";
+  long_gone.host = this_host();
+  long_gone.started_at_ms = storage::now_ms() - 3'600'000;
+  long_gone.renewed_at_ms = storage::now_ms();
+  long_gone.lease_expires_at_ms = storage::now_ms() + 60'000;
+  {
+    // Registered alive (a registration forgets the long dead, itself too), then its lease set long past.
+    auto writable = h.journal(/*writable=*/true);
+    writable->register_worker(long_gone);
+    REQUIRE(writable->renew_lease(long_gone.id, storage::now_ms() - storage::journal::forgotten_worker_ms - 60'000, 0));
+  }
+  auto short_list = h.cli({"workers"});
+  INFO(short_list.out << short_list.err);
+  CHECK_THAT(short_list.out, Catch::Contains("pid " + std::to_string(gone_pid) + " on "));
+  CHECK_THAT(short_list.out, !Catch::Contains("4242") &&
+                                 Catch::Contains("1 dead worker not shown: its lease expired over 5 minutes ago"));
+  CHECK(json::parse(h.cli({"workers", "--json"}).out).size() == 3);
+  auto everyone = h.cli({"workers", "--all", "--json"});
+  REQUIRE(everyone.code == 0);
+  CHECK(json::parse(everyone.out).size() == 4);
   a.stop();
   b.stop();
 }

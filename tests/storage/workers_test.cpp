@@ -71,7 +71,7 @@ TEST_CASE("a registered worker is listed with its lease and the runs it owns") {
   CHECK(saw_w2);
 }
 
-TEST_CASE("workers expired for over an hour and holding no run are forgotten when a worker registers") {
+TEST_CASE("workers expired for over 5 minutes and holding no run are forgotten when a worker registers") {
   ON_EACH_BACKEND(where);
   auto j = where.open();
   const auto hour = journal::forgotten_worker_ms;
@@ -82,7 +82,7 @@ TEST_CASE("workers expired for over an hour and holding no run are forgotten whe
   j->register_worker(a_worker("alive", 60'000));
   std::set<std::string> listed;
   for (const auto& w : j->workers()) listed.insert(w.id);
-  // A run's owner stays listed until its run is taken over; the others for an hour.
+  // A run's owner stays listed until its run is taken over; the others for 5 minutes.
   CHECK(listed == std::set<std::string>{"gone-with-a-run", "recently-gone", "alive"});
 }
 
