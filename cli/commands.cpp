@@ -385,8 +385,13 @@ int settle_command(const paths& p, const settle_args& args, bool as_json) {
     } else {
       static constexpr const char* what[] = {"recorded its result", "recorded it as failed",
                                              "it will be called again"};
-      std::cout << fmt::format("settled step {} of run {}: {}. Continue with `cairn resume {}`", args.seq, run.id,
-                               what[static_cast<int>(s.outcome)], run.id)
+      // Settled, the run is pending again: a `cairn serve` of the journal takes it.
+      const auto hint = no_daemon_hint(*journal, p, run.id);
+      std::cout << fmt::format("settled step {} of run {}: {}. {}", args.seq, run.id, what[static_cast<int>(s.outcome)],
+                               hint.empty() ? fmt::format("A `cairn serve` of this journal continues it (`cairn logs "
+                                                          "{} --follow` shows it)",
+                                                          run.id)
+                                            : fmt::format("Continue with `cairn resume {}`", run.id))
                 << std::endl;
     }
     return 0;

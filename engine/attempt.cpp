@@ -219,6 +219,7 @@ task<attempt_result> attempt_driver::converse(const protocol::start_msg& start) 
   const auto hello_message = protocol::parse_agent_message(*first);
   auto* hello = std::get_if<protocol::hello_msg>(&hello_message);
   if (!hello) throw violation{"the first message must be hello, got " + std::string(type_name(hello_message))};
+  greeted_ = true;
   if (hello->version != protocol::version) {
     std::string why = "the agent speaks protocol v" + std::to_string(hello->version) + " (" + hello->sdk +
                       "); this host speaks v" + std::to_string(protocol::version);
@@ -630,6 +631,14 @@ task<attempt_result> attempt_driver::died(std::string how) {
   if (auto breach = process_->check_limits()) co_return co_await exceeded(breach->message, breach->limit);
   auto tail = process_->log_tail();
   if (auto why = runtime::diagnose_bwrap_failure(tail)) co_return failed(*why, "sandbox");
+  // A shell's 126 or 127 before any hello: the program, or what its script
+  // starts, cannot be executed in the sandbox. Another attempt fails alike.
+  if (!greeted_ && status->exited && (status->code == 126 || status->code == 127))
+    co_return failed(fmt::format("the agent could not be started: it exited with code {} ({}) before saying hello{}; "
+                                 "check that its program, and any interpreter or command its script starts, exists "
+                                 "in the sandbox and may be executed",
+                                 status->code, status->code == 127 ? "not found" : "cannot execute", log_excerpt()),
+                     "sandbox");
   co_return crashed("the agent " + how + " without finishing (" + status->describe() + ")" + log_excerpt());
 }
 
@@ -637,7 +646,10 @@ std::string attempt_driver::log_excerpt() const {
   auto tail = process_->log_tail(600);
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
   if (tail.empty()) return "";
-  return "; its last output: " + tail;
+  // One line, its lines apart (a message is shown with its control characters escaped).
+  std::string joined;
+  for (const char c : tail) c == '\n' ? joined += " | " : joined += c;
+  return "; its last output: " + joined;
 }
 
 task<attempt_result> run_attempt(attempt_journal& journal, attempt_wakeups& wakeups,

@@ -148,6 +148,7 @@ class attempt_driver {
   tool_broker tools_;
   std::optional<start_slot> starting_;  // from the sandbox's making until the agent's hello
   std::unique_ptr<runtime::agent_process> process_;
+  bool greeted_ = false;  // the agent said hello: its program started
   // The agent's channel and the run's wake-ups, as the event loop watches them.
   std::optional<watched_fd> channel_fd_, events_fd_;
   std::optional<history_feed> history_;

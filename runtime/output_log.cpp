@@ -177,7 +177,7 @@ void output_log::append(const char* data, std::size_t size) {
   struct stat st {};
   if (!file_ || ::fstat(file_.get(), &st) < 0) return;
   if (static_cast<std::uint64_t>(st.st_size) + size > max_bytes_) rotate();
-  if (file_) write_all(file_.get(), data, size);
+  if (file_ && write_all(file_.get(), data, size)) appended_ += size;
 }
 
 void output_log::rotate() {
@@ -216,11 +216,17 @@ void output_log::rotate() {
 
 std::string output_log::tail(std::size_t max_bytes) {
   copy_available();
+  std::uint64_t ours = 0;
+  {
+    std::lock_guard lock(mutex_);
+    ours = appended_;
+  }
   unique_fd fd(::open(path_.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   struct stat st {};
   if (!fd || ::fstat(fd.get(), &st) < 0) return {};
   auto size = static_cast<std::size_t>(st.st_size);
-  std::size_t n = std::min(size, max_bytes);
+  // Only what this log wrote: an earlier attempt's output is not this one's.
+  const auto n = static_cast<std::size_t>(std::min<std::uint64_t>({size, max_bytes, ours}));
   return read_at(fd.get(), n, static_cast<off_t>(size - n));
 }
 

@@ -41,7 +41,8 @@ class output_log {
   void close_writer() { writer_.reset(); }
 
   // Copies what the pipe holds at this moment into the log, then returns
-  // the log's last `max_bytes` bytes (for error messages).
+  // the last `max_bytes` bytes of what this log wrote there (for error
+  // messages: this process's output, not an earlier attempt's).
   std::string tail(std::size_t max_bytes);
 
  private:
@@ -57,6 +58,7 @@ class output_log {
   unique_fd file_;
   unique_fd reader_, writer_;
   bool at_end_ = false;
+  std::uint64_t appended_ = 0;  // bytes this log wrote to the file
   std::uint64_t pumped_as_ = 0;  // this log's key in the pump
 };
 

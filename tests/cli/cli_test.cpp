@@ -559,6 +559,35 @@ TEST_CASE("an agent that cannot start is refused before a run is made: a script 
   CHECK_FALSE(std::filesystem::exists(dir / ".cairn" / "cairn.db"));
 }
 
+TEST_CASE("an agent whose program cannot be executed in the sandbox fails at once; a crash is retried, its output shown once") {
+  cairn::testing::temp_dir dir;
+  const auto write_script = [&](const std::string& name, const std::string& text) {
+    const auto path = dir / name;
+    std::ofstream(path) << text;
+    using std::filesystem::perms;
+    std::filesystem::permissions(path, perms::owner_all | perms::group_read | perms::group_exec | perms::others_read |
+                                           perms::others_exec);  // the sandbox uid reads and runs it
+    return path.string();
+  };
+  // What its script starts is not in the sandbox: the shell says 127, every attempt would.
+  auto missing = run_cli(dir, {"run", write_script("missing", "#!/bin/sh\nnosuchcommand --go\n"), "--id", "m"});
+  INFO(missing.out << missing.err);
+  CHECK(missing.code == 1);
+  CHECK_THAT(missing.err, Catch::Contains("run m failed: the agent could not be started: it exited with code 127"));
+  CHECK_THAT(missing.err, Catch::Contains("nosuchcommand: not found"));
+  CHECK_THAT(missing.out + missing.err, !Catch::Contains("attempt 2"));
+
+  // An agent that crashes is tried again; each attempt's message shows its own output, on one line.
+  auto crash = run_cli(dir, {"run", write_script("crash", "#!/bin/sh\necho starting\necho oops >&2\nexit 3\n"), "--id",
+                             "c", "--max-attempts", "2"});
+  INFO(crash.out << crash.err);
+  CHECK(crash.code == 1);
+  CHECK_THAT(crash.out + crash.err, Catch::Contains("attempt 2"));
+  CHECK_THAT(crash.err, Catch::Contains("gave up after 2 crashed attempts; last: the agent closed its channel without "
+                                        "finishing (exited with code 3); its last output: starting | oops\n"));
+  CHECK_THAT(crash.err, !Catch::Contains("\\n"));
+}
+
 TEST_CASE("cairn ls filters by status, agent and age, pages with --limit and --before, and --json stays lean") {
   cairn::testing::temp_dir dir;
   for (const char* id : {"p1", "p2", "p3"}) REQUIRE(run_cli(dir, run_steps(id, 1)).code == 0);
