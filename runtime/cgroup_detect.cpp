@@ -206,11 +206,17 @@ cgroup_support detect() {
   if (v1.mode != cgroup_mode::none) return v1;
   cgroup_support none;
   none.detail = fmt::format("none: totals are per process only (rlimits); {}; {}", v2.detail, v1.detail);
-  none.fix =
+  // systemd delegates a subtree on request; without it (sd_booted()'s test) root makes one by hand.
+  const bool systemd = fs::is_directory("/run/systemd/system");
+  none.fix = fmt::format(
       "run cairn as root on a machine with the cgroup v1 memory, pids and cpuacct hierarchies, or give it a "
-      "cgroup v2 subtree with the memory and pids controllers delegated (a systemd service with Delegate=yes, or "
-      "`systemd-run --user --scope -p Delegate=yes cairn serve`): cairn moves its own processes into a child "
-      "cgroup, cairn-host, and makes the sandboxes' beside it";
+      "cgroup v2 subtree with the memory and pids controllers delegated ({}): cairn moves its own processes into a "
+      "child cgroup, cairn-host, and makes the sandboxes' beside it",
+      systemd ? "a systemd service with Delegate=yes, or `systemd-run --user --scope -p Delegate=yes cairn serve`"
+              : "this machine runs no systemd: as root, make a folder in the cgroup v2 tree whose parent's "
+                "cgroup.subtree_control lists memory and pids, chown the folder, its cgroup.procs and "
+                "cgroup.subtree_control to this user, and start cairn from a shell whose pid was written to its "
+                "cgroup.procs");
   return none;
 }
 

@@ -20,7 +20,10 @@ sandbox_resources::sandbox_resources(sandbox_spec spec, std::filesystem::path wo
   if (cgroups_.mode == cgroup_mode::none)
     warnings_.push_back(fmt::format("resource totals are per process only, {}: to bound the sandbox as a whole, {}",
                                     cgroups_.detail, cgroups_.fix));
-  if (!quota_.available || !user_)
+  // What acquire() decides: root mounts the image for the sandbox uid,
+  // another user through FUSE; none asked (workspace_mb 0), none missed.
+  const bool quota_kept = quota_.available && (user_ || quota_.fuse);
+  if (!quota_kept && !spec_.workspace_image.empty())
     warnings_.push_back(fmt::format("workspace {} has no size quota ({}): files are bounded one by one "
                                     "(limits.file_mb); {}",
                                     workspace_.string(), quota_.detail, quota_.fix));
@@ -48,7 +51,7 @@ void sandbox_resources::acquire() {
   }
   const auto& image = spec_.workspace_image;
   // Root mounts it for the sandbox uid; another user, through FUSE, for itself.
-  bool quota = quota_.available && (user_ || quota_.fuse) && !image.empty();
+  const bool quota = quota_.available && (user_ || quota_.fuse) && !image.empty();
   if (!quota && !image.empty() && std::filesystem::exists(image))
     throw sandbox_error(sandbox_errc::workspace_failed,
                         fmt::format("the files of workspace {} are in its quota image {}, which cannot be mounted "

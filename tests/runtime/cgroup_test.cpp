@@ -23,6 +23,8 @@ TEST_CASE("cgroups: detect_cgroups says what it found") {
   if (support.mode == cgroup_mode::none) {
     CHECK_THAT(support.detail, Catch::StartsWith("none: totals are per process only"));
     CHECK_FALSE(support.fix.empty());
+    // The fix names systemd's way only where systemd runs.
+    CHECK((support.fix.find("systemd-run") != std::string::npos) == fs::is_directory("/run/systemd/system"));
     return;
   }
   CHECK(support.parents.size() == (support.mode == cgroup_mode::v1 ? 3u : 1u));
