@@ -83,9 +83,17 @@ inline std::string from_hex_bytea(std::string_view text) {
   return out;
 }
 
-inline std::string trimmed(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
+// libpq's messages end in a newline and go on over lines of their own
+// ("...failed: No such file or directory\n\tIs the server running..."):
+// one line, their parts a space apart, rather than escapes on a terminal.
+inline std::string trimmed(const std::string& s) {
+  std::string line;
+  for (const char c : s) {
+    if (c != '\n' && c != '\t') line += c;
+    else if (!line.empty() && line.back() != ' ') line += ' ';
+  }
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  return line;
 }
 
 // libpq's connection to `url`, with defaults the URL may override: a server
