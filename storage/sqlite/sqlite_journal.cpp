@@ -273,17 +273,22 @@ std::vector<run_record> sqlite_journal::runs_with_workspace_near(const std::stri
 
 std::vector<run_record> sqlite_journal::list_runs(const run_query& q) {
   return c_.guard({}, [&] {
-    // rowid breaks ties within a millisecond in insertion order. One
-    // statement for every query: an absent field's test is true.
-    static const std::string sql = run_select +
+    // rowid breaks ties within a millisecond in insertion order. An absent
+    // field's test is true. A next page has a statement of its own: behind
+    // `?4 = '' OR` its bound could not seek runs_by_created, and each page
+    // scanned every newer run (paging 100,000 runs read 5 million rows).
+    static const std::string where = run_select +
         "WHERE (?1 IS NULL OR status = ?1) "
         "AND (?2 = '' OR agent = ?2 OR (substr(agent, -length(?2)) = ?2 AND substr(agent, -length(?2) - 1, 1) = '/')) "
-        "AND (?3 IS NULL OR created_at_ms >= ?3) "
-        "AND (?4 = '' OR (created_at_ms, rowid) < (SELECT created_at_ms, rowid FROM runs WHERE id = ?4)) "
-        "ORDER BY created_at_ms DESC, rowid DESC LIMIT ?5";
+        "AND (?3 IS NULL OR created_at_ms >= ?3) ";
+    static const std::string order = "ORDER BY created_at_ms DESC, rowid DESC LIMIT ?5";
+    static const std::string first_page = where + order;
+    static const std::string next_page =
+        where + "AND (created_at_ms, rowid) < (SELECT created_at_ms, rowid FROM runs WHERE id = ?4) " + order;
     std::optional<std::string> status;
     if (q.status) status = std::string(to_string(*q.status));
-    auto s = c_.statement(sql.c_str(), status, q.agent, q.since_ms, q.before, q.limit.value_or(-1));
+    auto s = c_.statement((q.before.empty() ? first_page : next_page).c_str(), status, q.agent, q.since_ms, q.before,
+                          q.limit.value_or(-1));
     std::vector<run_record> runs;
     while (s.executeStep()) runs.push_back(read_run(sqlite_row{s}));
     return runs;

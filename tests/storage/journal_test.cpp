@@ -366,6 +366,7 @@ TEST_CASE("list_runs finds the runs a query selects, newest first, a page at a t
   // Pages: the next starts after the last of the one before, whatever it matched.
   CHECK(ids({.limit = 2}) == v{"r5", "r4"});
   CHECK(ids({.before = "r4", .limit = 2}) == v{"r3", "r2"});
+  CHECK(ids({.before = "r3"}) == v{"r2", "r1"});  // a page that starts inside a shared millisecond
   CHECK(ids({.before = "r2", .limit = 2}) == v{"r1"});
   CHECK(ids({.before = "r1"}).empty());
   CHECK(ids({.agent = "count.py", .before = "r4"}) == v{"r3", "r1"});
