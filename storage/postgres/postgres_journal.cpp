@@ -745,14 +745,18 @@ std::vector<run_record> postgres_journal::list_runs(const run_query& q) {
   return impl_->guard({}, [&] {
     std::optional<std::string> status;
     if (q.status) status = std::string(to_string(*q.status));
-    return impl_->runs(
+    // A next page has a statement of its own, as on SQLite: its bound,
+    // behind `$4 = '' OR`, would not seek the index in a generic plan.
+    static const std::string where =
         "WHERE ($1::text IS NULL OR status = $1) "
         "AND ($2 = '' OR agent = $2 OR (right(agent, length($2)) = $2 "
         "AND substr(agent, length(agent) - length($2), 1) = '/')) "
-        "AND ($3::bigint IS NULL OR created_at_ms >= $3) "
-        "AND ($4 = '' OR (created_at_ms, row_order) < (SELECT created_at_ms, row_order FROM runs WHERE id = $4)) "
-        "ORDER BY created_at_ms DESC, row_order DESC LIMIT $5",
-        status, q.agent, q.since_ms, q.before, q.limit);
+        "AND ($3::bigint IS NULL OR created_at_ms >= $3) ";
+    static const std::string order = "ORDER BY created_at_ms DESC, row_order DESC LIMIT $5";
+    static const std::string first_page = where + "AND $4::text = '' " + order;
+    static const std::string next_page =
+        where + "AND (created_at_ms, row_order) < (SELECT created_at_ms, row_order FROM runs WHERE id = $4) " + order;
+    return impl_->runs(q.before.empty() ? first_page : next_page, status, q.agent, q.since_ms, q.before, q.limit);
   });
 }
 
