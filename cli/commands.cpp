@@ -74,8 +74,20 @@ int resume_command(const paths& p, const std::string& run_id, bool all, const st
       // Its files, if a crash kept them in its image as it ended, go to its folder.
       if (auto kept = eng.release_ended_run(run_id)) std::cerr << "warning: " << terminal_text(*kept) << std::endl;
       print_history(*journal, run_id, as_json);
-      if (run.status == storage::run_status::waiting && !as_json)
-        std::cout << fmt::format("run {} {}", run_id, describe_wait(run)) << std::endl;
+      if (run.status == storage::run_status::waiting && !as_json) {
+        // A signal sent while nobody executed the run wakes it now: no need to send it.
+        const auto queued = [&] {
+          if (!run.wait || run.wait->kind != "signal") return false;
+          for (const auto& s : journal->signals(run_id))
+            if (s.name == run.wait->key && !s.delivered_seq) return true;
+          return false;
+        };
+        if (queued())
+          std::cout << fmt::format("run {} waited for signal '{}' (step {}), which is queued: it goes on now", run_id,
+                                   terminal_text(run.wait->key), run.wait->seq)
+                    << std::endl;
+        else std::cout << fmt::format("run {} {}", run_id, describe_wait(run)) << std::endl;
+      }
       auto end = follow(p, run_id, as_json);
       if (const int signal = stop_signal()) return report_stopped(end, signal, as_json);
       return report_end(p, end, as_json);

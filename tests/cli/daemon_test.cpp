@@ -572,6 +572,30 @@ TEST_CASE("cairn logs --follow prints a run that serve executes as it goes, wait
   CHECK(last["run"]["status"] == "failed");
 }
 
+TEST_CASE("cairn resume of a run whose awaited signal is queued says it goes on, not to send it") {
+  cairn_home h;
+  const json plan = plan_of({step("a"), {{"op", "signal"}, {"name", "go"}}, step("b")});
+  h.submit("q", plan);
+  {
+    daemon_process serve(h, "serve", {"--suspend-after", "0"});
+    eventually("q waits, suspended",
+               [&] {
+                 auto run = h.journal()->find_run("q");
+                 return run->status == run_status::waiting && run->owner.empty();
+               },
+               [&] { return serve.log() + show_runs(h); });
+    serve.stop();
+  }
+  h.signal("q", "go", json("now"));  // no worker: it stays queued
+  auto resumed = h.cli({"resume", "q"});
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.code == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("run q waited for signal 'go' (step 1), which is queued: it goes on now"));
+  CHECK_THAT(resumed.out, !Catch::Contains("send it"));
+  CHECK(h.journal()->find_run("q")->status == run_status::completed);
+  CHECK(h.exec_log("q") == std::vector<std::string>{"step a", "step b"});
+}
+
 TEST_CASE("serve --max-concurrent 2 runs every submitted run, never more than 2 at once") {
   cairn_home h;
   const json plan = plan_of({step("a"), slow("s", 300), step("b")});
