@@ -1,11 +1,13 @@
 #include "engine/doctor.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "engine/owner.hpp"
 
@@ -134,6 +136,77 @@ runtime::doctor_check llm_check(const std::filesystem::path& config_file) {
   return c;
 }
 
+// Bytes on disk (allocated) and apparent of what `folder` holds, never
+// through a link or into another filesystem (a live run's mounted image is
+// counted as its image file). Bounded: past `max_entries` it says so.
+struct disk_use {
+  std::uint64_t allocated = 0, apparent = 0, entries = 0;
+  bool partial = false;
+};
+disk_use disk_use_of(const std::filesystem::path& folder, std::uint64_t max_entries) {
+  disk_use use;
+  struct stat top {};
+  if (::lstat(folder.c_str(), &top) < 0 || !S_ISDIR(top.st_mode)) return use;
+  std::error_code ec;
+  std::filesystem::recursive_directory_iterator it(folder, std::filesystem::directory_options::skip_permission_denied,
+                                                   ec);
+  for (; !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (++use.entries > max_entries) {
+      use.partial = true;
+      break;
+    }
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) < 0) continue;
+    if (st.st_dev != top.st_dev) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    use.allocated += static_cast<std::uint64_t>(st.st_blocks) * 512;
+    if (S_ISREG(st.st_mode)) use.apparent += static_cast<std::uint64_t>(st.st_size);
+  }
+  return use;
+}
+
+std::string mib(std::uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// Informational: what the journal and the home take on disk, by folder
+// (quota images are sparse: their apparent size is what they may grow to).
+runtime::doctor_check space_check(const std::filesystem::path& db, const std::filesystem::path& home) {
+  runtime::doctor_check c;
+  c.name = "space";
+  c.ok = true;
+  std::vector<std::string> parts;
+  try {
+    std::error_code ec;
+    if (storage::is_postgres_url(db.string()) || std::filesystem::exists(db, ec)) {
+      const auto space = storage::open_journal(db, {.read_only = true})->space();
+      parts.push_back(fmt::format("journal {} ({} free for reuse)", mib(space.bytes), mib(space.free_bytes)));
+    }
+  } catch (const storage::storage_error&) {
+    // The journal's own check says why.
+  }
+  constexpr std::uint64_t max_entries = 1'000'000;
+  disk_use total;
+  for (const char* name : {"workspaces", "images", "logs", "agents"}) {
+    const auto use = disk_use_of(home / name, max_entries);
+    total.allocated += use.allocated;
+    total.partial = total.partial || use.partial;
+    if (use.entries == 0) continue;
+    parts.push_back(use.apparent > 2 * use.allocated + (1 << 20)
+                        ? fmt::format("{} {} on disk ({} apparent, sparse)", name, mib(use.allocated), mib(use.apparent))
+                        : fmt::format("{} {}", name, mib(use.allocated)));
+  }
+  const auto whole = disk_use_of(home, max_entries);
+  if (whole.entries == 0 && parts.empty()) {
+    c.detail = fmt::format("{}: nothing stored yet", home.string());
+    return c;
+  }
+  c.detail = fmt::format("{} {}{} on disk{}{}", home.string(), whole.partial ? "at least " : "", mib(whole.allocated),
+                         parts.empty() ? "" : ": ", fmt::join(parts, ", "));
+  if (total.partial) c.detail += fmt::format(" (over {} entries: counted in part)", max_entries);
+  return c;
+}
+
 }  // namespace
 
 std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db, const std::string& shown_db,
@@ -147,6 +220,7 @@ std::vector<runtime::doctor_check> doctor(const std::filesystem::path& db, const
   for (auto& c : runtime::make_bwrap_backend()->check()) checks.push_back(std::move(c));
   for (auto& c : journal_checks(db, shown_db)) checks.push_back(std::move(c));
   checks.push_back(llm_check(config_file));
+  checks.push_back(space_check(db, config_file.parent_path()));
   return checks;
 }
 

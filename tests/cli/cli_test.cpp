@@ -444,6 +444,26 @@ TEST_CASE("a PostgreSQL journal out of reach is said on one line, without litera
   CHECK_THAT(r.err, !Catch::Contains("\\n") && !Catch::Contains("\\t"));
 }
 
+TEST_CASE("doctor says what the journal and the home take on disk, a sparse image's apparent size apart") {
+  cairn::testing::temp_dir dir;
+  // A file of 4 MiB in the run's logs: what doctor counts must hold it.
+  REQUIRE(run_cli(dir, {"run", STEP_AGENT, "--id", "s1", "--sandbox", "none", "--input", R"({"steps":2})"}).code == 0);
+  {
+    std::ofstream big(dir / ".cairn" / "logs" / "big.log", std::ios::binary);
+    const std::string mib(1 << 20, 'x');
+    for (int i = 0; i < 4; ++i) big << mib;
+  }
+  auto space = doctor_check(dir, "space");
+  const auto detail = space["detail"].get<std::string>();
+  INFO(detail);
+  CHECK(space["ok"] == true);
+  CHECK_THAT(detail, Catch::StartsWith((dir / ".cairn").string() + " "));
+  CHECK_THAT(detail, Catch::Contains("journal ") && Catch::Contains("workspaces ") && Catch::Contains("logs 4."));
+  // The total, first: at least the 4 MiB log and the journal file.
+  const auto total = std::stod(detail.substr((dir / ".cairn").string().size() + 1));
+  CHECK(total >= 4.0 + static_cast<double>(std::filesystem::file_size(dir / ".cairn" / "cairn.db")) / (1 << 20));
+}
+
 TEST_CASE("doctor names the journal's backend and schema, times one read and one commit, and leaves no trace") {
   cairn::testing::temp_dir dir;
   REQUIRE(run_cli(dir, {"submit", STEP_AGENT, "--id", "d1", "--sandbox", "none"}).code == 0);
