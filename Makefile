@@ -76,6 +76,7 @@ bench: build
 	@$(BUILD)/bench/suspended
 	@$(BUILD)/bench/throughput
 	@$(BUILD)/bench/gc
+	@$(BUILD)/bench/stop
 	@$(BUILD)/bench/checkpoint
 	@$(BUILD)/bench/live_runs
 	@$(BUILD)/bench/fanout
