@@ -171,6 +171,43 @@ TEST_CASE("a run whose files are still in its quota image as it ends: rm waits f
   CHECK(h.ids().empty());
 }
 
+TEST_CASE("a release another process has under way is left alone: its copy is not taken, its run not removed") {
+  // Killed once its copy of the files is whole and its image renamed away:
+  // what another process would see while that one still releases.
+  home h;
+  auto killed = cairn::testing::run_program(
+      CAIRN_BIN, {"run", STEP_AGENT, "--id", "r", "--input", R"({"steps":2})"}, h.dir.path(),
+      {.cwd = h.dir.path(),
+       .env = {{"CAIRN_HOME", h.cairn_home().string()}, {"CAIRN_CRASH_POINT", "image_doomed:1"}},
+       .unset = {"CAIRN_DB"}});
+  INFO(killed.out << killed.err);
+  REQUIRE(killed.code == 128 + SIGKILL);
+  const auto whole = h.cairn_home() / "workspaces" / ".r.released";
+  if (!cairn::testing::require_capability("quota", fs::is_directory(whole),
+                                          "a run's files are kept in a quota image only where one can be mounted"))
+    return;
+  {
+    // The release lock, as the releasing process holds it to its end.
+    const auto lock_path = h.cairn_home() / "images" / "r.img.releasing";
+    const int held = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    REQUIRE(held >= 0);
+    REQUIRE(::flock(held, LOCK_EX) == 0);
+    auto resumed = h.cli({"resume", "r"});
+    auto rm = h.cli({"rm", "r"});
+    ::close(held);
+    INFO(resumed.out << resumed.err << rm.out << rm.err);
+    CHECK_THAT(resumed.err, Catch::Contains("in use by another cairn process"));
+    CHECK(fs::is_directory(whole));  // not taken from under the other release
+    CHECK(rm.code == 2);
+    CHECK(h.ids() == std::vector<std::string>{"r"});
+  }
+  auto resumed = h.cli({"resume", "r"});
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.code == 0);
+  CHECK_FALSE(fs::exists(whole));
+  CHECK_THAT(cairn::testing::slurp(h.cairn_home() / "workspaces" / "r" / "exec.log"), Catch::StartsWith("0 "));
+}
+
 TEST_CASE("cairn gc: --dry-run changes nothing; --status, --keep-last and --older-than select what goes") {
   home h;
   for (const char* id : {"c1", "c2", "c3", "c4"}) h.run(id);
