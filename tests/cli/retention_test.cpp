@@ -40,6 +40,16 @@ struct home {
     INFO(r.out << r.err);
     REQUIRE(r.code == (terminal_at >= 0 ? 1 : 0));
   }
+  // A run of step_agent in the default layout (a bwrap sandbox, a quota
+  // image), its host SIGKILLed at crash point `point` (runtime/crash_point.hpp).
+  void run_killed_at(const std::string& id, const std::string& point) const {
+    auto killed = cairn::testing::run_program(
+        CAIRN_BIN, {"run", STEP_AGENT, "--id", id, "--input", R"({"steps":2})"}, dir.path(),
+        {.cwd = dir.path(), .env = {{"CAIRN_HOME", cairn_home().string()}, {"CAIRN_CRASH_POINT", point}},
+         .unset = {"CAIRN_DB"}});
+    INFO(killed.out << killed.err);
+    REQUIRE(killed.code == 128 + SIGKILL);
+  }
   std::vector<std::string> ids() const {
     auto r = cli({"ls", "--json"});
     REQUIRE(r.code == 0);
@@ -125,13 +135,7 @@ TEST_CASE("a run whose files are still in its quota image as it ends: rm waits f
   // The default layout: a bwrap sandbox, a quota image. The host is killed
   // just after the run's end is journaled, its files still in the image.
   home h;
-  auto killed = cairn::testing::run_program(
-      CAIRN_BIN, {"run", STEP_AGENT, "--id", "r", "--input", R"({"steps":2})"}, h.dir.path(),
-      {.cwd = h.dir.path(),
-       .env = {{"CAIRN_HOME", h.cairn_home().string()}, {"CAIRN_CRASH_POINT", "run_ended:1"}},
-       .unset = {"CAIRN_DB"}});
-  INFO(killed.out << killed.err);
-  REQUIRE(killed.code == 128 + SIGKILL);
+  h.run_killed_at("r", "run_ended:1");
   const auto image = h.cairn_home() / "images" / "r.img";
   if (!cairn::testing::require_capability("quota", fs::exists(image),
                                           "a run's files are kept in a quota image only where one can be mounted"))
@@ -175,13 +179,7 @@ TEST_CASE("a release another process has under way is left alone: its copy is no
   // Killed once its copy of the files is whole and its image renamed away:
   // what another process would see while that one still releases.
   home h;
-  auto killed = cairn::testing::run_program(
-      CAIRN_BIN, {"run", STEP_AGENT, "--id", "r", "--input", R"({"steps":2})"}, h.dir.path(),
-      {.cwd = h.dir.path(),
-       .env = {{"CAIRN_HOME", h.cairn_home().string()}, {"CAIRN_CRASH_POINT", "image_doomed:1"}},
-       .unset = {"CAIRN_DB"}});
-  INFO(killed.out << killed.err);
-  REQUIRE(killed.code == 128 + SIGKILL);
+  h.run_killed_at("r", "image_doomed:1");
   const auto whole = h.cairn_home() / "workspaces" / ".r.released";
   if (!cairn::testing::require_capability("quota", fs::is_directory(whole),
                                           "a run's files are kept in a quota image only where one can be mounted"))
