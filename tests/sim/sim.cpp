@@ -1263,12 +1263,17 @@ class world final : public agent_watcher {
     std::set<std::string> runs;
     for (const auto& [key, c] : committed_) runs.insert(key.first);
     for (const auto& run : runs) {
-      for (const auto& e : observer_->events_of_kinds(run, kinds))
-        for (const auto& [path, entry] : e.data.value("files", json::object()).items())
-          for (const auto& digest : entry.value("p", json::array()))
+      for (const auto& e : observer_->events_of_kinds(run, kinds)) {
+        // Named: items() refers to the object, which a temporary would take with it.
+        const json files = e.data.value("files", json::object());
+        for (const auto& [path, entry] : files.items()) {
+          const json pieces = entry.value("p", json::array());
+          for (const auto& digest : pieces)
             if (!observer_->find_blob(digest.get<std::string>()))
               throw violation{fmt::format("the checkpoint of {} at step {} names {} of {}, which the journal lost",
                                           run, e.seq.value_or(0), digest.get<std::string>(), path)};
+        }
+      }
     }
     check_checkpoints(true);
   }
