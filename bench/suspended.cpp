@@ -16,9 +16,9 @@
 // its workspace and one that wrote nothing, each parked and woken
 // size_rounds times, alternately: signal -> attempt started, and the waking
 // attempt until the run waits again (mount, replay, one step, unmount);
-// and the end against the workspace's size (issue 42: within 1.2x): the
-// last signal of end_pairs runs of each size -> completed, and -> its files
-// copied out of the image (which happens after the end is journaled).
+// and the end against the workspace's size (issue 42 asks within 1.2x):
+// the last signal of end_pairs runs of each size -> completed, and -> its
+// image gone.
 // usage: suspended [N] [M] [CAIRN]   (defaults 1000, 8 (cairn serve's default)
 //                                     and this build's cairn; pass another
 //                                     build's to compare)
@@ -263,11 +263,10 @@ int main(int argc, char** argv) {
       r.cycle_ms.push_back(ms_since(t0));
     }
   for (auto& r : sized) read_wakeups(*journal, r);
-  // The end: the run completes (journaled, its files readable at the folder
-  // through the image still mounted there), then the files leave the image
-  // for the host folder, once, off the run's path; released when the image
-  // is gone. The two runs above, then end_pairs - 1 more pairs parked for
-  // it, each pair ended in turn, the first of a pair alternating.
+  // The end: the files leave the image for the host folder, once, then the
+  // run completes; the image goes on a background thread. The two runs
+  // above, then end_pairs - 1 more pairs parked for it, each pair ended in
+  // turn, the first of a pair alternating.
   std::vector<std::vector<std::string>> ending(2);
   for (std::size_t i = 0; i < sized.size(); ++i) ending[i].push_back(sized[i].id);
   for (int pair = 1; pair < end_pairs; ++pair)
@@ -390,8 +389,8 @@ int main(int argc, char** argv) {
   std::printf("  ratio 1 GiB / empty: signal -> waiting, image unmounted p50 = %.2f\n",
               summarize(sized[1].cycle_ms).p50 / summarize(sized[0].cycle_ms).p50);
   const auto end_empty = summarize(end_ms[0]), end_full = summarize(end_ms[1]);
-  std::printf("  the end, %d runs each (last signal -> completed): empty p50 %.0f ms, 1 GiB p50 %.0f ms, ratio %.2f; "
-              "-> its files copied out of the image, after: empty p50 %.0f ms, 1 GiB p50 %.0f ms\n",
+  std::printf("  the end, %d runs each (last signal -> completed, its files copied out of the image first): empty "
+              "p50 %.0f ms, 1 GiB p50 %.0f ms, ratio %.2f; -> its image gone: empty p50 %.0f ms, 1 GiB p50 %.0f ms\n",
               end_pairs, end_empty.p50, end_full.p50, end_full.p50 / end_empty.p50, summarize(released_ms[0]).p50,
               summarize(released_ms[1]).p50);
   for (std::size_t i = 0; i < 2; ++i) {

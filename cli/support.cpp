@@ -280,10 +280,6 @@ storage::run_record follow(const paths& p, const std::string& root, bool quiet, 
     if (id == root) refused = error;
     else std::cerr << terminal_text(fmt::format("warning: run {}: {}", id, error)) << std::endl;
   };
-  o.on_release_warning = [](const std::string& warning) {
-    std::lock_guard lock(output);
-    std::cerr << "warning: " << terminal_text(warning) << std::endl;
-  };
   engine::scheduler runs(std::move(o));
   runs.run([&](storage::journal& journal) {
     if (std::lock_guard lock(output); refused) return true;

@@ -19,13 +19,13 @@ using namespace std::chrono_literals;
 using kind = attempt_result::kind;
 
 attempt_result failed(std::string message, std::string type) {
-  return {kind::failed, nullptr, {std::move(message), std::move(type)}, {}, {}};
+  return {kind::failed, nullptr, {std::move(message), std::move(type)}, {}};
 }
 
 // How often a live sandbox's limits are read; see check_limits().
 constexpr auto limits_period = std::chrono::seconds(1);
 
-attempt_result crashed(std::string message) { return {kind::crashed, nullptr, {std::move(message), "crash"}, {}, {}}; }
+attempt_result crashed(std::string message) { return {kind::crashed, nullptr, {std::move(message), "crash"}, {}}; }
 
 std::chrono::milliseconds timeout_of(const protocol::begin_msg& step, const policy& p) {
   return step.timeout_ms > 0 ? std::chrono::milliseconds(step.timeout_ms) : std::chrono::milliseconds(p.timeouts.step);
@@ -138,14 +138,16 @@ task<attempt_result> attempt_driver::drive(runtime::sandbox_backend& backend) {
   // held by a detached mount that the next attempt, here or on another
   // worker, finds locked.
   checkpoints_.reset();
-  // The attempt that ends its run hands its sandbox on: its workspace is
-  // released from the image still mounted there, once the end is journaled.
+  // The attempt that ends its run releases the workspace from its own
+  // sandbox, whose image is still mounted: end_run then finds it released.
   // Only while this process still holds the run (a run taken over has
-  // another owner's workspace).
+  // another owner's workspace); what fails here, end_run tries again and tells.
   if (result.outcome == kind::completed || result.outcome == kind::failed || result.outcome == kind::cancelled) {
     co_await journal_.confirm_held();
-    result.ending_sandbox = std::move(box);
-    co_return result;
+    try {
+      co_await offload([&] { box->destroy_ending_run(); }, pool::teardown);
+    } catch (const runtime::sandbox_error&) {
+    }
   }
   co_await offload([&] { box.reset(); }, pool::teardown);
   co_return result;
@@ -321,9 +323,9 @@ task<void> attempt_driver::supervise() {
   }
   if (cancel_sent_ && now >= cancel_deadline_) co_await end(cancelled_result());
   if (stopping() && !cancel_sent_) {
-    if (!in_step_) co_await end({kind::released, nullptr, {}, {}, {}});
+    if (!in_step_) co_await end({kind::released, nullptr, {}, {}});
     if (!drain_deadline_) drain_deadline_ = now + options_.drain;
-    if (now >= *drain_deadline_) co_await end({kind::released, nullptr, {}, {}, {}});
+    if (now >= *drain_deadline_) co_await end({kind::released, nullptr, {}, {}});
   }
 }
 
@@ -351,7 +353,7 @@ task<void> attempt_driver::start_cancel(std::string reason, bool timed_out) {
 
 attempt_result attempt_driver::cancelled_result() const {
   if (timed_out_) return failed(cancel_reason_, "timeout");
-  return {kind::cancelled, nullptr, {cancel_reason_, "cancelled"}, {}, {}};
+  return {kind::cancelled, nullptr, {cancel_reason_, "cancelled"}, {}};
 }
 
 task<void> attempt_driver::step_timed_out() {
@@ -367,7 +369,7 @@ task<void> attempt_driver::step_timed_out() {
   else
     co_await commit_failure(step.name, step.kind, error,
                             std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
-  throw attempt_end{{kind::restart, nullptr, error, {}, {}}};
+  throw attempt_end{{kind::restart, nullptr, error, {}}};
 }
 
 task<void> attempt_driver::send(const protocol::host_message& message) {
@@ -475,7 +477,7 @@ attempt_driver::step attempt_driver::on(const protocol::step_msg& m) {
   // Shutting down: the step is durable; stop the agent before an ack lets it begin the next one.
   if (stopping() && !cancel_sent_) {
     observer_.on_step(record);
-    co_await end({kind::released, nullptr, {}, {}, {}});
+    co_await end({kind::released, nullptr, {}, {}});
   }
 #ifndef CAIRN_TEST_UNSAFE_EARLY_ACK
   co_await send_one(ack_of(m.result.seq));
@@ -560,7 +562,7 @@ attempt_driver::step attempt_driver::on(const protocol::done_msg& m) {
                                 protocol::max_output_depth)};
   co_await expect_clean_exit("done");
   if (cancel_sent_) co_return cancelled_result();
-  co_return attempt_result{kind::completed, m.output, {}, {}, {}};
+  co_return attempt_result{kind::completed, m.output, {}, {}};
 }
 
 attempt_driver::step attempt_driver::on(const protocol::fail_msg& m) {

@@ -139,13 +139,6 @@ struct attempt_result {
   json output;
   protocol::error_info error;
   storage::wait_spec wait;  // when suspended
-  // When the attempt ended its run (completed, failed, cancelled) while this
-  // process held it: its sandbox, every process of it gone, its workspace's
-  // image still mounted at the folder (where the files stay readable). The
-  // engine journals the end first and releases the files from it after
-  // (sandbox::destroy_ending_run), so that a run's end costs the same
-  // whatever its workspace holds.
-  std::shared_ptr<runtime::sandbox> ending_sandbox;
 };
 
 task<attempt_result> run_attempt(attempt_journal& journal, attempt_wakeups& wakeups, runtime::sandbox_backend& backend,

@@ -72,11 +72,11 @@ task<void> attempt_driver::hold(const storage::wait_spec& wait, std::chrono::mil
     const bool finished = co_await finish();
     if (finished) co_return;
     // Before supervise(), which hands back a run that is between steps: a waiting one is suspended.
-    if (stopping()) co_await end({kind::suspended, nullptr, {}, wait, {}});
+    if (stopping()) co_await end({kind::suspended, nullptr, {}, wait});
     co_await supervise();
     if (cancel_sent_) co_return;  // the agent hears cancel instead of an answer
     if (process_->poll_exit()) throw runtime::channel_closed("the agent ended while it waited", false);
-    if (clock::now() >= give_up) co_await end({kind::suspended, nullptr, {}, wait, {}});
+    if (clock::now() >= give_up) co_await end({kind::suspended, nullptr, {}, wait});
     auto until = std::min(give_up, next_deadline());
     if (wait.wake_at_ms)
       until = std::min(until, clock::now() + std::chrono::milliseconds(*wait.wake_at_ms - storage::now_ms()));

@@ -6,7 +6,6 @@
 #include <mutex>
 #include <random>
 
-#include <boost/asio/post.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <fmt/format.h>
 
@@ -106,14 +105,6 @@ engine::engine(storage::journal& journal, engine_options options)
       options_(std::move(options)),
       ledger_(options_.ledger ? options_.ledger : std::make_shared<ledger>(journal.path(), journal.options())) {}
 
-engine::~engine() { finish_releases(); }
-
-std::vector<std::string> engine::finish_releases(bool wait) {
-  std::unique_lock lock(releasing_->mutex);
-  if (wait) releasing_->done.wait(lock, [&] { return releasing_->going == 0; });
-  return std::exchange(releasing_->warnings, {});
-}
-
 std::pair<storage::run_record, bool> engine::submit(const run_request& request) {
   return ledger_->create_run(new_run_of(request));
 }
@@ -149,11 +140,7 @@ storage::new_run engine::new_run_of(run_request request) {
 }
 
 storage::run_record engine::execute(const std::string& run_id, run_observer* observer, bool revive_failed) {
-  auto end = run_here(execute_async(run_id, observer, revive_failed));
-  // A caller that blocks finds the files in their folder when it returns.
-  std::unique_lock lock(releasing_->mutex);
-  releasing_->done.wait(lock, [&] { return releasing_->going == 0; });
-  return end;
+  return run_here(execute_async(run_id, observer, revive_failed));
 }
 
 task<storage::run_record> engine::execute_async(std::string run_id, run_observer* observer, bool revive_failed) {
@@ -262,7 +249,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         refusal = choice.refusal;
       }
       if (!refusal.empty()) {
-        result = {attempt_result::kind::failed, nullptr, {refusal, "agent_changed"}, {}, {}};
+        result = {attempt_result::kind::failed, nullptr, {refusal, "agent_changed"}, {}};
       } else {
         options.agent = program;
         options.private_paths = private_paths_for(program, std::move(options.private_paths));
@@ -273,7 +260,7 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
       }
     } catch (const runtime::sandbox_error& e) {
       if (e.code() == runtime::sandbox_errc::workspace_busy) busy = e.what();
-      else result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}, {}};
+      else result = {attempt_result::kind::failed, nullptr, {e.what(), "sandbox"}, {}};
     }
     if (busy) {
       // Another live process (a worker paused past its lease) still has the
@@ -337,14 +324,11 @@ task<storage::run_record> engine::execute_run(const std::string& run_id, run_obs
         co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
       }
       case kind::completed:
-        co_return co_await end_run(run_id, storage::run_status::completed, result.output, {}, watch, true,
-                                   std::move(result.ending_sandbox));
+        co_return co_await end_run(run_id, storage::run_status::completed, result.output, {}, watch);
       case kind::cancelled:
-        co_return co_await end_run(run_id, storage::run_status::cancelled, nullptr, result.error, watch, true,
-                                   std::move(result.ending_sandbox));
+        co_return co_await end_run(run_id, storage::run_status::cancelled, nullptr, result.error, watch);
       case kind::failed:
-        co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch, true,
-                                   std::move(result.ending_sandbox));
+        co_return co_await end_run(run_id, storage::run_status::failed, nullptr, result.error, watch);
     }
   }
 }
@@ -407,71 +391,21 @@ task<std::optional<storage::run_record>> engine::end_before_attempt(const storag
 }
 
 task<storage::run_record> engine::end_run(const std::string& run_id, storage::run_status status, json output,
-                                          protocol::error_info error, run_observer& watch, bool release_files,
-                                          std::shared_ptr<runtime::sandbox> ending) {
+                                          protocol::error_info error, run_observer& watch, bool release_files) {
   runtime::crash_point("before_finish");
+  // Files first: once the journal says the run ended, its files are in its
+  // folder (whoever reads them then never finds them mid-release). A crash
+  // in between only replays the run.
   auto run = *journal_.find_run(run_id);
   co_await ledger_->confirm_held_async(run_id);  // the workspace of a run taken over is the new owner's
-  // A run ended without its sandbox (before an attempt, or after its last
-  // crashed) has its files released first: no image is mounted to read them
-  // from once the end is journaled.
   auto& sandboxes = backend(run.sandbox);
-  if (release_files && !ending) co_await offload([&] { release_workspace(sandboxes, run, watch); }, pool::teardown);
+  if (release_files) co_await offload([&] { release_workspace(sandboxes, run, watch); }, pool::teardown);
   std::optional<protocol::error_info> why;
   if (status != storage::run_status::completed) why = std::move(error);
   co_await ledger_->apply_async(run_id, effects::run_ended{status, std::move(output), std::move(why)});
   run = *journal_.find_run(run_id);
-  if (ending) {
-    runtime::crash_point("run_ended");
-    co_await release_after_end(std::move(ending), run);
-  }
   co_await cancel_children(run_id, fmt::format("its parent run {} ended ({})", run_id, storage::to_string(status)));
   co_return run;
-}
-
-task<void> engine::release_after_end(std::shared_ptr<runtime::sandbox> ending, const storage::run_record& run) {
-  auto& slot = backends_[run.sandbox];
-  if (!slot) slot = options_.backends(run.sandbox);
-  // The backend's share keeps it for a release that outlives this run's loop.
-  auto release = [ending = std::move(ending), sandboxes = slot, workspace = run.workspace, image = image_of(run),
-                  id = run.id]() mutable -> std::optional<std::string> {
-    std::optional<std::string> failure;
-    try {
-      ending->destroy_ending_run();
-    } catch (const runtime::sandbox_error& e) {
-      failure = e.what();
-    }
-    ending.reset();
-    if (!failure) return std::nullopt;
-    try {
-      sandboxes->release_workspace(workspace, image);  // what the mount could not give, from the image
-      return std::nullopt;
-    } catch (const std::exception& e) {
-      return fmt::format("run {}: its files stay in its quota image {} (`cairn resume {}` releases them): {}", id,
-                         image.string(), id, e.what());
-    }
-  };
-  auto state = releasing_;
-  bool here = blocking_inline();
-  {
-    std::lock_guard lock(state->mutex);
-    here = here || state->going >= max_background_releases;
-    if (!here) ++state->going;
-  }
-  if (here) {
-    if (auto warning = co_await offload(std::move(release), pool::teardown)) {
-      std::lock_guard lock(state->mutex);
-      state->warnings.push_back(std::move(*warning));
-    }
-    co_return;
-  }
-  asio::post(blocking_executor(pool::teardown), [release = std::move(release), state]() mutable {
-    auto warning = release();
-    std::lock_guard lock(state->mutex);
-    if (warning) state->warnings.push_back(std::move(*warning));
-    --state->going;
-    state->done.notify_all();
-  });
 }
 
 void engine::release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run,

@@ -8,13 +8,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -156,16 +154,6 @@ class engine {
  public:
   // `journal` (this thread's connection, for reading) must outlive the engine.
   engine(storage::journal& journal, engine_options options);
-  // Waits for the files of the runs it ended to be released (finish_releases).
-  ~engine();
-  engine(const engine&) = delete;
-  engine& operator=(const engine&) = delete;
-
-  // Waits (unless `wait` is false) until the files of every run this engine
-  // ended are out of their images, in their folders; returns why any could
-  // not be (left in the image, for `cairn resume RUN` to release) and was
-  // not told yet, one line each.
-  std::vector<std::string> finish_releases(bool wait = true);
 
   // Records a pending run, or returns the existing one with this id. An id
   // or workspace that cannot be used, or an input deeper than
@@ -199,8 +187,6 @@ class engine {
   // (a scheduler must never restart what stopped; `cairn resume` may).
   // A run whose journal holds a value cairn cannot load (storage's
   // errc::unreadable) fails with error type "journal"; other runs go on.
-  // Returns once the files of an ended run are in its folder (execute_async
-  // returns as its end is journaled, and releases them after).
   storage::run_record execute(const std::string& run_id, run_observer* observer = nullptr, bool revive_failed = true);
   // The same as a coroutine, for an event loop that carries many runs: it
   // suspends where execute() would block. The engine is not thread-safe:
@@ -343,19 +329,8 @@ class engine {
   // `error` is why it did not complete (none when it did).
   // `release_files` false: the run's workspace is not touched (a row this
   // host refused to trust names it).
-  // `ending`: the sandbox of the attempt that ended the run, its workspace's
-  // image still mounted at the folder; the end is journaled first and the
-  // files released from it after (release_after_end).
   task<storage::run_record> end_run(const std::string& run_id, storage::run_status status, json output,
-                                    protocol::error_info error, run_observer& watch, bool release_files = true,
-                                    std::shared_ptr<runtime::sandbox> ending = nullptr);
-  // Copies the files of a run just ended out of its image (which stays
-  // mounted at the folder, so they are readable there meanwhile) on a
-  // teardown thread, off the run's path; on its own path only when
-  // max_background_releases are going already, or in the simulator. A
-  // crash in between leaves them in the image: `cairn resume RUN`, the next
-  // `cairn serve` (release_ended_runs) and `cairn workspace` find them there.
-  task<void> release_after_end(std::shared_ptr<runtime::sandbox> ending, const storage::run_record& run);
+                                    protocol::error_info error, run_observer& watch, bool release_files = true);
   void release_workspace(runtime::sandbox_backend& sandboxes, const storage::run_record& run, run_observer& watch);
   // cancel() as a coroutine: end_run cancels children on the event loop
   // that ends their parent, with no loop nested in it.
@@ -373,16 +348,6 @@ class engine {
   // would otherwise make and remove again.
   std::optional<wake_listening> listening_;
   std::set<std::string> refused_;  // runs whose refusal (unreachable()) this engine journaled
-  // Releases of ended runs' files going on (release_after_end), which the
-  // engine's end waits for.
-  struct background_releases {
-    std::mutex mutex;
-    std::condition_variable done;
-    std::size_t going = 0;
-    std::vector<std::string> warnings;
-  };
-  static constexpr std::size_t max_background_releases = 2;
-  std::shared_ptr<background_releases> releasing_ = std::make_shared<background_releases>();
 };
 
 // Can a waiting run move now (its timer is due, its signal is queued or timed

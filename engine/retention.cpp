@@ -60,13 +60,6 @@ void check_removable(storage::journal& journal, const std::string& id) {
                                                       id, storage::to_string(run->status), id));
 }
 
-fs::path image_of_run_files(const run_file_places& places, const storage::run_record& run) {
-  const fs::path workspace = fs::path(run.workspace).lexically_normal();
-  return workspace == default_workspace(places.home, run.id).lexically_normal()
-             ? workspace_image(places.home, run.id)
-             : root_workspace_image(workspace.parent_path(), run.id);
-}
-
 removed_files remove_run_files(const run_file_places& places, const storage::run_record& run) {
   removed_files out;
   const auto remove = [&](const fs::path& path) {
@@ -90,7 +83,10 @@ removed_files remove_run_files(const run_file_places& places, const storage::run
                                    run.id, workspace.string()));
     return out;
   }
-  for (const auto& path : runtime::run_file_paths(workspace, image_of_run_files(places, run))) remove(path);
+  const fs::path image = workspace == default_workspace(places.home, run.id).lexically_normal()
+                             ? workspace_image(places.home, run.id)
+                             : root_workspace_image(workspace.parent_path(), run.id);
+  for (const auto& path : runtime::run_file_paths(workspace, image)) remove(path);
   return out;
 }
 
@@ -137,17 +133,6 @@ removal_report remove_runs(storage::journal& journal, const run_file_places& pla
     std::vector<storage::run_record> rows(n);
     std::vector<std::function<void(storage::journal&)>> writes;
     for (std::size_t i = 0; i < n; ++i) {
-      // Just ended, its files still being copied out of its image: not yet.
-      const auto run = journal.find_run(ids[first + i]);
-      if (run && !run->workspace.empty() && runtime::image_held(image_of_run_files(places, *run))) {
-        writes.push_back([&ids, i, first](storage::journal&) {
-          throw storage::storage_error(storage::errc::unfinished,
-                                       fmt::format("run {}: its files are still being copied out of its quota "
-                                                   "image; try again in a moment",
-                                                   ids[first + i]));
-        });
-        continue;
-      }
       bytes[i] = journal.bytes_of_run(ids[first + i]);
       writes.push_back([&rows, &ids, i, first](storage::journal& j) { rows[i] = j.delete_run(ids[first + i]); });
     }

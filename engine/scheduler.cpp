@@ -67,13 +67,6 @@ struct scheduler::pool {
     asio::co_spawn(l.io, execute(l, id, options), asio::detached);
   }
 
-  // What the releases of ended runs' files (engine::finish_releases) could not do.
-  static void tell_release_warnings(engine& eng, const scheduler_options& options, bool wait) {
-    for (const auto& warning : eng.finish_releases(wait))
-      if (options.on_release_warning) options.on_release_warning(warning);
-      else if (options.on_note) options.on_note("warning: " + warning);
-  }
-
   task<void> execute(lane& l, std::string id, const scheduler_options& options) {
     std::string error;
     try {
@@ -84,7 +77,6 @@ struct scheduler::pool {
       auto* observer = options.observer_for ? options.observer_for(id) : nullptr;
       auto end = co_await l.eng->execute_async(id, observer, /*revive_failed=*/false);
       if (options.on_return) options.on_return(end);
-      tell_release_warnings(*l.eng, options, false);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -117,8 +109,6 @@ scheduler::~scheduler() {
   // Runs in flight see stopping_ and hand their runs back; then each loop runs dry.
   for (auto& l : pool_->lanes) l->open.reset();
   for (auto& l : pool_->lanes) l->thread.join();
-  for (auto& l : pool_->lanes)
-    if (l->eng) pool::tell_release_warnings(*l->eng, options_, true);
 }
 
 std::size_t scheduler::busy() const {

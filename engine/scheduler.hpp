@@ -45,9 +45,6 @@ struct scheduler_options {
   // Lines for the operator: this worker's lease, the journal out of reach
   // and back; may be null.
   std::function<void(const std::string&)> on_note;
-  // Why the files of a run it ended stay in its quota image (a release
-  // that failed); may be null: then on_note hears it.
-  std::function<void(const std::string&)> on_release_warning;
   // Only runs this accepts are taken (called on the scheduling thread, in
   // creation order, so a child is seen after its parent). Empty: all.
   std::function<bool(const storage::run_brief&)> accept;

@@ -6,11 +6,10 @@
 // before_finish; for tool calls tool_started (the started record is durable,
 // the tool not yet called) and tool_returned (called, result not journaled),
 // each also as tool_started.TOOL and tool_returned.TOOL for one tool; for a
-// run's end with a quota image, run_ended (the end journaled, its files
-// still in the image, mounted at the folder), workspace_copied (its files
-// copied out and marked whole, the image still mounted), image_doomed (the
-// image renamed away) and workspace_moved_aside (the folder moved aside, the
-// copy not yet in its place).
+// run's end with a quota image, workspace_copied (its files copied out and
+// marked whole, the image still mounted), image_doomed (the image renamed
+// away) and workspace_moved_aside (the folder moved aside, the copy not yet
+// in its place).
 #pragma once
 
 #include <string_view>

@@ -96,11 +96,6 @@ fs::path whole_copy_of(const fs::path& workspace) {
 // the workspace (a shared parent folder) is never taken for the run's files.
 fs::path copy_record_of(const fs::path& image) { return fs::path(image) += ".released"; }
 
-// Locked by the process releasing the run's files, from its first look to
-// the copy in the folder's place (the image itself is renamed away midway,
-// so its own lock cannot say it); kept, empty, until the run is removed.
-fs::path releasing_lock_of(const fs::path& image) { return fs::path(image) += ".releasing"; }
-
 // Writes the record of the copy open as `copy_fd`; returns whether a
 // syncfs() of the copy, which `syncfs_follows`, makes it durable too (the
 // image's folder on the copy's filesystem), else sync_whole_copy_record()
@@ -236,7 +231,7 @@ std::uint64_t workspace_image_size(std::uint64_t quota) { return quota + std::ma
 
 std::vector<fs::path> run_file_paths(const fs::path& workspace, const fs::path& image) {
   const fs::path w = fs::absolute(workspace).lexically_normal();
-  return {w, whole_copy_of(w), image, copy_record_of(image), releasing_lock_of(image)};
+  return {w, whole_copy_of(w), image, copy_record_of(image)};
 }
 
 std::optional<fs::path> cut_short_release(const fs::path& workspace, const fs::path& image) {
@@ -612,14 +607,6 @@ workspace_mount_result mount_workspace_image(const quota_support& support, const
   return result;
 }
 
-bool image_held(const fs::path& image) {
-  for (const auto& path : {image, releasing_lock_of(image)}) {
-    unique_fd probe(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (probe && ::flock(probe.get(), LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK) return true;
-  }
-  return false;
-}
-
 std::size_t sweep_orphaned_workspace_mounts() {
   std::unique_lock lock(sweep_mutex);
   std::size_t swept = 0;
@@ -679,22 +666,6 @@ void release_workspace_image(const fs::path& given, const fs::path& image, works
       upkeeps.erase(workspace);  // the run is over
     }
   } over{workspace};
-  // Another process that ended the run may be releasing it still: its
-  // mount holds the image's lock until its copy is whole, and its release
-  // the release lock until the copy has taken the folder's place. Its copy
-  // is left alone then, and so is the image. (A sweep of stale mounts
-  // holds the image's lock for a moment only.)
-  const auto patience = held.lease ? lock_patience : std::chrono::milliseconds(250);
-  if (!held.lease) {
-    unique_fd probe(::open(image.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (probe && !lock_within(probe.get(), patience)) locked_elsewhere(workspace, image);
-  }
-  unique_fd releasing;
-  if (::access(image.c_str(), F_OK) == 0 || ::access(copy_record_of(image).c_str(), F_OK) == 0) {
-    releasing.reset(::open(releasing_lock_of(image).c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (!releasing) failed(sandbox_errc::workspace_failed, "opening " + releasing_lock_of(image).string());
-    if (!lock_within(releasing.get(), patience)) locked_elsewhere(workspace, image);
-  }
   fs::remove_all(staging, ec);  // a copy cut short
   if (is_whole_copy_of(whole, image)) {
     if (held.lease) std::exchange(held.lease, nullptr)->release_locked();

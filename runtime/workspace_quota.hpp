@@ -163,17 +163,12 @@ std::optional<std::filesystem::path> cut_short_release(const std::filesystem::pa
                                                        const std::filesystem::path& image);
 
 // Every path that may hold files of the run whose workspace is `workspace`
-// and quota image `image`: those two, and what a release leaves beside
-// them (a crash's synced copy and its record, the release lock). What
+// and quota image `image`: those two, and what a release that a crash cut
+// short leaves beside them (its synced copy, the record of that copy). What
 // removing an ended run deletes. Not the staging folder WS.released: that
 // name may be another run's workspace (a run id may end in ".released").
 std::vector<std::filesystem::path> run_file_paths(const std::filesystem::path& workspace,
                                                   const std::filesystem::path& image);
-
-// Whether a live process holds `image` (a sandbox's mount of it), or
-// releases its ended run's files (its release lock, IMAGE.releasing): then
-// its files are not to be removed. Cheap; never waits.
-bool image_held(const std::filesystem::path& image);
 
 // Moves the image `from` (where an earlier layout kept it) to `to`, when
 // there is one and `to` does not exist yet; the lock of a live mount is

@@ -3,8 +3,6 @@
 // and the journal file shrinking.
 #include <catch2/catch.hpp>
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -13,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/cairn_cli.hpp"
-#include "tests/capabilities.hpp"
 #include "tests/temp_dir.hpp"
 
 using json = nlohmann::json;
@@ -39,16 +36,6 @@ struct home {
     auto r = cli({"run", STEP_AGENT, "--id", id, "--sandbox", "none", "--max-attempts", "1", "--input", input.dump()});
     INFO(r.out << r.err);
     REQUIRE(r.code == (terminal_at >= 0 ? 1 : 0));
-  }
-  // A run of step_agent in the default layout (a bwrap sandbox, a quota
-  // image), its host SIGKILLed at crash point `point` (runtime/crash_point.hpp).
-  void run_killed_at(const std::string& id, const std::string& point) const {
-    auto killed = cairn::testing::run_program(
-        CAIRN_BIN, {"run", STEP_AGENT, "--id", id, "--input", R"({"steps":2})"}, dir.path(),
-        {.cwd = dir.path(), .env = {{"CAIRN_HOME", cairn_home().string()}, {"CAIRN_CRASH_POINT", point}},
-         .unset = {"CAIRN_DB"}});
-    INFO(killed.out << killed.err);
-    REQUIRE(killed.code == 128 + SIGKILL);
   }
   std::vector<std::string> ids() const {
     auto r = cli({"ls", "--json"});
@@ -129,81 +116,6 @@ TEST_CASE("cairn rm refuses an unknown run (2), a live one (2, cancel it first) 
   CHECK(mixed.code == 4);
   CHECK(json::parse(mixed.out)["removed"] == json::array({"done"}));
   CHECK(h.ids() == std::vector<std::string>{"held", "queued"});
-}
-
-TEST_CASE("a run whose files are still in its quota image as it ends: rm waits for their release, resume finishes it") {
-  // The default layout: a bwrap sandbox, a quota image. The host is killed
-  // just after the run's end is journaled, its files still in the image.
-  home h;
-  h.run_killed_at("r", "run_ended:1");
-  const auto image = h.cairn_home() / "images" / "r.img";
-  if (!cairn::testing::require_capability("quota", fs::exists(image),
-                                          "a run's files are kept in a quota image only where one can be mounted"))
-    return;
-  auto listed_runs = h.cli({"ls", "--json"});
-  REQUIRE(listed_runs.code == 0);
-  CHECK(json::parse(listed_runs.out).at(0)["status"] == "completed");
-
-  {
-    // What a process copying the files out holds meanwhile: the image's lock.
-    const int held = ::open(image.c_str(), O_RDONLY | O_CLOEXEC);
-    REQUIRE(held >= 0);
-    REQUIRE(::flock(held, LOCK_EX) == 0);
-    auto rm = h.cli({"rm", "r"});
-    ::close(held);
-    INFO(rm.out << rm.err);
-    CHECK(rm.code == 2);
-    CHECK_THAT(rm.err, Catch::Contains("still being copied out of its quota image"));
-    CHECK(h.ids() == std::vector<std::string>{"r"});
-    CHECK(fs::exists(image));
-  }
-
-  // Meanwhile its files are read from the image; `cairn resume` puts them in the folder.
-  auto listed = h.cli({"workspace", "r", "exec.log"});
-  INFO(listed.out << listed.err);
-  CHECK(listed.code == 0);
-  CHECK_THAT(listed.out, Catch::StartsWith("0 "));
-  auto resumed = h.cli({"resume", "r"});
-  INFO(resumed.out << resumed.err);
-  CHECK(resumed.code == 0);
-  CHECK_FALSE(fs::exists(image));
-  CHECK_THAT(cairn::testing::slurp(h.cairn_home() / "workspaces" / "r" / "exec.log"), Catch::StartsWith("0 "));
-
-  auto rm = h.cli({"rm", "r"});
-  INFO(rm.out << rm.err);
-  CHECK(rm.code == 0);
-  CHECK(h.ids().empty());
-}
-
-TEST_CASE("a release another process has under way is left alone: its copy is not taken, its run not removed") {
-  // Killed once its copy of the files is whole and its image renamed away:
-  // what another process would see while that one still releases.
-  home h;
-  h.run_killed_at("r", "image_doomed:1");
-  const auto whole = h.cairn_home() / "workspaces" / ".r.released";
-  if (!cairn::testing::require_capability("quota", fs::is_directory(whole),
-                                          "a run's files are kept in a quota image only where one can be mounted"))
-    return;
-  {
-    // The release lock, as the releasing process holds it to its end.
-    const auto lock_path = h.cairn_home() / "images" / "r.img.releasing";
-    const int held = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    REQUIRE(held >= 0);
-    REQUIRE(::flock(held, LOCK_EX) == 0);
-    auto resumed = h.cli({"resume", "r"});
-    auto rm = h.cli({"rm", "r"});
-    ::close(held);
-    INFO(resumed.out << resumed.err << rm.out << rm.err);
-    CHECK_THAT(resumed.err, Catch::Contains("in use by another cairn process"));
-    CHECK(fs::is_directory(whole));  // not taken from under the other release
-    CHECK(rm.code == 2);
-    CHECK(h.ids() == std::vector<std::string>{"r"});
-  }
-  auto resumed = h.cli({"resume", "r"});
-  INFO(resumed.out << resumed.err);
-  CHECK(resumed.code == 0);
-  CHECK_FALSE(fs::exists(whole));
-  CHECK_THAT(cairn::testing::slurp(h.cairn_home() / "workspaces" / "r" / "exec.log"), Catch::StartsWith("0 "));
 }
 
 TEST_CASE("cairn gc: --dry-run changes nothing; --status, --keep-last and --older-than select what goes") {
