@@ -1324,10 +1324,13 @@ TEST_CASE("retention removes ended runs in the background while 16 runs step, an
   std::ofstream(config) << "[serve]\nmax-concurrent = 16\n[serve.retention]\nstatus = [\"completed\"]\n"
                            "keep-last = 16\nevery = \"1s\"\n";
   ::kill(serve.pid(), SIGHUP);
-  eventually("the 16 runs completed and every older run was removed",
+  // A pass removes a run's files once its deletion is synced (engine/retention.cpp): just after its row.
+  eventually("the 16 runs completed and every older run was removed, its files too",
              [&] {
                auto j = h.journal();
-               return j->count_by_status()[run_status::completed] == 16 && j->list_runs().size() == 16;
+               return j->count_by_status()[run_status::completed] == 16 && j->list_runs().size() == 16 &&
+                      std::none_of(old_runs.begin(), old_runs.end(),
+                                   [&](const std::string& id) { return fs::exists(h.workspace(id)); });
              },
              context, 120s);
   auto j = h.journal();
